@@ -1,0 +1,12 @@
+"""User-facing errors.
+
+A `SpecpipeError` is bad input or an impossible request: the CLI prints its message (one
+paragraph: what is wrong, how to fix it) and exits with code 2, without a traceback. Anything
+else that escapes is a bug in specpipe.
+"""
+
+
+class SpecpipeError(Exception):
+    """Bad input: the message says what is wrong and how to fix it."""
+
+    exit_code = 2
