@@ -1,0 +1,1 @@
+"""specpipe: declarative speculative decoding for Hugging Face causal LMs."""

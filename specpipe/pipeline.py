@@ -1,0 +1,146 @@
+"""`Pipeline`: a target, a proposer, a verifier and a γ controller, decoding as one loop.
+
+The plain baseline is the same loop with no proposer (γ = 0), so the speedup compares two
+runs of the same code. `generate` streams a `StepEvent` per step; `run` returns a `Generation`.
+Building from a config lives in `build.py`; this module only decodes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from specpipe.controllers.base import Controller
+from specpipe.metrics import Stats
+from specpipe.models.loader import LoadedModel
+from specpipe.models.runner import LMRunner
+from specpipe.proposers.base import Proposer
+from specpipe.sampling import SamplingParams
+from specpipe.state import DecodeState
+from specpipe.stopping import StopRule, eos_ids_of
+from specpipe.types import DraftBlock, StepTiming, Verdict
+from specpipe.verifiers.base import Verifier
+
+
+@dataclass
+class StepEvent:
+    tokens: list[int]  # emitted by this step (after the stop rule)
+    text: str  # text added by this step
+    gamma: int  # γ of this step
+    stats: Stats  # running totals
+    finish_reason: str | None = None  # set on the last event: eos, stop_string or length
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: Stats
+
+
+class Pipeline:
+    def __init__(
+        self,
+        target: LoadedModel,
+        proposer: Proposer | None,
+        verifier: Verifier,
+        controller: Controller | None,
+        sampling: SamplingParams = SamplingParams(),
+        chat: bool | None = None,
+    ):
+        self.target = target
+        self.proposer = proposer
+        self.verifier = verifier
+        self.controller = controller
+        self.sampling = sampling
+        self.chat = bool(target.tokenizer.chat_template) if chat is None else chat
+        self.runner = LMRunner(target.model)
+        self.eos_ids = eos_ids_of(target.model, target.tokenizer)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Pipeline":
+        from specpipe.build import build_pipeline
+
+        return build_pipeline(cfg)
+
+    def encode(self, prompt: str | list[dict]) -> list[int]:
+        """Prompt text (or chat messages) -> token ids, through the chat template when on."""
+        tok = self.target.tokenizer
+        if self.chat:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        return tok(prompt)["input_ids"]
+
+    def generate(
+        self,
+        prompt: str | list[dict] | list[int],
+        *,
+        max_new_tokens: int = 128,
+        seed: int = 0,
+        stop: list[str] = (),
+        speculative: bool = True,
+    ) -> Iterator[StepEvent]:
+        """Stream one generation; `speculative=False` decodes with the plain target."""
+        ids = prompt if _is_ids(prompt) else self.encode(prompt)
+        state = DecodeState(self.runner, ids, torch.Generator().manual_seed(seed))
+        proposer = self.proposer if speculative else None
+        rule = StopRule(self.target.tokenizer, self.eos_ids, list(stop), max_new_tokens)
+        stats = Stats()
+        started = time.perf_counter()
+        state.prefill()
+        if proposer is not None:
+            proposer.prefill(state)
+        stats.prefill_s = time.perf_counter() - started
+        out: list[int] = []
+        text = ""
+        while True:
+            verdict, timing = self.step(state, proposer, max_new_tokens - len(out))
+            keep, reason = rule.cut(out, verdict.emitted)
+            out.extend(verdict.emitted[:keep])
+            stats.record(verdict, timing, keep)
+            new_text = _stable_text(self.target.tokenizer, out, final=reason is not None)
+            yield StepEvent(verdict.emitted[:keep], new_text[len(text) :], verdict.gamma, stats, reason)
+            text = new_text
+            if reason is not None:
+                return
+
+    def step(self, state: DecodeState, proposer: Proposer | None, budget: int) -> tuple[Verdict, StepTiming]:
+        """One speculative step (DESIGN.md, "One step"); γ = 0 is a plain decoding step."""
+        t0 = time.perf_counter()
+        gamma = min(self.controller.gamma(), budget - 1) if proposer else 0  # 1. a step emits ≤ γ+1
+        draft = proposer.propose(state, gamma) if gamma > 0 else DraftBlock.empty()  # 2.
+        t1 = time.perf_counter()
+        logits = state.target.forward([state.tokens[-1], *draft.tokens.tolist()])  # 3. [γ+1, V]
+        verdict = self.verifier.verify(draft, logits, state.rng)  # 4.
+        t2 = time.perf_counter()
+        state.commit(verdict)  # 5. roll the target cache back to the accepted prefix
+        if gamma > 0:
+            proposer.commit(verdict)
+        timing = StepTiming(t1 - t0, t2 - t1)
+        if proposer is not None:
+            self.controller.update(verdict, timing)  # 6.
+        return verdict, timing
+
+    def run(self, prompt, **kwargs) -> Generation:
+        """Decode to the end; return the whole generation."""
+        tokens: list[int] = []
+        text = ""
+        for event in self.generate(prompt, **kwargs):
+            tokens.extend(event.tokens)
+            text += event.text
+        return Generation(tokens, text, event.finish_reason, event.stats)
+
+
+def _is_ids(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], int)
+
+
+def _stable_text(tokenizer, ids: list[int], final: bool) -> str:
+    """Decoded text, holding back a trailing partial UTF-8 character until it completes."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    return text if final else text.rstrip("\ufffd")

@@ -1,0 +1,1 @@
+"""Proposers: cheap guesses of the next γ tokens (one choice per file)."""

@@ -1,0 +1,52 @@
+"""`ModelDrafter`: drafts γ tokens autoregressively from a (smaller or quantized) causal LM.
+
+Shared by the `draft` proposer (an independent model) and the `twin` proposer (the target's own
+weights at a cheaper precision). The drafter keeps its own KV cache; after each verdict it is
+cropped to the longest prefix it shares with the committed tokens, and the next `propose`
+feeds whatever committed tokens it lacks (the last token, plus the last draft token when all
+γ were accepted) in one forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpipe.models.runner import LMRunner
+from specpipe.proposers.base import Proposer
+from specpipe.sampling import SamplingParams, sample
+from specpipe.state import DecodeState
+from specpipe.types import DraftBlock, Verdict
+
+
+class ModelDrafter(Proposer):
+    def __init__(self, model: torch.nn.Module, sampling: SamplingParams):
+        self.runner = LMRunner(model)
+        self.sampling = sampling
+        self._base = 0  # committed length when the last draft was proposed
+
+    def prefill(self, state: DecodeState) -> None:
+        self.runner.reset()
+        if state.prompt_len > 1:
+            self.runner.forward(state.tokens[:-1], last_only=True)
+
+    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
+        self._base = len(state.tokens)
+        feed = state.tokens[self.runner.length :]  # committed tokens the draft cache lacks
+        tokens, probs = [], []
+        for _ in range(gamma):
+            logits = self.runner.forward(feed, last_only=True)[-1]  # [V]
+            if self.sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                p = self.sampling.probs(logits)  # [V] float32, same transform as the target
+                token = int(sample(p, state.rng))
+                probs.append(p)
+            tokens.append(token)
+            feed = [token]
+        return DraftBlock(
+            torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None
+        )
+
+    def commit(self, verdict: Verdict) -> None:
+        # the cache holds committed[:base] + draft[:γ-1]; draft[:n] survived the verdict
+        self.runner.crop(self._base + min(verdict.n_accepted, max(verdict.gamma - 1, 0)))

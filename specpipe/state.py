@@ -1,0 +1,37 @@
+"""`DecodeState`: the committed tokens of one generation and the target's KV cache.
+
+Invariant between steps: the target cache holds every committed token except the last one,
+so each step feeds `[last_token, *draft]` and gets γ+1 target distributions from ONE forward:
+position i predicts draft token i, position γ predicts the bonus token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpipe.models.runner import LMRunner
+from specpipe.types import Verdict
+
+
+class DecodeState:
+    def __init__(self, target: LMRunner, prompt_ids: list[int], rng: torch.Generator):
+        if not prompt_ids:
+            raise ValueError("a prompt needs at least one token")
+        self.target = target
+        self.tokens: list[int] = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.rng = rng  # the one generator every sampling decision of this generation uses
+
+    def prefill(self) -> None:
+        self.target.reset()
+        if self.prompt_len > 1:
+            self.target.forward(self.tokens[:-1], last_only=True)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    def commit(self, verdict: Verdict) -> None:
+        """Append the emitted tokens; drop the cache of rejected draft tokens."""
+        self.tokens.extend(verdict.emitted)
+        self.target.crop(len(self.tokens) - 1)

@@ -1,0 +1,1 @@
+"""Verifiers: one target forward over a draft decides what is kept (one choice per file)."""

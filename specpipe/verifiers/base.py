@@ -1,0 +1,32 @@
+"""The verifier interface: `verify(draft, target_logits, rng) -> Verdict`."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from specpipe.types import DraftBlock, Verdict
+
+
+class Verifier(ABC):
+    lossless: bool = True  # False only for verifiers that change the output distribution
+
+    @abstractmethod
+    def verify(self, draft: DraftBlock, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
+        """target_logits: [γ+1, V]; row i is the target's prediction for draft token i,
+        row γ the bonus position."""
+
+
+def first_false(mask: torch.Tensor) -> int:
+    """Length of the leading run of True in a 1-D bool tensor."""
+    return int(mask.long().cumprod(0).sum())
+
+
+def verdict(draft: DraftBlock, n_accepted: int, next_token: int) -> Verdict:
+    return Verdict(
+        n_accepted=n_accepted,
+        next_token=int(next_token),
+        gamma=draft.gamma,
+        accepted_tokens=tuple(draft.tokens[:n_accepted].tolist()),
+    )

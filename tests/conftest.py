@@ -1,0 +1,48 @@
+"""Tiny random models and a real (word-level) tokenizer, built in the test: no downloads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specpipe.models.loader import LoadedModel
+
+VOCAB = 64
+
+
+def tiny_tokenizer(eos: int = 1) -> PreTrainedTokenizerFast:
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"w{eos}", unk_token="w0")
+
+
+def tiny_model(seed: int, layers: int = 2, dtype=torch.float64) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    # sharpen the output layer so greedy continuations are varied, not one repeated token
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def tiny_target(seed: int = 0, eos: int = 1, dtype=torch.float64) -> LoadedModel:
+    model = tiny_model(seed, dtype=dtype)
+    model.generation_config.eos_token_id = eos
+    return LoadedModel("tiny", model, tiny_tokenizer(eos))
+
+
+@pytest.fixture
+def target() -> LoadedModel:
+    return tiny_target()
+
+
+PROMPT = [5, 17, 33, 2, 9, 41, 12]

@@ -1,0 +1,92 @@
+"""Greedy output of every proposer × verifier × γ equals plain greedy decoding, token for token.
+
+Tiny float64 models: exact equality is demanded (no near-ties to excuse). Drafts range from a
+perfect one (the target itself: every token accepted, bonus tokens, EOS inside a draft) to an
+unrelated random model (most tokens rejected), so every branch of the verify step runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import PROMPT, tiny_model, tiny_target
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.models.quantize import quantize_model
+from specpipe.pipeline import Pipeline
+from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.sampling import SamplingParams
+from specpipe.verifiers.greedy import GreedyVerifier
+from specpipe.verifiers.rejection import RejectionVerifier
+
+GREEDY = SamplingParams(temperature=0.0)
+EOS = 1
+
+
+def drafters(target):
+    """name -> factory of a proposer for `target` (fresh per pipeline)."""
+    return {
+        "draft-perfect": lambda: ModelDrafter(target.model, GREEDY),
+        "draft-unrelated": lambda: ModelDrafter(tiny_model(seed=7, layers=1), GREEDY),
+        "twin-int8": lambda: ModelDrafter(quantize_model(tiny_model(seed=0), "int8"), GREEDY),
+    }
+
+
+VERIFIERS = {"greedy": GreedyVerifier, "rejection": lambda: RejectionVerifier(GREEDY)}
+
+
+def plain(target, prompt, max_new_tokens):
+    return Pipeline(target, None, GreedyVerifier(), None).run(
+        prompt, max_new_tokens=max_new_tokens, speculative=False
+    )
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS)
+@pytest.mark.parametrize("proposer", ["draft-perfect", "draft-unrelated", "twin-int8"])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_equals_plain(proposer, verifier, gamma):
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = Pipeline(target, drafters(target)[proposer](), VERIFIERS[verifier](), FixedGamma(gamma))
+    for prompt in (PROMPT, [3, 60, 22], [44]):
+        for max_new in (1, 2, 7, 40):
+            expected = plain(target, prompt, max_new)
+            got = pipe.run(prompt, max_new_tokens=max_new)
+            assert got.token_ids == expected.token_ids, (prompt, max_new)
+            assert got.finish_reason == expected.finish_reason
+            assert got.stats.emitted == len(expected.token_ids)
+
+
+@pytest.mark.parametrize("gamma", [3, 8])
+def test_eos_inside_a_draft(gamma):
+    """The perfect draft proposes past EOS; output must stop at EOS, as plain decoding does."""
+    reference = tiny_target(seed=0, eos=EOS)
+    plain_ids = plain(reference, PROMPT, 40).token_ids
+    eos = plain_ids[4]  # a token plain greedy emits 5th: declare it EOS
+    target = tiny_target(seed=0, eos=eos)
+    expected = plain(target, PROMPT, 40)
+    assert expected.token_ids == plain_ids[: plain_ids.index(eos) + 1]
+    pipe = Pipeline(target, ModelDrafter(target.model, GREEDY), GreedyVerifier(), FixedGamma(gamma))
+    got = pipe.run(PROMPT, max_new_tokens=40)
+    assert got.token_ids == expected.token_ids
+    assert got.finish_reason == "eos"
+    assert got.stats.accepted + got.stats.steps > got.stats.emitted  # tokens past EOS were cut
+
+
+def test_stop_string_inside_a_draft():
+    target = tiny_target(seed=0, eos=EOS)
+    expected_ids = plain(target, PROMPT, 40).token_ids
+    stop = target.tokenizer.decode([expected_ids[3]])
+    pipe = Pipeline(target, ModelDrafter(target.model, GREEDY), GreedyVerifier(), FixedGamma(8))
+    got = pipe.run(PROMPT, max_new_tokens=40, stop=[stop])
+    first = next(i for i, t in enumerate(expected_ids) if target.tokenizer.decode([t]) == stop)
+    assert got.token_ids == expected_ids[: first + 1]
+    assert got.finish_reason == "stop_string"
+
+
+def test_perfect_draft_accepts_everything():
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = Pipeline(target, ModelDrafter(target.model, GREEDY), GreedyVerifier(), FixedGamma(4))
+    stats = pipe.run([3, 60, 22], max_new_tokens=7).stats
+    # 7 tokens at γ=4: one step of 4 accepted + bonus, then γ=min(4, 2-1)=1: accepted + bonus
+    assert stats.gamma_trace == [4, 1]
+    assert stats.acceptance_rate == 1.0
+    assert stats.mean_accepted_length == 3.5
