@@ -11,3 +11,7 @@ class FixedGamma(Controller):
 
     def gamma(self) -> int:
         return self._gamma
+
+
+def build(*, context, gamma: int) -> FixedGamma:
+    return FixedGamma(gamma)

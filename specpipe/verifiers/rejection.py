@@ -49,3 +49,7 @@ def _draft_dist(draft: DraftBlock, i: int, vocab: int) -> torch.Tensor:
     if draft.probs is None:
         return torch.nn.functional.one_hot(draft.tokens[i], vocab).float()
     return draft.probs[i].float()
+
+
+def build(*, context) -> RejectionVerifier:
+    return RejectionVerifier(context.sampling)

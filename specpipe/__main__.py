@@ -1,0 +1,3 @@
+from specpipe.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `specpipe` commands; `cli.py` dispatches to them."""

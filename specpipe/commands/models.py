@@ -1,0 +1,36 @@
+"""`specpipe models` (list the zoo and what is cached) and `specpipe models fetch NAME`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from specpipe.errors import SpecpipeError
+from specpipe.models import zoo
+
+USAGE = "usage: specpipe models            list the built-in models and what is cached\n" \
+        "       specpipe models fetch NAME fetch one (sha256-verified, cached)"
+
+
+def run(args: list[str]) -> int:
+    if not args:
+        _list()
+        return 0
+    if args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if args[0] == "fetch" and len(args) == 2:
+        path = zoo.fetch(args[1])
+        Console().print(f"{args[1]}: [green]cached[/green] at {path}")
+        return 0
+    raise SpecpipeError(f"`specpipe models {' '.join(args)}` is not a models command. {USAGE}")
+
+
+def _list() -> None:
+    table = Table(title=f"specpipe model zoo (cache: {zoo.cache_root()})")
+    for column in ("name", "model", "size", "cached"):
+        table.add_column(column)
+    for row in zoo.status():
+        cached = "[green]yes[/green]" if row["cached"] else "no (specpipe models fetch " + row["name"] + ")"
+        table.add_row(row["name"], row["description"], f"{row['size_bytes'] / 1e6:.0f} MB", cached)
+    Console().print(table)

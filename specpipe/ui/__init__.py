@@ -1,0 +1,1 @@
+"""Terminal views (rich)."""
