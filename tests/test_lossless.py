@@ -14,11 +14,13 @@ from specpipe.controllers.fixed import FixedGamma
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 
 GREEDY = SamplingParams(temperature=0.0)
+REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]  # gives the ngram proposer matches from the start
 EOS = 1
 
 
@@ -28,6 +30,7 @@ def drafters(target):
         "draft-perfect": lambda: ModelDrafter(target.model, GREEDY),
         "draft-unrelated": lambda: ModelDrafter(tiny_model(seed=7, layers=1), GREEDY),
         "twin-int8": lambda: ModelDrafter(quantize_model(tiny_model(seed=0), "int8"), GREEDY),
+        "ngram": lambda: NgramProposer(ngram_max=4, ngram_min=1),
     }
 
 
@@ -41,12 +44,12 @@ def plain(target, prompt, max_new_tokens):
 
 
 @pytest.mark.parametrize("verifier", VERIFIERS)
-@pytest.mark.parametrize("proposer", ["draft-perfect", "draft-unrelated", "twin-int8"])
+@pytest.mark.parametrize("proposer", ["draft-perfect", "draft-unrelated", "twin-int8", "ngram"])
 @pytest.mark.parametrize("gamma", [1, 3, 8])
 def test_greedy_equals_plain(proposer, verifier, gamma):
     target = tiny_target(seed=0, eos=EOS)
     pipe = Pipeline(target, drafters(target)[proposer](), VERIFIERS[verifier](), FixedGamma(gamma))
-    for prompt in (PROMPT, [3, 60, 22], [44]):
+    for prompt in (PROMPT, [3, 60, 22], [44], REPEATING):
         for max_new in (1, 2, 7, 40):
             expected = plain(target, prompt, max_new)
             got = pipe.run(prompt, max_new_tokens=max_new)
@@ -90,3 +93,11 @@ def test_perfect_draft_accepts_everything():
     assert stats.gamma_trace == [4, 1]
     assert stats.acceptance_rate == 1.0
     assert stats.mean_accepted_length == 3.5
+
+
+def test_ngram_drafts_from_the_context():
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = Pipeline(target, NgramProposer(ngram_max=3, ngram_min=1), GreedyVerifier(), FixedGamma(4))
+    got = pipe.run(REPEATING, max_new_tokens=30)
+    assert got.token_ids == plain(target, REPEATING, 30).token_ids
+    assert got.stats.drafted > 0  # it found matches and the target verified them

@@ -1,0 +1,46 @@
+"""`proposer=ngram`: prompt lookup decoding, no model needed.
+
+Find the most recent earlier occurrence of the last n tokens (n from `ngram_max` down to
+`ngram_min`) in the prompt plus what was generated so far, and propose the tokens that followed
+it. Pays on inputs the answer repeats (code edits, summaries, multi-turn chat). The draft has no
+probabilities: verifiers treat it as one-hot, which stays lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.proposers.base import Proposer
+from specpipe.state import DecodeState
+from specpipe.types import DraftBlock
+
+
+class NgramProposer(Proposer):
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
+        if not 1 <= ngram_min <= ngram_max:
+            raise SpecpipeError(
+                f"proposer.ngram_min={ngram_min} and proposer.ngram_max={ngram_max} must satisfy "
+                "1 <= ngram_min <= ngram_max (e.g. ngram_min=2 ngram_max=4)."
+            )
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+
+    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
+        tokens = torch.tensor(state.tokens, dtype=torch.long)  # [L]
+        for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
+            start = _last_match(tokens, n)
+            if start is not None:
+                return DraftBlock(tokens[start + n : start + n + gamma].clone())
+        return DraftBlock.empty()
+
+
+def _last_match(tokens: torch.Tensor, n: int) -> int | None:
+    """Start of the most recent earlier occurrence of the last n tokens, if any follows it."""
+    windows = tokens[:-1].unfold(0, n, 1)  # [L-n, n]: every n-gram that has a successor
+    hits = (windows == tokens[-n:]).all(dim=1).nonzero()
+    return int(hits[-1]) if hits.numel() else None
+
+
+def build(*, context, ngram_max: int = 4, ngram_min: int = 2) -> NgramProposer:
+    return NgramProposer(ngram_max=ngram_max, ngram_min=ngram_min)
