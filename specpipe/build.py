@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe.checks import Check, lora_paths, refuse_if_any, run_checks
 from specpipe.errors import SpecpipeError
+from specpipe.models.adapters import apply_early_exit, apply_lora
 from specpipe.models.loader import LoadedModel, ModelSource, load_model, load_tokenizer, resolve
-from specpipe.models.quantize import TARGET_SAFE, check_mode, quantize_model
+from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.sampling import SamplingParams
 
@@ -28,39 +30,41 @@ class BuildContext:
     source: ModelSource
     tokenizer: object
     sampling: SamplingParams
+    lora: list[str] = field(default_factory=list)
+    early_exit: int | None = None
     _target: LoadedModel | None = field(default=None, repr=False)
 
     @property
     def target(self) -> LoadedModel:
-        """The target with dense weights (loaded on first use, before its precision is set)."""
+        """The target with dense weights, adapters applied (loaded on first use, before its
+        precision is set: LoRA is merged first, then a twin copies it, then both are quantized)."""
         if self._target is None:
-            self._target = LoadedModel(self.name, load_model(self.source), self.tokenizer, self.source)
+            model = apply_early_exit(apply_lora(load_model(self.source), self.lora), self.early_exit)
+            self._target = LoadedModel(self.name, model, self.tokenizer, self.source)
         return self._target
 
 
-def build_pipeline(cfg: DictConfig) -> Pipeline:
+def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
+    """Resolve the target, load tokenizers only, and run every compatibility check."""
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    quantize = _target_precision(cfg.model.quantize)
     source = resolve(cfg.model.name)
-    context = BuildContext(cfg.model.name, source, load_tokenizer(source), sampling)
+    context = BuildContext(cfg.model.name, source, load_tokenizer(source), sampling,
+                           lora_paths(cfg), cfg.model.get("early_exit"))
+    checks = run_checks(cfg, lambda: context.tokenizer, lambda: load_tokenizer(resolve(cfg.proposer.model)))
+    return context, checks
+
+
+def build_pipeline(cfg: DictConfig) -> Pipeline:
+    context, checks = checked_context(cfg)
+    refuse_if_any(checks)
     verifier = call_target(cfg.verifier, "verifier", context)
     controller = call_target(cfg.controller, "controller", context)
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     target = context.target
-    quantize_model(target.model, quantize)
-    return Pipeline(target, proposer, verifier, controller, sampling, chat=cfg.model.chat)
-
-
-def _target_precision(mode: str) -> str:
-    check_mode(mode, "model.quantize")
-    if mode not in TARGET_SAFE:
-        raise SpecpipeError(
-            f"model.quantize={mode} would change what the target computes depending on how many "
-            "tokens a forward verifies (one activation scale per call), so speculative output "
-            f"would drift from plain decoding. Use one of {', '.join(TARGET_SAFE)} for the target; "
-            "int8 is fine for a draft or twin (proposer.quantize=int8)."
-        )
-    return mode
+    quantize_model(target.model, cfg.model.quantize)
+    pipeline = Pipeline(target, proposer, verifier, controller, context.sampling, chat=cfg.model.chat)
+    pipeline.warnings = [c for c in checks if c.status == "warn"]
+    return pipeline
 
 
 def call_target(node: DictConfig, group: str, context: BuildContext):

@@ -1,11 +1,123 @@
-"""Compatibility checks that refuse a pipeline before any weights load.
+"""Compatibility checks, run before any weights load (and by `specpipe check`).
 
-Each check raises `SpecpipeError` with what is wrong and how to fix it.
+Each check returns `Check(name, status, why, fix)` with status ok / warn / refuse / n/a.
+`build_pipeline` refuses a configuration with any `refuse`; `specpipe check` prints them all.
+Only tokenizers are loaded here (for the draft's vocabulary), never weights.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
 from specpipe.errors import SpecpipeError
+from specpipe.models.quantize import MODES, TARGET_SAFE
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | refuse | n/a
+    why: str
+    fix: str = ""
+
+
+def proposer_kind(cfg: DictConfig) -> str:
+    target = cfg.proposer.get("_target_") or "none"
+    return target.split(".")[-2] if "." in target else target
+
+
+def lora_paths(cfg: DictConfig) -> list[str]:
+    lora = cfg.model.get("lora")
+    if lora is None:
+        return []
+    return [str(lora)] if isinstance(lora, str) else [str(p) for p in lora]
+
+
+def check_early_exit(cfg: DictConfig) -> Check:
+    layers = cfg.model.get("early_exit")
+    if layers is None:
+        return Check("early exit", "n/a", "the target runs all its layers")
+    if proposer_kind(cfg) != "none":
+        return Check("early exit", "refuse",
+                     f"model.early_exit={layers} and speculative decoding both cut the cost of decode "
+                     "steps; their gains do not stack, and an early-exit target changes what the draft "
+                     "is verified against.", "drop model.early_exit, or use proposer=none")
+    return Check("early exit", "ok", f"the target exits after layer {layers} (plain decoding)")
+
+
+def check_lora(cfg: DictConfig) -> Check:
+    paths, kind = lora_paths(cfg), proposer_kind(cfg)
+    if not paths:
+        return Check("LoRA", "n/a", "no adapter on the target")
+    if len(paths) > 1:
+        if kind in ("draft", "twin"):
+            return Check("LoRA", "refuse",
+                         f"{len(paths)} adapters switched per request: a {kind} proposer built without "
+                         "them drafts for the base model, not the adapted target.",
+                         "merge one adapter (model.lora=PATH), or use proposer=ngram")
+        return Check("LoRA", "ok", f"{len(paths)} adapters, switched per request; {kind} needs no weights")
+    if kind == "draft":
+        return Check("LoRA", "warn",
+                     "the adapter is merged into the target, but the independent draft was trained on "
+                     "the base model: expect lower acceptance.", "fine-tune the draft with the same data")
+    return Check("LoRA", "ok", "the adapter is merged into the target before the twin is built "
+                 "(merge, then quantize)" if kind == "twin" else "the adapter is merged into the target")
+
+
+def check_precision(cfg: DictConfig) -> list[Check]:
+    checks = []
+    mode = cfg.model.quantize
+    if mode not in MODES:
+        status, why = "refuse", f"model.quantize={mode} is not a known precision"
+    elif mode not in TARGET_SAFE:
+        status = "refuse"
+        why = (f"model.quantize={mode} computes a verify block differently from one-token steps (one "
+               "activation scale per call): speculative output would drift from plain decoding")
+    else:
+        status, why = "ok", f"target weights {mode}: batch-invariant, verify rows equal one-token rows"
+    checks.append(Check("target precision", status, why, f"use one of {', '.join(TARGET_SAFE)}"))
+    draft_mode = cfg.proposer.get("quantize")
+    if draft_mode is not None:
+        ok = draft_mode in MODES
+        checks.append(Check("draft precision", "ok" if ok else "refuse",
+                            f"proposer.quantize={draft_mode}: " + (
+                                "any precision is safe for a draft, the target verifies it" if ok
+                                else "not a known precision"), f"use one of {', '.join(MODES)}"))
+    return checks
+
+
+def check_sampling(cfg: DictConfig) -> Check:
+    verifier = (cfg.verifier.get("_target_") or "").split(".")[-2:-1]
+    name = verifier[0] if verifier else "?"
+    if name == "greedy" and cfg.temperature > 0:
+        return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={cfg.temperature}",
+                     "use verifier=rejection, or temperature=0")
+    if name == "greedy" and (cfg.top_k or cfg.top_p < 1.0):
+        return Check("sampling", "warn", "top_k / top_p have no effect on greedy decoding")
+    return Check("sampling", "ok", f"verifier={name} honours temperature={cfg.temperature}, "
+                 f"top_k={cfg.top_k}, top_p={cfg.top_p} identically on target and draft")
+
+
+def check_tokenizer(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader) -> Check:
+    if proposer_kind(cfg) != "draft":
+        return Check("tokenizer", "ok", f"proposer={proposer_kind(cfg)} uses the target's own tokenizer")
+    try:
+        check_same_tokenizer(target_tokenizer_loader(), draft_tokenizer_loader(), cfg.model.name,
+                             cfg.proposer.model)
+    except SpecpipeError as err:
+        return Check("tokenizer", "refuse", str(err), "pick a draft from the target's family")
+    return Check("tokenizer", "ok", "draft and target share vocabulary, token strings and EOS")
+
+
+def stack_notes(cfg: DictConfig) -> list[Check]:
+    return [
+        Check("attention", "ok", "SDPA (transformers' default); FlashAttention kernels are CUDA-only"),
+        Check("KV cache", "ok", "DynamicCache, cropped to the accepted prefix after each verdict"),
+        Check("heads", "n/a", "no trained heads in this pipeline"),
+        Check("continuous batching", "n/a", "this engine decodes one sequence at a time"),
+    ]
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -24,3 +136,21 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
             "draft from the target's family (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b), or "
             "a proposer that needs no second model: proposer=twin."
         )
+
+
+def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader) -> list[Check]:
+    return [
+        check_early_exit(cfg),
+        check_lora(cfg),
+        *check_precision(cfg),
+        check_sampling(cfg),
+        check_tokenizer(cfg, target_tokenizer_loader, draft_tokenizer_loader),
+        *stack_notes(cfg),
+    ]
+
+
+def refuse_if_any(checks: list[Check]) -> None:
+    for check in checks:
+        if check.status == "refuse":
+            fix = f" Fix: {check.fix}." if check.fix else ""
+            raise SpecpipeError(f"{check.name}: {check.why.rstrip('.')}.{fix}")

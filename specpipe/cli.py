@@ -12,12 +12,14 @@ from typing import Callable
 
 from rich.console import Console
 
+from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 
 USAGE = """usage: specpipe <command> [key=value ...]
 
 commands:
   generate   decode a prompt speculatively with a live view, then measure the plain target
+  check      the compatibility checks of a configuration (same settings as generate), no weights
   models     list the built-in model zoo; `specpipe models fetch NAME` fetches one
 
 examples:
@@ -28,9 +30,9 @@ examples:
 
 
 def _hydra_commands() -> dict[str, Callable]:
-    from specpipe.commands import generate
+    from specpipe.commands import check, generate
 
-    return {"generate": generate.run}
+    return {"generate": generate.run, "check": check.run}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,55 +62,11 @@ def report(err: SpecpipeError) -> int:
 
 
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
-    from specpipe.config import conf_dir
+    from specpipe.config import conf_dir, rewrite_model_overrides
 
-    overrides = rewrite_model_overrides(overrides, conf_dir())
     if any(arg.startswith("-") for arg in overrides):
-        return _hydra_main(command, task, overrides)
-    task(compose(command, overrides))
-    return 0
-
-
-def compose(command: str, overrides: list[str]):
-    """The composed, resolved config of `command`; a bad override is a SpecpipeError."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from specpipe.config import conf_dir, register
-
-    register()
-    try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir()), job_name="specpipe"):
-            cfg = hydra_compose(config_name=command, overrides=overrides)
-        OmegaConf.resolve(cfg)
-    except (HydraException, OmegaConfBaseException) as err:
-        detail = _condense(str(err))
-        if err.__cause__ is not None:  # e.g. "Key 'quantize' is not in struct"
-            detail += " (" + str(err.__cause__).splitlines()[0] + " for this choice.)"
-        raise SpecpipeError(
-            f"The settings `{' '.join(overrides)}` are not valid: {detail} Settings are key=value "
-            f"pairs from conf/{command}.yaml; components are chosen by name (proposer=draft, "
-            "verifier=rejection, ...) from the folders of conf/."
-        ) from None
-    if "hydra" in cfg:
-        with _unlocked(cfg):
-            del cfg["hydra"]
-    return cfg
-
-
-def _condense(message: str) -> str:
-    """Hydra's multi-line message as one sentence, without its search-path dump and `+key` hint."""
-    message = message.split("Config search path")[0]
-    lines = [line.strip() for line in message.splitlines()]
-    return " ".join(line for line in lines if line and not line.startswith("To append"))
-
-
-def _unlocked(cfg):
-    from omegaconf import open_dict
-
-    return open_dict(cfg)
+        return _hydra_main(command, task, rewrite_model_overrides(overrides, conf_dir()))
+    return task(compose(overrides, command)) or 0
 
 
 def _hydra_main(command: str, task: Callable, overrides: list[str]) -> int:
@@ -119,27 +77,15 @@ def _hydra_main(command: str, task: Callable, overrides: list[str]) -> int:
     register()
     def guarded(cfg) -> None:
         try:
-            task(cfg)
+            code = task(cfg) or 0
         except SpecpipeError as err:
             sys.exit(report(err))
+        if code:
+            sys.exit(code)
 
     sys.argv = [f"specpipe {command}", *overrides]
     hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=command)(guarded)()
     return 0
-
-
-def rewrite_model_overrides(overrides: list[str], conf) -> list[str]:
-    """`model=PATH_OR_HUB_ID` (not a file of conf/model/) -> `model=custom model.name=...`."""
-    known = {p.stem for p in (conf / "model").glob("*.yaml")}
-    out = []
-    for arg in overrides:
-        key, eq, value = arg.partition("=")
-        if key == "model" and eq and value not in known and "," not in value:
-            escaped = value.replace("\\", "\\\\").replace("'", "\\'")
-            out += ["model=custom", f"model.name='{escaped}'"]
-        else:
-            out.append(arg)
-    return out
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ class Pipeline:
         self.chat = bool(target.tokenizer.chat_template) if chat is None else chat
         self.runner = LMRunner(target.model)
         self.eos_ids = eos_ids_of(target.model, target.tokenizer)
+        self.warnings: list = []  # compatibility warnings from the build (checks.Check)
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
@@ -89,6 +90,8 @@ class Pipeline:
         ids = prompt if _is_ids(prompt) else self.encode(prompt)
         state = DecodeState(self.runner, ids, torch.Generator().manual_seed(seed))
         proposer = self.proposer if speculative else None
+        if proposer is not None:
+            state.early_stop = self.controller.early_stop
         rule = StopRule(self.target.tokenizer, self.eos_ids, list(stop), max_new_tokens)
         stats = Stats()
         started = time.perf_counter()

@@ -7,6 +7,8 @@ position i predicts draft token i, position γ predicts the bonus token.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from specpipe.models.runner import LMRunner
@@ -21,6 +23,8 @@ class DecodeState:
         self.tokens: list[int] = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self.rng = rng  # the one generator every sampling decision of this generation uses
+        # the controller's early-stop rule for drafters: (position, confidence) -> stop?
+        self.early_stop: Callable[[int, float], bool] | None = None
 
     def prefill(self) -> None:
         self.target.reset()

@@ -25,6 +25,7 @@ class DraftBlock:
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None  # [γ] the drafter's top probability at each token
 
     @property
     def gamma(self) -> int:
@@ -47,6 +48,7 @@ class Verdict:
     next_token: int
     gamma: int
     accepted_tokens: tuple[int, ...] = ()
+    confidence: tuple[float, ...] = ()  # the draft's, passed on for controllers that learn from it
 
     @property
     def emitted(self) -> list[int]:

@@ -16,7 +16,7 @@ from conftest import tiny_model, tiny_tokenizer
 def specpipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "specpipe", *args], capture_output=True, text=True, timeout=300,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
 
 

@@ -7,10 +7,16 @@ unrelated random model (most tokens rejected), so every branch of the verify ste
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from conftest import PROMPT, tiny_model, tiny_target
+from specpipe.controllers.band import BandGamma
+from specpipe.controllers.confidence import ConfidenceGamma
+from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
+from specpipe.controllers.heuristic import HeuristicGamma
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.model_drafter import ModelDrafter
@@ -43,6 +49,12 @@ def plain(target, prompt, max_new_tokens):
     )
 
 
+@functools.lru_cache(maxsize=None)
+def plain_reference(prompt: tuple[int, ...], max_new_tokens: int):
+    """Plain greedy output of the default tiny target (computed once per prompt and length)."""
+    return plain(tiny_target(seed=0, eos=EOS), list(prompt), max_new_tokens)
+
+
 @pytest.mark.parametrize("verifier", VERIFIERS)
 @pytest.mark.parametrize("proposer", ["draft-perfect", "draft-unrelated", "twin-int8", "ngram"])
 @pytest.mark.parametrize("gamma", [1, 3, 8])
@@ -51,7 +63,7 @@ def test_greedy_equals_plain(proposer, verifier, gamma):
     pipe = Pipeline(target, drafters(target)[proposer](), VERIFIERS[verifier](), FixedGamma(gamma))
     for prompt in (PROMPT, [3, 60, 22], [44], REPEATING):
         for max_new in (1, 2, 7, 40):
-            expected = plain(target, prompt, max_new)
+            expected = plain_reference(tuple(prompt), max_new)
             got = pipe.run(prompt, max_new_tokens=max_new)
             assert got.token_ids == expected.token_ids, (prompt, max_new)
             assert got.finish_reason == expected.finish_reason
@@ -101,3 +113,25 @@ def test_ngram_drafts_from_the_context():
     got = pipe.run(REPEATING, max_new_tokens=30)
     assert got.token_ids == plain(target, REPEATING, 30).token_ids
     assert got.stats.drafted > 0  # it found matches and the target verified them
+
+
+CONTROLLERS = {
+    "heuristic": lambda: HeuristicGamma(3, gamma_min=1, gamma_max=8),
+    "band": lambda: BandGamma(3, gamma_min=1, gamma_max=8, window=2),
+    "confidence": lambda: ConfidenceGamma(6, gamma_min=1, gamma_max=6, threshold=0.6),
+    "cost": lambda: CostModelGamma(3, gamma_min=0, gamma_max=8, probe_every=2),
+}
+
+
+@pytest.mark.parametrize("proposer", ["draft-perfect", "draft-unrelated", "ngram"])
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_adaptive_controllers_keep_greedy_output(controller, proposer):
+    """γ changing every step (down to 0 for the cost model) never changes the output."""
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = Pipeline(target, drafters(target)[proposer](), GreedyVerifier(), CONTROLLERS[controller]())
+    traces = []
+    for prompt in (PROMPT, REPEATING):
+        got = pipe.run(prompt, max_new_tokens=40)
+        assert got.token_ids == plain_reference(tuple(prompt), 40).token_ids
+        traces += got.stats.gamma_trace
+    assert len(set(traces)) > 1 or proposer == "draft-perfect"  # γ really moved

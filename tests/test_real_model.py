@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from specpipe.cli import compose
+from specpipe.config import compose
 from specpipe.exactness import first_divergence
 from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
@@ -24,7 +24,7 @@ def prompts():
 
 @pytest.mark.parametrize("proposer", ["twin", "ngram"])
 def test_smollm2_greedy_equals_plain(proposer, prompts):
-    cfg = compose("generate", [f"proposer={proposer}", "gamma=4"])
+    cfg = compose([f"proposer={proposer}", "gamma=4"])
     pipeline = Pipeline.from_config(cfg)
     for prompt in prompts:
         ids = pipeline.encode(prompt["messages"])
@@ -39,8 +39,8 @@ def test_smollm2_greedy_equals_plain(proposer, prompts):
 
 
 def test_chat_template_is_applied():
-    pipeline = Pipeline.from_config(compose("generate", ["proposer=none"]))
+    pipeline = Pipeline.from_config(compose(["proposer=none"]))
     ids = pipeline.encode("Hello")
     text = pipeline.target.tokenizer.decode(ids)
     assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
-    assert OmegaConf.is_config(compose("generate", []))
+    assert OmegaConf.is_config(compose())

@@ -8,6 +8,7 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from specpipe.checks import proposer_kind
 from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Generation, Pipeline
 from specpipe.ui.live import stream, summary
@@ -20,6 +21,8 @@ def run(cfg: DictConfig) -> None:
     err = Console(stderr=True)
     with err.status(f"loading {cfg.model.name} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)
+    for warning in pipeline.warnings:
+        err.print(f"[yellow]warning:[/yellow] {warning.name}: {warning.why}", highlight=False)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, stop=list(cfg.stop))
     spec = _speculative(pipeline, cfg, kwargs)
     base = None
@@ -44,7 +47,7 @@ def _validate(cfg: DictConfig) -> None:
 
 def _speculative(pipeline: Pipeline, cfg: DictConfig, kwargs: dict) -> Generation:
     if cfg.output == "rich":
-        title = f"{cfg.model.name} · proposer {_proposer_name(cfg)} · γ={cfg.gamma}"
+        title = f"{cfg.model.name} · proposer {proposer_kind(cfg)} · γ={cfg.gamma}"
         return stream(pipeline, cfg.prompt, Console(), title, **kwargs)
     if cfg.output == "text":
         tokens, text, event = [], "", None
@@ -58,15 +61,10 @@ def _speculative(pipeline: Pipeline, cfg: DictConfig, kwargs: dict) -> Generatio
     return pipeline.run(cfg.prompt, **kwargs)
 
 
-def _proposer_name(cfg: DictConfig) -> str:
-    target = cfg.proposer.get("_target_") or "none"
-    return target.split(".")[-2] if "." in target else target
-
-
 def _as_json(cfg, pipeline: Pipeline, spec: Generation, base: Generation | None, equal) -> dict:
     out = {
         "model": cfg.model.name,
-        "proposer": _proposer_name(cfg),
+        "proposer": proposer_kind(cfg),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "text": spec.text,
         "token_ids": spec.token_ids,

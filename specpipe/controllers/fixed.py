@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from specpipe.controllers.base import Controller, check_gamma
+from specpipe.controllers.base import Controller
 
 
 class FixedGamma(Controller):
-    def __init__(self, gamma: int):
-        self._gamma = check_gamma(gamma)
-
-    def gamma(self) -> int:
-        return self._gamma
+    pass
 
 
-def build(*, context, gamma: int) -> FixedGamma:
-    return FixedGamma(gamma)
+def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8) -> FixedGamma:
+    return FixedGamma(gamma, gamma_min, gamma_max)

@@ -32,19 +32,26 @@ class ModelDrafter(Proposer):
     def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
         self._base = len(state.tokens)
         feed = state.tokens[self.runner.length :]  # committed tokens the draft cache lacks
-        tokens, probs = [], []
-        for _ in range(gamma):
+        tokens, probs, confidence = [], [], []
+        for i in range(gamma):
             logits = self.runner.forward(feed, last_only=True)[-1]  # [V]
             if self.sampling.greedy:
                 token = int(logits.argmax())
+                top = float(torch.softmax(logits.float(), -1)[token])
             else:
                 p = self.sampling.probs(logits)  # [V] float32, same transform as the target
                 token = int(sample(p, state.rng))
                 probs.append(p)
+                top = float(p.max())
             tokens.append(token)
+            confidence.append(top)
             feed = [token]
+            if state.early_stop is not None and state.early_stop(i, top):
+                break  # the controller's call: γ logic stays out of the proposer
         return DraftBlock(
-            torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None
+            torch.tensor(tokens, dtype=torch.long),
+            torch.stack(probs) if probs else None,
+            torch.tensor(confidence),
         )
 
     def commit(self, verdict: Verdict) -> None:

@@ -29,4 +29,5 @@ def verdict(draft: DraftBlock, n_accepted: int, next_token: int) -> Verdict:
         next_token=int(next_token),
         gamma=draft.gamma,
         accepted_tokens=tuple(draft.tokens[:n_accepted].tolist()),
+        confidence=() if draft.confidence is None else tuple(draft.confidence.tolist()),
     )

@@ -1,0 +1,90 @@
+"""Issue-4 benchmark: fixed γ in {2, 4, 6} against each adaptive controller, per prompt category.
+
+    python benchmarks/controllers.py --model smollm2-135m --proposer ngram --categories code-edit chat --prompts 3
+    python benchmarks/controllers.py --model qwen2.5-coder-1.5b --proposer draft --categories code-edit chat --prompts 2
+
+Everything runs in one process on one loaded target: per prompt, the plain target first, then
+every controller, interleaved, greedy. Prints tokens/s, speedup over the plain target of the same
+prompt (median per category), acceptance, τ, the γ trace summary, and exactness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+
+from specpipe.build import build_pipeline
+from specpipe.config import compose
+from specpipe.exactness import first_divergence
+from specpipe.prompts import load_prompts
+
+CONTROLLERS = {
+    "fixed γ=2": ["controller=fixed", "gamma=2"],
+    "fixed γ=4": ["controller=fixed", "gamma=4"],
+    "fixed γ=6": ["controller=fixed", "gamma=6"],
+    "heuristic": ["controller=heuristic", "gamma=4"],
+    "band": ["controller=band", "gamma=4"],
+    "confidence": ["controller=confidence", "gamma_max=6"],
+    "cost": ["controller=cost", "gamma=4"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--proposer", default="ngram")
+    parser.add_argument("--categories", nargs="+", default=["code-edit", "chat"])
+    parser.add_argument("--prompts", type=int, default=3, help="per category")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--only", nargs="*", help="controllers to run (names as printed)")
+    args = parser.parse_args()
+    names = args.only or list(CONTROLLERS)
+    base = [f"model={args.model}", f"proposer={args.proposer}"]
+    first = build_pipeline(compose(base + CONTROLLERS[names[0]]))
+    pipelines = {n: first if n == names[0] else _sharing(first, base + CONTROLLERS[n]) for n in names}
+    rows = defaultdict(list)  # (category, name) -> [(speedup, stats, exact)]
+    for category in args.categories:
+        for prompt in load_prompts("dev", [category])[: args.prompts]:
+            ids = first.encode(prompt["messages"])
+            first.run(ids, max_new_tokens=4, speculative=False)  # warm-up
+            plain = first.run(ids, max_new_tokens=args.tokens, speculative=False)
+            for name, pipe in pipelines.items():
+                gen = pipe.run(ids, max_new_tokens=args.tokens)
+                div = first_divergence(first.target.model, ids, gen.token_ids, plain.token_ids)
+                speedup = gen.stats.tokens_per_s / plain.stats.tokens_per_s
+                rows[category, name].append((speedup, gen.stats, div))
+                print(f"{prompt['id']:14s} {name:11s} x{speedup:.2f} τ={gen.stats.mean_accepted_length:.2f} "
+                      f"γ̄={statistics.mean(gen.stats.gamma_trace):.1f} exact={'yes' if div is None else div}", flush=True)
+    table(rows, args, names)
+
+
+def _sharing(first, overrides):
+    """Another controller on the same loaded target and proposer (only the controller differs)."""
+    from specpipe.build import call_target, checked_context
+    from specpipe.pipeline import Pipeline
+
+    cfg = compose(overrides)
+    context, _ = checked_context(cfg)
+    controller = call_target(cfg.controller, "controller", context)
+    return Pipeline(first.target, first.proposer, first.verifier, controller, first.sampling, first.chat)
+
+
+def table(rows, args, names) -> None:
+    print(f"\n{args.model}, proposer={args.proposer}, greedy, {args.tokens} new tokens, "
+          f"{args.prompts} prompts per category")
+    print("| category | controller | speedup (median, min-max) | acceptance | τ | mean γ | exact |")
+    print("|---|---|---|---|---|---|---|")
+    for category in args.categories:
+        for name in names:
+            items = rows[category, name]
+            speedups = [s for s, _, _ in items]
+            print(f"| {category} | {name} | {statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}) "
+                  f"| {statistics.mean(st.acceptance_rate for _, st, _ in items):.2f} "
+                  f"| {statistics.mean(st.mean_accepted_length for _, st, _ in items):.2f} "
+                  f"| {statistics.mean(statistics.mean(st.gamma_trace) for _, st, _ in items):.1f} "
+                  f"| {sum(d is None for _, _, d in items)}/{len(items)} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""`specpipe check <the same overrides as generate>`: the compatibility table, no weights loaded.
+
+Exits 2 when a check refuses the configuration, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from specpipe.build import checked_context
+
+STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
+
+
+def run(cfg: DictConfig) -> int:
+    _, checks = checked_context(cfg)
+    table = Table(title=f"specpipe check: {cfg.model.name}")
+    for column in ("check", "status", "why", "how to fix"):
+        table.add_column(column)
+    for check in checks:
+        style = STYLE[check.status]
+        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", check.why, check.fix)
+    Console().print(table)
+    return 2 if any(c.status == "refuse" for c in checks) else 0

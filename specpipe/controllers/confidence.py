@@ -1,0 +1,37 @@
+"""Confidence-gated drafting: draft up to γ tokens, but stop after a draft token whose top
+probability (as the drafter saw it) falls below `threshold`. With `adapt`, the threshold is
+re-tuned online: raised toward the confidence of confidently drafted tokens the target
+rejected, lowered toward that of doubtful ones it accepted anyway."""
+
+from __future__ import annotations
+
+from specpipe.controllers.base import Controller
+from specpipe.errors import SpecpipeError
+from specpipe.types import StepTiming, Verdict
+
+
+class ConfidenceGamma(Controller):
+    def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8, *, threshold: float = 0.4,
+                 adapt: bool = True, rate: float = 0.05):
+        super().__init__(gamma, gamma_min, gamma_max)
+        if not 0.0 <= threshold <= 1.0:
+            raise SpecpipeError(f"controller.threshold={threshold} must be a probability in [0, 1].")
+        self.threshold, self.adapt, self.rate = threshold, adapt, rate
+
+    def early_stop(self, position: int, confidence: float) -> bool:
+        return position + 1 >= self.gamma_min and confidence < self.threshold
+
+    def update(self, verdict: Verdict, timing: StepTiming) -> None:
+        if not self.adapt or not verdict.confidence:
+            return
+        # the tokens the target judged: the accepted ones and the first rejected one
+        for i, confidence in enumerate(verdict.confidence[: verdict.n_accepted + 1]):
+            accepted = i < verdict.n_accepted
+            if accepted and confidence < self.threshold:
+                self.threshold -= self.rate * (self.threshold - confidence)  # stopped too early
+            elif not accepted and confidence >= self.threshold:
+                self.threshold += self.rate * (confidence - self.threshold)  # drafted too far
+
+
+def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8, **options) -> ConfidenceGamma:
+    return ConfidenceGamma(gamma, gamma_min, gamma_max, **options)

@@ -1,0 +1,82 @@
+"""Cost model: pick the γ that maximises expected tokens per second.
+
+Keeps moving averages of the per-position acceptance α_i = P(draft token i accepted | tokens
+before it were), of the propose cost per draft token, and of the verify cost of a k-token
+forward (a line a + b·k fitted to the block sizes seen). Then, for every γ in the bounds,
+
+    E(γ)    = 1 + Σ_{i≤γ} Π_{j≤i} α_j          (expected tokens emitted by a step)
+    cost(γ) = propose_per_token · γ + verify(γ + 1)
+    γ*      = argmax E(γ) / cost(γ)            (γ = 0: a plain step, 1 / verify(1))
+
+γ = 0 switches speculation off when it cannot pay; every `probe_every` plain steps one
+speculative step probes again, so the controller comes back when conditions improve.
+"""
+
+from __future__ import annotations
+
+from specpipe.controllers.base import Controller
+from specpipe.types import StepTiming, Verdict
+
+
+class CostModelGamma(Controller):
+    def __init__(self, gamma: int, gamma_min: int = 0, gamma_max: int = 8, *, smoothing: float = 0.2,
+                 probe_every: int = 16, prior_acceptance: float = 0.7):
+        super().__init__(gamma, gamma_min, gamma_max)
+        self.smoothing = smoothing
+        self.probe_every = probe_every
+        self.alpha = [prior_acceptance] * max(gamma_max, 1)  # [position] conditional acceptance
+        self.propose_per_token: float | None = None  # seconds
+        self.verify_at: dict[int, float] = {}  # block size k -> seconds
+        self._plain_steps = 0
+
+    def gamma(self) -> int:
+        if self._gamma == 0 and self._plain_steps >= self.probe_every:
+            return max(1, self.gamma_min)  # probe: is speculation worth it again?
+        return self._gamma
+
+    def update(self, verdict: Verdict, timing: StepTiming) -> None:
+        self._observe(verdict, timing)
+        self._plain_steps = self._plain_steps + 1 if verdict.gamma == 0 else 0
+        if self.propose_per_token is not None and self.verify_at:
+            self._gamma = self.best_gamma()
+
+    def _observe(self, verdict: Verdict, timing: StepTiming) -> None:
+        k = verdict.gamma + 1
+        self.verify_at[k] = self._ema(self.verify_at.get(k), timing.verify_s)
+        if verdict.gamma == 0:
+            return
+        self.propose_per_token = self._ema(self.propose_per_token, timing.propose_s / verdict.gamma)
+        reached = min(verdict.n_accepted + 1, verdict.gamma)  # positions the target judged
+        for i in range(reached):
+            self.alpha[i] = self._ema(self.alpha[i], 1.0 if i < verdict.n_accepted else 0.0)
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
+
+    def expected_tokens(self, gamma: int) -> float:
+        expected, survive = 1.0, 1.0
+        for i in range(gamma):
+            survive *= self.alpha[i]
+            expected += survive
+        return expected
+
+    def verify_cost(self, k: int) -> float:
+        """Fit a + b·k to the block sizes seen (b >= 0); one size alone: assume +10% per token."""
+        ks = sorted(self.verify_at)
+        if len(ks) == 1:
+            return self.verify_at[ks[0]] * (1 + 0.1 * (k - ks[0]))
+        mean_k = sum(ks) / len(ks)
+        mean_t = sum(self.verify_at.values()) / len(ks)
+        slope = sum((x - mean_k) * (self.verify_at[x] - mean_t) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
+        slope = max(slope, 0.0)
+        return max(mean_t + slope * (k - mean_k), 1e-9)
+
+    def best_gamma(self) -> int:
+        def throughput(g: int) -> float:
+            return self.expected_tokens(g) / (self.propose_per_token * g + self.verify_cost(g + 1))
+
+        return max(range(self.gamma_min, self.gamma_max + 1), key=throughput)
+
+
+def build(*, context, gamma: int, gamma_min: int = 0, gamma_max: int = 8, **options) -> CostModelGamma:
+    return CostModelGamma(gamma, gamma_min, gamma_max, **options)

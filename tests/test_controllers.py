@@ -1,0 +1,83 @@
+"""γ controllers on scripted acceptance and timing sequences (no models)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specpipe.controllers.band import BandGamma
+from specpipe.controllers.confidence import ConfidenceGamma
+from specpipe.controllers.cost import CostModelGamma
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.controllers.heuristic import HeuristicGamma
+from specpipe.errors import SpecpipeError
+from specpipe.types import StepTiming, Verdict
+
+
+def step(controller, accepted: int, propose_s: float = 0.01, verify_s: float = 0.1, confidence=()):
+    """Feed one verdict of the controller's own γ with `accepted` tokens kept."""
+    gamma = controller.gamma()
+    verdict = Verdict(min(accepted, gamma), 0, gamma, confidence=tuple(confidence))
+    controller.update(verdict, StepTiming(propose_s * gamma, verify_s))
+    return controller.gamma()
+
+
+def test_fixed_stays_and_respects_bounds():
+    c = FixedGamma(4, gamma_min=1, gamma_max=3)
+    assert [step(c, 0) for _ in range(3)] == [3, 3, 3]
+
+
+def test_heuristic_plus_two_minus_one():
+    c = HeuristicGamma(3, gamma_min=1, gamma_max=8)
+    assert step(c, 3) == 5
+    assert step(c, 5) == 7
+    assert step(c, 7) == 8  # bounded by gamma_max
+    assert step(c, 2) == 7
+    assert [step(c, 0) for _ in range(8)][-1] == 1  # bounded by gamma_min
+
+
+def test_band_moves_toward_its_targets():
+    c = BandGamma(4, gamma_min=1, gamma_max=8, low=0.4, high=0.6, gamma_low=2, gamma_high=6, window=4)
+    trace = [step(c, 10) for _ in range(5)]  # everything accepted
+    assert trace[-1] == 6 and max(trace) == 6
+    trace = [step(c, 0) for _ in range(10)]  # nothing accepted
+    assert trace[-1] == 2 and min(trace) == 2
+
+
+def test_confidence_stops_early_and_retunes():
+    c = ConfidenceGamma(6, gamma_min=1, gamma_max=6, threshold=0.5, rate=0.5)
+    assert c.early_stop(0, 0.3) and not c.early_stop(0, 0.9)
+    # confident tokens rejected: the threshold rises
+    before = c.threshold
+    step(c, 0, confidence=[0.9, 0.9])
+    assert c.threshold > before
+    # doubtful tokens accepted anyway: it falls
+    before = c.threshold
+    step(c, 2, confidence=[0.2, 0.2, 0.2])
+    assert c.threshold < before
+
+
+def test_cost_picks_zero_when_drafting_costs_as_much_as_verifying():
+    c = CostModelGamma(4, gamma_min=0, gamma_max=8, probe_every=1000)
+    trace = [step(c, accepted=1, propose_s=0.1, verify_s=0.1) for _ in range(20)]
+    assert trace[-1] == 0
+
+
+def test_cost_picks_a_large_gamma_when_acceptance_is_high_and_drafting_free():
+    c = CostModelGamma(2, gamma_min=0, gamma_max=8)
+    trace = [step(c, accepted=100, propose_s=0.0001, verify_s=0.1) for _ in range(20)]
+    assert trace[-1] >= 7
+
+
+def test_cost_comes_back_from_zero_when_conditions_improve():
+    c = CostModelGamma(4, gamma_min=0, gamma_max=8, probe_every=4)
+    bad = [step(c, accepted=0, propose_s=0.1, verify_s=0.1) for _ in range(20)]
+    assert max(bad) <= 1 and bad.count(0) >= 10  # switched off, with a γ=1 probe now and then
+    good = [step(c, accepted=100, propose_s=0.001, verify_s=0.1) for _ in range(60)]
+    assert good[-1] >= 4
+
+
+def test_bad_bounds_are_refused():
+    with pytest.raises(SpecpipeError, match="gamma_min"):
+        FixedGamma(4, gamma_min=5, gamma_max=3)
+    with pytest.raises(SpecpipeError, match="gamma=0"):
+        HeuristicGamma(0)
