@@ -1,8 +1,10 @@
 """Cost model: pick the γ that maximises expected tokens per second.
 
-Keeps moving averages of the per-position acceptance α_i = P(draft token i accepted | tokens
-before it were), of the propose cost per draft token, and of the verify cost of a k-token
-forward (a line a + b·k fitted to the block sizes seen). Then, for every γ in the bounds,
+Keeps a moving average of the per-position acceptance α_i = P(draft token i accepted | tokens
+before it were), and moving medians of the propose cost per draft token and of the verify cost
+of a k-token forward (a line a + b·k fitted to the block sizes seen). Medians, because the
+first forward of a new block shape is several times slower (kernel set-up) and would skew an
+average for many steps. Then, for every γ in the bounds,
 
     E(γ)    = 1 + Σ_{i≤γ} Π_{j≤i} α_j          (expected tokens emitted by a step)
     cost(γ) = propose_per_token · γ + verify(γ + 1)
@@ -14,20 +16,32 @@ speculative step probes again, so the controller comes back when conditions impr
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 from specpipe.controllers.base import Controller
 from specpipe.types import StepTiming, Verdict
 
 
 class CostModelGamma(Controller):
     def __init__(self, gamma: int, gamma_min: int = 0, gamma_max: int = 8, *, smoothing: float = 0.2,
-                 probe_every: int = 16, prior_acceptance: float = 0.7):
+                 probe_every: int = 16, prior_acceptance: float = 0.7, window: int = 9):
         super().__init__(gamma, gamma_min, gamma_max)
         self.smoothing = smoothing
         self.probe_every = probe_every
         self.alpha = [prior_acceptance] * max(gamma_max, 1)  # [position] conditional acceptance
-        self.propose_per_token: float | None = None  # seconds
-        self.verify_at: dict[int, float] = {}  # block size k -> seconds
+        self._propose = deque(maxlen=window)  # seconds per draft token, recent steps
+        self._verify: dict[int, deque] = {}  # block size k -> recent verify seconds
+        self._window = window
         self._plain_steps = 0
+
+    @property
+    def propose_per_token(self) -> float | None:
+        return statistics.median(self._propose) if self._propose else None
+
+    @property
+    def verify_at(self) -> dict[int, float]:
+        return {k: statistics.median(times) for k, times in self._verify.items()}
 
     def gamma(self) -> int:
         if self._gamma == 0 and self._plain_steps >= self.probe_every:
@@ -37,21 +51,21 @@ class CostModelGamma(Controller):
     def update(self, verdict: Verdict, timing: StepTiming) -> None:
         self._observe(verdict, timing)
         self._plain_steps = self._plain_steps + 1 if verdict.gamma == 0 else 0
-        if self.propose_per_token is not None and self.verify_at:
+        if self._propose and self._verify:
             self._gamma = self.best_gamma()
 
     def _observe(self, verdict: Verdict, timing: StepTiming) -> None:
         k = verdict.gamma + 1
-        self.verify_at[k] = self._ema(self.verify_at.get(k), timing.verify_s)
+        self._verify.setdefault(k, deque(maxlen=self._window)).append(timing.verify_s)
         if verdict.gamma == 0:
             return
-        self.propose_per_token = self._ema(self.propose_per_token, timing.propose_s / verdict.gamma)
+        self._propose.append(timing.propose_s / verdict.gamma)
         reached = min(verdict.n_accepted + 1, verdict.gamma)  # positions the target judged
         for i in range(reached):
             self.alpha[i] = self._ema(self.alpha[i], 1.0 if i < verdict.n_accepted else 0.0)
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+    def _ema(self, old: float, new: float) -> float:
+        return old + self.smoothing * (new - old)
 
     def expected_tokens(self, gamma: int) -> float:
         expected, survive = 1.0, 1.0
@@ -60,20 +74,22 @@ class CostModelGamma(Controller):
             expected += survive
         return expected
 
-    def verify_cost(self, k: int) -> float:
+    def verify_cost(self, k: int, at: dict[int, float] | None = None) -> float:
         """Fit a + b·k to the block sizes seen (b >= 0); one size alone: assume +10% per token."""
-        ks = sorted(self.verify_at)
+        at = self.verify_at if at is None else at
+        ks = sorted(at)
         if len(ks) == 1:
-            return self.verify_at[ks[0]] * (1 + 0.1 * (k - ks[0]))
+            return at[ks[0]] * (1 + 0.1 * (k - ks[0]))
         mean_k = sum(ks) / len(ks)
-        mean_t = sum(self.verify_at.values()) / len(ks)
-        slope = sum((x - mean_k) * (self.verify_at[x] - mean_t) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
-        slope = max(slope, 0.0)
-        return max(mean_t + slope * (k - mean_k), 1e-9)
+        mean_t = sum(at.values()) / len(ks)
+        slope = sum((x - mean_k) * (at[x] - mean_t) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
+        return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-9)
 
     def best_gamma(self) -> int:
+        at, propose = self.verify_at, self.propose_per_token  # medians: compute once per step
+
         def throughput(g: int) -> float:
-            return self.expected_tokens(g) / (self.propose_per_token * g + self.verify_cost(g + 1))
+            return self.expected_tokens(g) / (propose * g + self.verify_cost(g + 1, at))
 
         return max(range(self.gamma_min, self.gamma_max + 1), key=throughput)
 
