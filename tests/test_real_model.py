@@ -22,9 +22,9 @@ def prompts():
     return [p for p in load_prompts("dev") if p["id"] in chosen]
 
 
-@pytest.mark.parametrize("proposer", ["twin", "ngram"])
-def test_smollm2_greedy_equals_plain(proposer, prompts):
-    cfg = compose([f"proposer={proposer}", "gamma=4"])
+@pytest.mark.parametrize("proposer, controller", [("twin", "fixed"), ("ngram", "fixed"), ("ngram", "cost")])
+def test_smollm2_greedy_equals_plain(proposer, controller, prompts):
+    cfg = compose([f"proposer={proposer}", f"controller={controller}", "gamma=4"])
     pipeline = Pipeline.from_config(cfg)
     for prompt in prompts:
         ids = pipeline.encode(prompt["messages"])

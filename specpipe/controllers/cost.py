@@ -30,6 +30,7 @@ class CostModelGamma(Controller):
         self.smoothing = smoothing
         self.probe_every = probe_every
         self.alpha = [prior_acceptance] * max(gamma_max, 1)  # [position] conditional acceptance
+        self._seen = [False] * max(gamma_max, 1)  # [position] judged by the target at least once
         self._propose = deque(maxlen=window)  # seconds per draft token, recent steps
         self._verify: dict[int, deque] = {}  # block size k -> recent verify seconds
         self._window = window
@@ -62,15 +63,21 @@ class CostModelGamma(Controller):
         self._propose.append(timing.propose_s / verdict.gamma)
         reached = min(verdict.n_accepted + 1, verdict.gamma)  # positions the target judged
         for i in range(reached):
+            if not self._seen[i] and i > 0:
+                self.alpha[i] = self.alpha[i - 1]  # start from the rate it was borrowing
+            self._seen[i] = True
             self.alpha[i] = self._ema(self.alpha[i], 1.0 if i < verdict.n_accepted else 0.0)
 
     def _ema(self, old: float, new: float) -> float:
         return old + self.smoothing * (new - old)
 
     def expected_tokens(self, gamma: int) -> float:
-        expected, survive = 1.0, 1.0
+        expected, survive, alpha = 1.0, 1.0, self.alpha[0]
         for i in range(gamma):
-            survive *= self.alpha[i]
+            # a position never drafted so far borrows its predecessor's rate (optimism that lets
+            # γ grow past what it has tried; the prior alone would pin γ where it started)
+            alpha = self.alpha[i] if self._seen[i] else alpha
+            survive *= alpha
             expected += survive
         return expected
 
