@@ -10,8 +10,9 @@ average for many steps. Then, for every γ in the bounds,
     cost(γ) = propose_per_token · γ + verify(γ + 1)
     γ*      = argmax E(γ) / cost(γ)            (γ = 0: a plain step, 1 / verify(1))
 
-γ = 0 switches speculation off when it cannot pay; every `probe_every` plain steps one
-speculative step probes again, so the controller comes back when conditions improve.
+γ = 0 switches speculation off when it cannot pay. Every `probe_every` steps one step probes a
+γ one longer than the best (γ = 1 when off), so estimates of positions it stopped drafting stay
+fresh and the controller comes back when conditions improve.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from specpipe.types import StepTiming, Verdict
 
 class CostModelGamma(Controller):
     def __init__(self, gamma: int, gamma_min: int = 0, gamma_max: int = 8, *, smoothing: float = 0.2,
-                 probe_every: int = 16, prior_acceptance: float = 0.7, window: int = 9):
+                 probe_every: int = 8, prior_acceptance: float = 0.7, window: int = 9):
         super().__init__(gamma, gamma_min, gamma_max)
         self.smoothing = smoothing
         self.probe_every = probe_every
@@ -34,7 +35,8 @@ class CostModelGamma(Controller):
         self._propose = deque(maxlen=window)  # seconds per draft token, recent steps
         self._verify: dict[int, deque] = {}  # block size k -> recent verify seconds
         self._window = window
-        self._plain_steps = 0
+        self._next = self._gamma  # what gamma() answers: the best γ, or a probe
+        self._since_probe = 0
 
     @property
     def propose_per_token(self) -> float | None:
@@ -45,15 +47,18 @@ class CostModelGamma(Controller):
         return {k: statistics.median(times) for k, times in self._verify.items()}
 
     def gamma(self) -> int:
-        if self._gamma == 0 and self._plain_steps >= self.probe_every:
-            return max(1, self.gamma_min)  # probe: is speculation worth it again?
-        return self._gamma
+        return self._next
 
     def update(self, verdict: Verdict, timing: StepTiming) -> None:
         self._observe(verdict, timing)
-        self._plain_steps = self._plain_steps + 1 if verdict.gamma == 0 else 0
         if self._propose and self._verify:
             self._gamma = self.best_gamma()
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every:
+            self._since_probe = 0
+            self._next = min(self._gamma + 1, self.gamma_max) if self._gamma else max(1, self.gamma_min)
+        else:
+            self._next = self._gamma
 
     def _observe(self, verdict: Verdict, timing: StepTiming) -> None:
         k = verdict.gamma + 1

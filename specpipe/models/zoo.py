@@ -70,7 +70,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             name="smollm2-135m",
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-            description="SmolLM2 135M Instruct, Q4_1 (tiny llama-architecture drafter)",
+            description="SmolLM2 135M Instruct, Q4_1 (the default target; llama architecture)",
             architecture="llama",
             vocab_size=49152,
             license="Apache-2.0",
@@ -82,7 +82,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             name="qwen2.5-coder-0.5b",
             filename="qwen2.5-coder-0.5b-instruct-q4.gguf",
-            description="Qwen2.5-Coder 0.5B Instruct, 4-bit (drafter for the 1.5B coder)",
+            description="Qwen2.5-Coder 0.5B Instruct, 4-bit (a draft for the 1.5B coder)",
             architecture="qwen2",
             vocab_size=151936,
             license="Apache-2.0",
@@ -94,7 +94,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             name="qwen2.5-coder-1.5b",
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            description="Qwen2.5-Coder 1.5B Instruct, Q4_K_M (verifier for the 0.5B coder)",
+            description="Qwen2.5-Coder 1.5B Instruct, Q4_K_M (a target; the 0.5B coder drafts for it)",
             architecture="qwen2",
             vocab_size=151936,
             license="Apache-2.0",
