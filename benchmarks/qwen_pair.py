@@ -76,7 +76,6 @@ def main() -> None:
         pipelines["plain"].run(ids, max_new_tokens=4, speculative=False)  # warm-up
         results = {}
         for name, pipe in pipelines.items():
-            # min tokens: ignore EOS so every configuration decodes the same count
             gen = pipe.run(ids, max_new_tokens=args.tokens, speculative=name != "plain")
             results[name] = gen
         plain = results["plain"]
@@ -97,7 +96,7 @@ def main() -> None:
 
 def summarize(rows: dict, args) -> None:
     plain = [s.tokens_per_s for _, s, _ in rows["plain"]]
-    print(f"\n| configuration | tokens/s (mean) | speedup (median, min-max) | acceptance | τ | per-position acceptance | exact |")
+    print("\n| configuration | tokens/s (mean) | speedup (median, min-max) | acceptance | τ | per-position acceptance | exact |")
     print("|---|---|---|---|---|---|---|")
     for name, items in rows.items():
         if name == "hf-assisted":
