@@ -38,7 +38,7 @@ def logits(seed: int, rows: int, scale: float = 1.5) -> torch.Tensor:
     return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * scale
 
 
-def run_verifier(verifier, sampling: SamplingParams, target_logits, draft_probs, draws: int):
+def run_verifier(verifier, target_logits, draft_probs, draws: int):
     """First and second emitted token counts over `draws` verified drafts of γ = 2."""
     rng = torch.Generator().manual_seed(1234)
     first, second = torch.zeros(V), torch.zeros(V)
@@ -73,7 +73,7 @@ def test_emitted_tokens_follow_the_target(draft):
     target_logits = logits(seed=0, rows=3)  # [γ+1, V]
     target_probs = sampling.probs(target_logits)
     draft_probs = sampling.probs(DRAFTS[draft]())  # [γ, V]
-    first, second = run_verifier(RejectionVerifier(sampling), sampling, target_logits, draft_probs, DRAWS)
+    first, second = run_verifier(RejectionVerifier(sampling), target_logits, draft_probs, DRAWS)
     assert chi_square(first, target_probs[0]) < critical(target_probs[0])
     if draft == "reasonable":
         # the second token is emitted only after the first was accepted; it follows row 1
@@ -81,7 +81,7 @@ def test_emitted_tokens_follow_the_target(draft):
         assert chi_square(second, target_probs[1]) < critical(target_probs[1])
     else:
         assert second.sum() < 0.2 * DRAWS  # the bad draft really is rejected most of the time
-    wrong, _ = run_verifier(KeepEverything(sampling), sampling, target_logits, draft_probs, 20_000)
+    wrong, _ = run_verifier(KeepEverything(sampling), target_logits, draft_probs, 20_000)
     assert chi_square(wrong, target_probs[0]) > 100 * critical(target_probs[0])
 
 
@@ -107,7 +107,7 @@ def test_sampling_settings_apply_to_both_distributions():
     support = int((target_probs[0] > 0).sum())
     assert 1 < support < V  # truncation really removed tokens
     draft_probs = sampling.probs(logits(seed=12, rows=2))
-    first, _ = run_verifier(RejectionVerifier(sampling), sampling, target_logits, draft_probs, DRAWS)
+    first, _ = run_verifier(RejectionVerifier(sampling), target_logits, draft_probs, DRAWS)
     # df = support - 1; 35.89 = scipy.stats.chi2.isf(1e-6, 5), 33.38 = isf(1e-6, 4)
     bound = {6: 35.89, 5: 33.38}[support]
     assert chi_square(first, target_probs[0]) < bound

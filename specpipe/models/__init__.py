@@ -1,1 +1,2 @@
-"""Model sources for specpipe: the built-in zoo of pretrained GGUF models (`zoo`)."""
+"""Models: the built-in zoo (`zoo`), loading from any source (`loader`), precision
+(`quantize`), adapters and early exit (`adapters`), and one model with its KV cache (`runner`)."""
