@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=3, help="per category")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--only", nargs="*", help="controllers to run (names as printed)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="blocks per prompt; each block runs the controllers in a rotated order")
     args = parser.parse_args()
     names = args.only or list(CONTROLLERS)
     base = [f"model={args.model}", f"proposer={args.proposer}"]
@@ -51,18 +53,28 @@ def main() -> None:
     for category in args.categories:
         for prompt in load_prompts("dev", [category])[: args.prompts]:
             ids = first.encode(prompt["messages"])
-            plain = first.run(ids, max_new_tokens=args.tokens, speculative=False)
-            runs = {name: pipe.run(ids, max_new_tokens=args.tokens) for name, pipe in pipelines.items()}
-            # the plain target again after the speculative runs: the machine drifts; use the mean
-            plain_tps = (plain.stats.tokens_per_s + first.run(ids, max_new_tokens=args.tokens,
-                                                              speculative=False).stats.tokens_per_s) / 2
-            for name, gen in runs.items():
-                div = first_divergence(first.target.model, ids, gen.token_ids, plain.token_ids)
-                speedup = gen.stats.tokens_per_s / plain_tps
-                rows[category, name].append((speedup, gen.stats, div))
-                print(f"{prompt['id']:14s} {name:11s} x{speedup:.2f} τ={gen.stats.mean_accepted_length:.2f} "
-                      f"γ̄={statistics.mean(gen.stats.gamma_trace):.1f} exact={'yes' if div is None else div}", flush=True)
+            for repeat in range(args.repeats):
+                order = names[repeat % len(names):] + names[: repeat % len(names)]
+                _block(first, pipelines, order, ids, prompt["id"], category, args.tokens, rows)
     table(rows, args, names)
+
+
+def _block(first, pipelines, order, ids, prompt_id, category, tokens, rows) -> None:
+    """The plain target, every controller in `order`, the plain target again (the machine drifts:
+    the mean of the two plain runs is the baseline of this block)."""
+    plain = first.run(ids, max_new_tokens=tokens, speculative=False)
+    runs = {name: pipelines[name].run(ids, max_new_tokens=tokens) for name in order}
+    again = first.run(ids, max_new_tokens=tokens, speculative=False)
+    plain_tps = (plain.stats.tokens_per_s + again.stats.tokens_per_s) / 2
+    drift = abs(plain.stats.tokens_per_s - again.stats.tokens_per_s) / plain_tps
+    rows[category, "(plain vs plain)"].append((again.stats.tokens_per_s / plain.stats.tokens_per_s, None, None))
+    for name, gen in runs.items():
+        div = first_divergence(first.target.model, ids, gen.token_ids, plain.token_ids)
+        speedup = gen.stats.tokens_per_s / plain_tps
+        rows[category, name].append((speedup, gen.stats, div))
+        print(f"{prompt_id:14s} {name:11s} x{speedup:.2f} τ={gen.stats.mean_accepted_length:.2f} "
+              f"γ̄={statistics.mean(gen.stats.gamma_trace):.1f} exact={'yes' if div is None else div} "
+              f"(plain drift {drift:.0%})", flush=True)
 
 
 def _sharing(first, overrides):
@@ -78,10 +90,13 @@ def _sharing(first, overrides):
 
 def table(rows, args, names) -> None:
     print(f"\n{args.model}, proposer={args.proposer}, greedy, {args.tokens} new tokens, "
-          f"{args.prompts} prompts per category")
+          f"{args.prompts} prompts per category, {args.repeats} block(s) per prompt")
     print("| category | controller | speedup (median, min-max) | acceptance | τ | mean γ | exact |")
     print("|---|---|---|---|---|---|---|")
     for category in args.categories:
+        noise = [s for s, _, _ in rows[category, "(plain vs plain)"]]
+        print(f"| {category} | plain, 2nd run / 1st run (the noise) | {statistics.median(noise):.2f}x "
+              f"({min(noise):.2f}-{max(noise):.2f}) | | | | |")
         for name in names:
             items = rows[category, name]
             speedups = [s for s, _, _ in items]

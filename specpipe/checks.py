@@ -23,9 +23,14 @@ class Check:
     fix: str = ""
 
 
-def proposer_kind(cfg: DictConfig) -> str:
-    target = cfg.proposer.get("_target_") or "none"
+def kind_of(node: DictConfig) -> str:
+    """A component's short name, from its build function (specpipe.proposers.ngram.build -> ngram)."""
+    target = node.get("_target_") or "none"
     return target.split(".")[-2] if "." in target else target
+
+
+def proposer_kind(cfg: DictConfig) -> str:
+    return kind_of(cfg.proposer)
 
 
 def lora_paths(cfg: DictConfig) -> list[str]:

@@ -20,19 +20,34 @@ USAGE = """usage: specpipe <command> [key=value ...]
 commands:
   generate   decode a prompt speculatively with a live view, then measure the plain target
   check      the compatibility checks of a configuration (same settings as generate), no weights
+  bench      a strategy over a prompt set against the plain target (and peers); -m sweeps
+  report     one table (and plots) over a sweep's folder: specpipe report DIR [plot=true]
+  tune       sweep the sensible strategies for a target; write the winner as a recipe
+  export     a recipe (or settings) as vLLM or SGLang configuration: specpipe export vllm|sglang ...
   models     list the built-in model zoo; `specpipe models fetch NAME` fetches one
 
 examples:
   specpipe generate prompt="Write a haiku about caches"
   specpipe generate model=qwen2.5-coder-1.5b proposer=draft proposer.model=qwen2.5-coder-0.5b gamma=4
   specpipe generate verifier=rejection temperature=0.7 seed=1 output=json
+  specpipe bench prompts=dev categories=[code-edit,chat] limit=3 peer=hf-prompt-lookup
+  specpipe bench -m proposer=draft,twin gamma=2,4,6 model=qwen2.5-coder-1.5b out=sweeps/qwen
+  specpipe tune model=smollm2-135m prompts=dev limit=2
+  specpipe export vllm recipe=recipes/smollm2-135m
 """
 
 
 def _hydra_commands() -> dict[str, Callable]:
-    from specpipe.commands import check, generate
+    from specpipe.commands import bench, check, generate, tune
 
-    return {"generate": generate.run, "check": check.run}
+    return {"generate": generate.run, "check": check.run, "bench": bench.run, "tune": tune.run}
+
+
+def _plain_commands() -> dict[str, Callable]:
+    """Commands that take their own arguments first (a folder, an export format)."""
+    from specpipe.commands import export, models, report
+
+    return {"models": models.run, "report": report.run, "export": export.run}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,13 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     try:
-        if command == "models":
-            from specpipe.commands import models
-
-            return models.run(rest)
+        plain = _plain_commands()
+        if command in plain:
+            return plain[command](rest)
         commands = _hydra_commands()
         if command not in commands:
-            raise SpecpipeError(f"Unknown command '{command}'. Commands: models, {', '.join(commands)}.")
+            raise SpecpipeError(f"Unknown command '{command}'. Commands: {', '.join([*commands, *plain])}.")
         return _run_hydra(command, commands[command], rest)
     except SpecpipeError as err:
         return report(err)
@@ -62,10 +76,10 @@ def report(err: SpecpipeError) -> int:
 
 
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
-    from specpipe.config import conf_dir, rewrite_model_overrides
+    from specpipe.config import conf_dir, expand_overrides
 
     if any(arg.startswith("-") for arg in overrides):
-        return _hydra_main(command, task, rewrite_model_overrides(overrides, conf_dir()))
+        return _hydra_main(command, task, expand_overrides(overrides, conf_dir()))
     return task(compose(overrides, command)) or 0
 
 

@@ -8,23 +8,28 @@ anything loads.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, open_dict
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
+from specpipe import recipe as recipes
 from specpipe.errors import SpecpipeError
 
 
 @dataclass
-class GenerateConfig:
+class DecodeConfig:
+    """What every command that decodes shares: the four parts and the sampling settings."""
+
     model: Any = MISSING  # conf/model/: name (zoo name, .gguf, directory, hub id), quantize, chat
     proposer: Any = MISSING  # conf/proposer/
     verifier: Any = MISSING  # conf/verifier/
     controller: Any = MISSING  # conf/controller/
-    prompt: str = "Write a Python function that checks whether a string is a palindrome."
+    strategy: str = ""  # a named composition (strategies/NAME.yaml or a path), applied first
+    recipe: str = ""  # a tuned recipe (recipes/<model>/specpipe.yaml or a path), applied first
     gamma: int = 4  # draft tokens per step (the fixed controller's γ; adaptive ones start here)
     gamma_min: int = 1  # bounds every controller respects (the cost controller may go to 0)
     gamma_max: int = 8
@@ -34,12 +39,49 @@ class GenerateConfig:
     seed: int = 0
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerateConfig(DecodeConfig):
+    prompt: str = "Write a Python function that checks whether a string is a palindrome."
     baseline: bool = True  # also run the plain target on the same prompt and measure the speedup
     output: str = "rich"  # rich | json | text
 
 
+@dataclass
+class BenchConfig(DecodeConfig):
+    prompts: str = "dev"  # a built-in prompt set, or a JSONL path ({"id", "category", "messages"})
+    categories: list[str] = field(default_factory=list)  # empty: every category of the set
+    limit: int = 0  # prompts per category (0: all)
+    warmup: int = 1  # generations per configuration before anything is measured
+    peer: Any = None  # hf-assisted | hf-prompt-lookup, or a list of them: transformers' own
+    plot: bool = False  # also write PNG plots beside results.json
+    out: str = "bench-results"  # results.json goes here; a sweep puts one folder per job in it
+
+
+@dataclass
+class TuneConfig(BenchConfig):
+    strategies: list[str] = field(default_factory=list)  # names from strategies/ to try (empty: all)
+    gammas: list[int] = field(default_factory=lambda: [2, 4, 6])  # fixed γ values tried
+    draft: str = ""  # the draft model for draft strategies (default: a smaller zoo model, same tokenizer)
+    out: str = "recipes"  # recipes/<model>/specpipe.yaml; `beside`: <model dir>/specpipe.yaml
+    work: str = "bench-results/tune"  # each candidate's results.json (an interrupted tune resumes)
+
+
+def job_dir_name(override_dirname: str) -> str:
+    """A sweep job's folder name from its settings: `model=custom,model.name='/a/b/m'` reads
+    `model=m`, and nothing in it can make a sub-folder or need quoting in a shell."""
+    name = override_dirname.replace("model=custom,", "").replace(",model=custom", "")
+    name = re.sub(r"model\.name='?([^',]*)'?", lambda m: "model=" + Path(m.group(1).rstrip("/")).name, name)
+    return re.sub(r"[^\w=,.+-]", "_", name) or "defaults"
+
+
 def register() -> None:
-    ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)
+    OmegaConf.register_new_resolver("specpipe_job_dir", job_dir_name, replace=True)
+    store = ConfigStore.instance()
+    for name, node in {"generate_schema": GenerateConfig, "bench_schema": BenchConfig,
+                       "tune_schema": TuneConfig}.items():
+        store.store(name=name, node=node)
 
 
 def conf_dir() -> Path:
@@ -54,13 +96,13 @@ def conf_dir() -> Path:
 def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
     """The composed, resolved config of `command` (what the CLI runs); a bad override is a
     SpecpipeError. Library use: `Pipeline.from_config(compose(["proposer=draft", "gamma=3"]))`."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     register()
-    overrides = rewrite_model_overrides(list(overrides), conf_dir())
+    overrides = expand_overrides(list(overrides), conf_dir())
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir()), job_name="specpipe"):
             cfg = hydra_compose(config_name=command, overrides=list(overrides))
@@ -87,15 +129,78 @@ def _condense(message: str) -> str:
     return " ".join(line for line in lines if line and not line.startswith("To append"))
 
 
-def rewrite_model_overrides(overrides: list[str], conf) -> list[str]:
-    """`model=PATH_OR_HUB_ID` (not a file of conf/model/) -> `model=custom model.name=...`."""
-    known = {p.stem for p in (conf / "model").glob("*.yaml")}
+def expand_overrides(overrides: list[str], conf: Path) -> list[str]:
+    """`strategy=`, `recipe=` and `model=<a folder holding specpipe.yaml>` become the settings
+    they hold, placed before the user's own (which win); then `model=PATH_OR_HUB_ID` (not a file
+    of conf/model/) becomes `model=custom model.name=...`."""
+    given = _given(overrides)
+    front: list[str] = []
+    if "strategy" in given:
+        front += recipes.as_overrides(recipes.load_strategy(given["strategy"]))
+    found = _recipe_of(given, conf)
+    if found is not None:
+        front += recipes.as_overrides(recipes.resolve_artifacts(found))
+        if "model" not in given:
+            front.insert(0, f"model={found.model}")
+    user = [_absolute_recipe(arg, found) for arg in overrides]
+    front = [arg for arg in front if not _shadowed(arg, given)]
+    return _rewrite_models(front + user, conf)
+
+
+def _given(overrides: list[str]) -> dict[str, str]:
+    given = {}
+    for arg in overrides:
+        key, eq, value = arg.partition("=")
+        if eq:
+            given[key.lstrip("+~")] = value
+    for key in ("strategy", "recipe"):
+        if "," in given.get(key, ""):
+            raise SpecpipeError(f"{key}={given[key]}: one {key} per run (a sweep over {key} values is not "
+                                "supported); run one command for each.")
+    return given
+
+
+def _recipe_of(given: dict[str, str], conf: Path) -> recipes.Recipe | None:
+    model = given.get("model", "")
+    if given.get("recipe"):
+        found = recipes.load_recipe(given["recipe"])
+        if model and model != found.target and _as_path(model) != _as_path(found.model):
+            raise SpecpipeError(f"recipe={given['recipe']} was tuned for {found.target}, not model={model}. Drop "
+                                "model= (the recipe names its target) or use a recipe made for this model.")
+        return found
+    if model and model not in _known_models(conf) and (Path(model) / recipes.RECIPE_FILE).is_file():
+        return recipes.load_recipe(Path(model))  # a recipe kept beside the model
+    return None
+
+
+def _as_path(value: str) -> Path:
+    return Path(value).expanduser().resolve()
+
+
+def _absolute_recipe(arg: str, found) -> str:
+    """`recipe=` as the absolute path of the file read (the config records what was applied)."""
+    if found is not None and arg.partition("=")[0] == "recipe":
+        return f"recipe={recipes.literal(str(found.path))}"
+    return arg
+
+
+def _shadowed(arg: str, given: dict[str, str]) -> bool:
+    """A setting the user gives too; or an option of a group whose choice the user changes."""
+    key = arg.partition("=")[0]
+    return key in given or key.partition(".")[0] in given
+
+
+def _known_models(conf: Path) -> set[str]:
+    return {p.stem for p in (conf / "model").glob("*.yaml")}
+
+
+def _rewrite_models(overrides: list[str], conf: Path) -> list[str]:
+    known = _known_models(conf)
     out = []
     for arg in overrides:
         key, eq, value = arg.partition("=")
         if key == "model" and eq and value not in known and "," not in value:
-            escaped = value.replace("\\", "\\\\").replace("'", "\\'")
-            out += ["model=custom", f"model.name='{escaped}'"]
+            out += ["model=custom", f"model.name={recipes.literal(value)}"]
         else:
             out.append(arg)
     return out

@@ -25,6 +25,8 @@ class Stats:
     drafted_at: list[int] = field(default_factory=list)  # [position] drafts made there
     accepted_at: list[int] = field(default_factory=list)  # [position] drafts accepted there
     gamma_trace: list[int] = field(default_factory=list)  # γ of each step
+    step_s: list[float] = field(default_factory=list)  # seconds of each step (propose + verify)
+    emitted_trace: list[int] = field(default_factory=list)  # tokens each step emitted
 
     def record(self, verdict: Verdict, timing: StepTiming, emitted: int) -> None:
         self.steps += 1
@@ -34,6 +36,8 @@ class Stats:
         self.propose_s += timing.propose_s
         self.verify_s += timing.verify_s
         self.gamma_trace.append(verdict.gamma)
+        self.step_s.append(timing.propose_s + timing.verify_s)
+        self.emitted_trace.append(emitted)
         _grow(self.drafted_at, verdict.gamma)
         _grow(self.accepted_at, verdict.gamma)
         for i in range(verdict.gamma):
@@ -60,6 +64,11 @@ class Stats:
     def per_position_acceptance(self) -> list[float]:
         return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
 
+    @property
+    def time_per_token_s(self) -> list[float]:
+        """Per emitted token: its step's time shared by the tokens that step emitted."""
+        return [s / n for s, n in zip(self.step_s, self.emitted_trace) for _ in range(n)]
+
     def to_dict(self) -> dict:
         return {
             "new_tokens": self.emitted,
@@ -69,6 +78,8 @@ class Stats:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position_acceptance,
+            "drafted_at": self.drafted_at,
+            "accepted_at": self.accepted_at,
             "gamma_trace": self.gamma_trace,
             "tokens_per_s": self.tokens_per_s,
             "prefill_s": self.prefill_s,

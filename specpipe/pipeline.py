@@ -75,7 +75,8 @@ class Pipeline:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             return tok(text, add_special_tokens=False)["input_ids"]
-        return tok(prompt)["input_ids"]
+        text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
+        return tok(text)["input_ids"]
 
     def generate(
         self,

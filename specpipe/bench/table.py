@@ -1,0 +1,77 @@
+"""Rich tables: one bench run by category (`bench_table`), and a whole sweep (`sweep_table`)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from specpipe.bench.summary import OVERALL
+
+
+def bench_table(payload: dict) -> Group:
+    """Two tables (so each fits a terminal): the headline figures, then how the steps went."""
+    strategy = payload["strategy"]
+    title = (f"specpipe bench: {payload['model']} · proposer {strategy['proposer']} · controller "
+             f"{strategy['controller']} · γ={strategy['gamma']} · verifier {strategy['verifier']}"
+             + ("" if strategy["lossless"] else " [bold yellow](LOSSY)[/bold yellow]"))
+    head = Table(title=title, caption="speedup: median (min-max) over prompts, each against the plain target "
+                 "on the same prompt in the same run")
+    steps = Table(caption="per-position acceptance: P(draft token i accepted | drafted); γ: mean \\[min-max] and "
+                  "the share of steps without a draft; time/token: P50 / P99 ms")
+    for column in ("category", "prompts", "plain tok/s", "tok/s", "speedup", "acceptance", "τ", "exact"):
+        head.add_column(column, justify="left" if column == "category" else "right")
+    for column in ("category", "per-position acceptance", "γ", "time/token plain", "time/token spec"):
+        steps.add_column(column, justify="left" if column != "γ" else "right")
+    for category, fig in payload["summary"].items():
+        style = "bold" if category == OVERALL else None
+        head.add_row(category, str(fig["prompts"]), f"{fig['baseline_tokens_per_s']:.1f}", f"{fig['tokens_per_s']:.1f}",
+                     speedup_cell(fig["speedup"]), f"{fig['acceptance_rate']:.2f}", f"{fig['mean_accepted_length']:.2f}",
+                     exact_cell(fig["exactness"]), style=style)
+        for name, peer in fig["peers"].items():
+            head.add_row(f"  ↳ {name}", "", "", f"{peer['tokens_per_s']:.1f}", speedup_cell(peer["speedup"]),
+                         "", "", exact_cell(peer["exactness"]), style="dim")
+        tpt = fig["time_per_token_ms"]
+        steps.add_row(category, positions_cell(fig["per_position_acceptance"]), gamma_cell(fig["gamma"]),
+                      tpt_cell(tpt["baseline"]), tpt_cell(tpt["speculative"]), style=style)
+    return Group(head, steps)
+
+
+def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
+    """One row per finished job: its settings, then overall and per-category median speedups."""
+    categories = list(dict.fromkeys(c for _, p in jobs for c in p["summary"] if c != OVERALL))
+    table = Table(title=f"specpipe sweep: {len(jobs)} finished job(s)",
+                  caption="speedup: median over prompts against the plain target, same run")
+    for column in ("job", "model", "proposer", "controller", "γ", "speedup", *categories, "acceptance", "τ", "exact"):
+        table.add_column(column, justify="left" if column in ("job", "model", "proposer", "controller") else "right")
+    for name, payload in jobs:
+        overall, strategy = payload["summary"][OVERALL], payload["strategy"]
+        per_category = [f"{payload['summary'][c]['speedup']['median']:.2f}x" if c in payload["summary"] else "-"
+                        for c in categories]
+        table.add_row(name, payload["model"], strategy["proposer"], strategy["controller"], str(strategy["gamma"]),
+                      speedup_cell(overall["speedup"]), *per_category, f"{overall['acceptance_rate']:.2f}",
+                      f"{overall['mean_accepted_length']:.2f}", exact_cell(overall["exactness"]))
+    return table
+
+
+def speedup_cell(spread: dict) -> str:
+    color = "green" if spread["median"] >= 1.0 else "red"
+    return f"[{color}]{spread['median']:.2f}x[/{color}] ({spread['min']:.2f}-{spread['max']:.2f})"
+
+
+def positions_cell(rates: list[float], shown: int = 6) -> str:
+    return " ".join(f"{r:.2f}" for r in rates[:shown]) + (" …" if len(rates) > shown else "") or "-"
+
+
+def gamma_cell(gamma: dict) -> str:
+    return f"{gamma['mean']:.1f} [{gamma['min']}-{gamma['max']}] off {gamma['off_share']:.0%}"
+
+
+def tpt_cell(ms: dict | None) -> str:
+    return f"{ms['p50']:.0f}/{ms['p99']:.0f}" if ms else "-"
+
+
+def exact_cell(exactness: dict | None) -> str:
+    if exactness is None:
+        return "n/a (sampling)"
+    text = f"{exactness['identical']}/{exactness['of']}"
+    return text if exactness["share"] == 1.0 else f"[bold red]{text} FAIL[/bold red]"

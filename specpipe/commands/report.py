@@ -1,0 +1,66 @@
+"""`specpipe report DIR [plot=true]`: one table over every finished job of a sweep folder.
+
+Reads each `results.json` under DIR (a job that did not finish has none), prints one row per
+job, writes DIR/summary.json and, with plot=true, the sweep plots. `SweepSummary` does the same
+at the end of `specpipe bench -m ...` (a Hydra callback named in conf/bench.yaml).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from rich.console import Console
+
+from specpipe.bench import plots
+from specpipe.bench.results import RESULTS_FILE, now, read_results, write_json
+from specpipe.bench.summary import OVERALL
+from specpipe.bench.table import sweep_table
+from specpipe.errors import SpecpipeError
+
+USAGE = "usage: specpipe report DIR [plot=true]   (DIR: the `out=` folder of a bench sweep)"
+
+
+def run(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    folder, plot = Path(args[0]), False
+    for arg in args[1:]:
+        key, _, value = arg.partition("=")
+        if key != "plot" or value.lower() not in ("true", "false"):
+            raise SpecpipeError(f"`{arg}` is not a report setting. {USAGE}")
+        plot = value.lower() == "true"
+    report(folder, plot)
+    return 0
+
+
+def finished_jobs(folder: Path) -> list[tuple[str, dict]]:
+    """(job name: its folder relative to the sweep, results) for every finished job, by name."""
+    if not folder.is_dir():
+        raise SpecpipeError(f"{folder} is not a folder. Give the `out=` folder of a bench sweep.")
+    paths = sorted(folder.rglob(RESULTS_FILE))
+    if not paths:
+        raise SpecpipeError(f"{folder} holds no {RESULTS_FILE}: no job of that sweep has finished yet.")
+    return [(str(p.parent.relative_to(folder)) or ".", read_results(p)) for p in paths]
+
+
+def report(folder: Path, plot: bool) -> None:
+    jobs = finished_jobs(folder)
+    Console().print(sweep_table(jobs))
+    rows = [{"job": name, "model": p["model"], **p["strategy"], "overall": p["summary"][OVERALL]}
+            for name, p in jobs]
+    err = Console(stderr=True)
+    err.print(f"summary: {write_json(folder / 'summary.json', {'created': now(), 'jobs': rows})}")
+    if plot:
+        for png in plots.plot_sweep(jobs, folder):
+            err.print(f"plot: {png}")
+
+
+class SweepSummary(Callback):
+    """After `specpipe bench -m ...`: the sweep's table, over every job finished so far."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        folder = Path(config.hydra.sweep.dir)
+        if any(folder.rglob(RESULTS_FILE)):
+            report(folder, bool(config.get("plot", False)))

@@ -1,0 +1,183 @@
+"""`specpipe tune model=... prompts=...`: try the sensible strategies for one target, keep the best.
+
+Candidates come from strategies/ (all, or `strategies=[...]`): every strategy with the fixed controller once per γ in
+`gammas`, adaptive ones once. A draft-model strategy needs a draft: `draft=NAME|PATH`, or a
+smaller zoo model with the target's tokenizer; without one it is skipped (and so is any
+candidate whose compatibility checks refuse it, with the reason printed). Each candidate is
+benched like `specpipe bench` (interleaved with the plain target, same prompts) and its
+results.json kept under `work=`, so an interrupted tune resumes where it stopped.
+
+The winner is the candidate with the best overall median speedup among those whose greedy
+outputs were all token-identical to the plain target's; if none beats the plain target, the
+recipe says so (proposer none). It is written atomically to `recipes/<model>/specpipe.yaml`
+(`out=DIR`: DIR/<model>/specpipe.yaml; `out=beside`: <model dir>/specpipe.yaml).
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+from rich.console import Console
+from rich.table import Table
+
+from specpipe.bench.results import RESULTS_FILE, environment, now, read_results
+from specpipe.bench.summary import OVERALL
+from specpipe.build import checked_context
+from specpipe.commands import bench
+from specpipe.config import compose
+from specpipe.errors import SpecpipeError
+from specpipe.models import zoo
+from specpipe.pipeline import Pipeline
+from specpipe.recipe import (RECIPE_FILE, RECIPE_VERSION, as_overrides, load_strategy, strategy_names,
+                             write_recipe)
+
+CARRIED = ("model", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "stop", "prompts",
+           "categories", "limit", "warmup", "gamma_min", "gamma_max")  # the user's settings, kept
+
+
+def run(cfg: DictConfig) -> int:
+    prompts = bench.select_prompts(cfg)
+    destination = recipe_path(cfg)
+    err = Console(stderr=True)
+    tried = {}
+    for name, strategy in candidates(cfg, err):
+        payload = _bench_candidate(cfg, name, strategy, prompts, err)
+        if payload is not None:
+            tried[name] = (strategy, payload)
+    if not tried:
+        raise SpecpipeError(f"No strategy could run on {cfg.model.name}: see the reasons above.")
+    Console().print(candidates_table(cfg, tried))
+    path = write_recipe(destination, recipe_data(cfg, tried, destination))
+    err.print(f"recipe: {path}  (use it: specpipe generate recipe={path})")
+    return 0
+
+
+def recipe_path(cfg: DictConfig) -> Path:
+    if cfg.out == "beside":
+        folder = Path(cfg.model.name)
+        if not folder.is_dir():
+            raise SpecpipeError(f"out=beside writes <model dir>/{RECIPE_FILE}, but model={cfg.model.name} is not a "
+                                "directory. Use out=recipes (the default) or out=SOME_DIR.")
+        return folder / RECIPE_FILE
+    return Path(cfg.out) / model_slug(cfg.model.name) / RECIPE_FILE
+
+
+def model_slug(name: str) -> str:
+    return name if name in zoo.ZOO else Path(name.rstrip("/")).name.replace("/", "--") or "model"
+
+
+def candidates(cfg: DictConfig, err: Console):
+    """(name, strategy mapping) of every candidate that passes its compatibility checks."""
+    draft = cfg.draft or next(iter(zoo.drafts_for(cfg.model.name)), "")
+    unknown = sorted(set(cfg.strategies) - set(strategy_names()))
+    if unknown:
+        raise SpecpipeError(f"strategies={unknown} are not built-in strategies: {', '.join(strategy_names())}.")
+    for base in list(cfg.strategies) or strategy_names():
+        strategy = load_strategy(base)
+        if strategy.get("proposer") == "draft":
+            if not draft:
+                err.print(f"[dim]{base}: skipped (no draft model: pass draft=NAME_OR_PATH)[/dim]")
+                continue
+            strategy["proposer.model"] = draft
+        fixed = strategy.get("controller", "fixed") == "fixed"
+        for gamma in (cfg.gammas if fixed else [strategy.get("gamma", cfg.gamma)]):
+            candidate = {**strategy, "gamma": int(gamma)}
+            name = f"{base}-g{gamma}" if fixed else base
+            refused = _refusals(candidate_config(cfg, candidate))
+            if refused:
+                err.print(f"[dim]{name}: skipped ({refused})[/dim]")
+                continue
+            yield name, candidate
+
+
+def candidate_config(cfg: DictConfig, strategy: dict) -> DictConfig:
+    """The bench config of one candidate: its strategy, with the user's target and settings."""
+    candidate = compose(as_overrides(strategy), "bench")
+    with open_dict(candidate):
+        for key in CARRIED:
+            candidate[key] = cfg[key]
+    return candidate
+
+
+def _refusals(cfg: DictConfig) -> str:
+    _, checks = checked_context(cfg)
+    return "; ".join(f"{c.name}: {c.why}" for c in checks if c.status == "refuse")
+
+
+def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[dict], err: Console) -> dict | None:
+    folder = Path(cfg.work) / model_slug(cfg.model.name) / name
+    if (folder / RESULTS_FILE).is_file():
+        err.print(f"[dim]{name}: measured in an earlier run ({folder})[/dim]")
+        return read_results(folder / RESULTS_FILE)
+    err.rule(name)
+    candidate = candidate_config(cfg, strategy)
+    pipeline = Pipeline.from_config(candidate)
+    try:
+        payload = bench.measure(candidate, pipeline, prompts, [], err)
+    finally:
+        del pipeline
+        gc.collect()  # one target in memory at a time
+    bench.save(payload, folder, keep_previous=False)
+    return payload
+
+
+def winner(tried: dict) -> str | None:
+    """The best overall median speedup among exact candidates; None if none beats plain."""
+    def exact(payload: dict) -> bool:
+        exactness = payload["summary"][OVERALL]["exactness"]
+        return exactness is None or exactness["share"] == 1.0
+
+    scored = {name: p["summary"][OVERALL]["speedup"]["median"] for name, (_, p) in tried.items() if exact(p)}
+    best = max(scored, key=scored.get, default=None)
+    return best if best is not None and scored[best] > 1.0 else None
+
+
+def recipe_data(cfg: DictConfig, tried: dict, destination: Path) -> dict:
+    best = winner(tried)
+    strategy, payload = tried[best] if best else ({"proposer": "none", "controller": "fixed"}, None)
+    target = "." if cfg.out == "beside" else cfg.model.name
+    return {
+        "specpipe_recipe": RECIPE_VERSION,
+        "about": (f"specpipe tune, {now()}: best of {len(tried)} strategies on prompts={cfg.prompts}"
+                  + ("" if best else "; none beat the plain target, so speculation is off")),
+        "target": target,
+        "strategy": {k: v for k, v in strategy.items() if k != "about"},
+        "artifacts": {},
+        "measured": _measured(cfg, tried, best, payload),
+        "versions": environment()["versions"],
+    }
+
+
+def _measured(cfg: DictConfig, tried: dict, best: str | None, payload: dict | None) -> dict:
+    overall = payload["summary"][OVERALL] if payload else None
+    return {
+        "winner": best or "plain",
+        "speedup_median": overall["speedup"]["median"] if overall else 1.0,
+        "speedup_by_category": {c: f["speedup"]["median"] for c, f in payload["summary"].items()} if payload else {},
+        "acceptance_rate": overall["acceptance_rate"] if overall else None,
+        "mean_accepted_length": overall["mean_accepted_length"] if overall else None,
+        "gamma_mean": overall["gamma"]["mean"] if overall else 0,  # what an export fixes γ to
+        "tokens_per_s": overall["tokens_per_s"] if overall else None,
+        "baseline_tokens_per_s": overall["baseline_tokens_per_s"] if overall else None,
+        "prompts": {"set": cfg.prompts, "categories": list(cfg.categories), "limit": cfg.limit,
+                    "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature},
+        "candidates": {name: round(p["summary"][OVERALL]["speedup"]["median"], 3) for name, (_, p) in tried.items()},
+        "machine": {k: v for k, v in environment().items() if k != "versions"},
+    }
+
+
+def candidates_table(cfg: DictConfig, tried: dict) -> Table:
+    best = winner(tried)
+    table = Table(title=f"specpipe tune: {cfg.model.name}", caption="speedup: median over prompts against the "
+                  "plain target, same run; ★ the recipe's strategy")
+    for column in ("candidate", "speedup", "acceptance", "τ", "exact"):
+        table.add_column(column, justify="left" if column == "candidate" else "right")
+    for name, (_, payload) in tried.items():
+        overall = payload["summary"][OVERALL]
+        exactness = overall["exactness"]
+        table.add_row(("★ " if name == best else "  ") + name, f"{overall['speedup']['median']:.2f}x",
+                      f"{overall['acceptance_rate']:.2f}", f"{overall['mean_accepted_length']:.2f}",
+                      "n/a" if exactness is None else f"{exactness['identical']}/{exactness['of']}")
+    return table

@@ -1,0 +1,80 @@
+"""What a composition asks of a serving engine, in engine-neutral terms (`ExportPlan`).
+
+Serving engines take a fixed number of draft tokens, so an adaptive controller becomes the
+nearest fixed γ: the mean γ its recipe measured (rounded), else its starting γ, with a warning
+naming what is lost. Models are named as the engine loads them: a zoo model by the hub id of
+its original checkpoint (the zoo's GGUF is a 4-bit copy of it), anything else as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from specpipe.checks import kind_of, lora_paths, proposer_kind
+from specpipe.models import zoo
+from specpipe.recipe import load_recipe
+
+
+@dataclass
+class ExportPlan:
+    target: str  # what the engine loads as the target
+    proposer: str  # ngram | draft | twin | none
+    gamma: int  # fixed draft tokens per step
+    draft: str | None = None  # the draft model (draft: the draft; twin: the target itself)
+    ngram_min: int | None = None
+    ngram_max: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def engine_model(name: str) -> str:
+    """A zoo name as its hub id; a local path made absolute; a hub id as is."""
+    if name in zoo.ZOO:
+        return zoo.ZOO[name].hub_id
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
+
+
+def plan_of(cfg: DictConfig) -> ExportPlan:
+    kind = proposer_kind(cfg)
+    gamma, lost = _fixed_gamma(cfg, kind)
+    plan = ExportPlan(engine_model(cfg.model.name), kind, gamma, warnings=[lost] if lost else [])
+    if cfg.model.name in zoo.ZOO:
+        plan.warnings.append(f"{cfg.model.name} is exported as {plan.target}, the original checkpoint of the "
+                             "zoo's 4-bit GGUF: the engine serves the original weights.")
+    if kind == "ngram":
+        plan.ngram_min, plan.ngram_max = int(cfg.proposer.ngram_min), int(cfg.proposer.ngram_max)
+    elif kind == "draft":
+        plan.draft = engine_model(cfg.proposer.model)
+    elif kind == "twin":
+        plan.draft = plan.target
+    if lora_paths(cfg):
+        plan.warnings.append("model.lora is not exported: merge the adapter into the target (peft "
+                             "merge_and_unload, save_pretrained) and serve the merged folder.")
+    if cfg.temperature > 0:
+        plan.warnings.append("temperature, top_k and top_p are per-request settings in serving engines: send "
+                             "them with each request (their rejection sampling keeps the distribution).")
+    return plan
+
+
+def _fixed_gamma(cfg: DictConfig, kind: str) -> tuple[int, str | None]:
+    """(γ for the engine, the warning when an adaptive controller had to be fixed)."""
+    controller = kind_of(cfg.controller)
+    if kind == "none" or controller == "fixed":
+        return int(cfg.gamma), None
+    measured = load_recipe(cfg.recipe).measured.get("gamma_mean") if cfg.recipe else None
+    known = isinstance(measured, (int, float)) and measured > 0
+    gamma = max(1, round(measured)) if known else max(1, int(cfg.gamma))
+    source = "the mean γ its recipe measured" if known else "its starting γ"
+    return gamma, (f"controller={controller} has no equivalent (the engine drafts a fixed number of tokens): "
+                   f"exported as γ={gamma}, {source}. Lost: {LOST.get(controller, 'its adaptive γ.')}")
+
+
+LOST = {
+    "cost": "γ chosen per step from measured costs, including switching speculation off when it cannot pay.",
+    "heuristic": "γ growing after fully accepted drafts and shrinking after rejections.",
+    "band": "γ moving with the acceptance rate of a recent window.",
+    "confidence": "drafts stopping early when the proposer's confidence drops.",
+}

@@ -1,0 +1,58 @@
+"""vLLM: the `speculative_config` JSON and the `vllm serve` command.
+
+Keys and methods follow vLLM v0.11.0 (`vllm/config/speculative.py` at commit b8b302cde434,
+the v0.11.0 tag). The method is always explicit. v0.11.0 lists `draft_model` but refuses it
+at start-up (draft-model decoding reached vLLM's main branch in January 2026), so a draft or
+twin export says so; ngram runs there as is.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from specpipe.errors import SpecpipeError
+from specpipe.export.engine import EngineExport
+from specpipe.export.plan import ExportPlan
+
+VERSION = "0.11.0"
+# the user-settable SpeculativeConfig fields of v0.11.0
+KEYS = ("enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+        "disable_logprobs", "quantization", "max_model_len", "revision", "code_revision",
+        "disable_by_batch_size", "disable_padded_drafter_batch", "prompt_lookup_max", "prompt_lookup_min",
+        "speculative_token_tree")
+METHODS = ("ngram", "eagle", "eagle3", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp", "ernie_mtp",
+           "qwen3_next_mtp", "mimo_mtp", "longcat_flash_mtp", "mtp")
+DRAFT_MODEL_NOTE = (f"vLLM {VERSION} lists method draft_model but refuses it at start-up (NotImplementedError); "
+                    "draft-model speculative decoding reached vLLM's main branch in January 2026: serve with a "
+                    "release that includes it.")
+
+
+def export(plan: ExportPlan) -> EngineExport:
+    warnings = list(plan.warnings)
+    config = _config(plan, warnings)
+    unknown = set(config or {}) - set(KEYS)
+    if unknown or (config and config["method"] not in METHODS):
+        raise SpecpipeError(f"internal: the vLLM {VERSION} export produced keys it does not have: {sorted(unknown)}")
+    command = f"vllm serve {shlex.quote(plan.target)}"
+    if config:
+        command += f" --speculative-config {shlex.quote(json.dumps(config))}"
+    return EngineExport("vllm", VERSION, config or {}, command, warnings)
+
+
+def _config(plan: ExportPlan, warnings: list[str]) -> dict | None:
+    if plan.proposer == "none":
+        warnings.append("proposer=none: nothing to speculate with; the command serves the plain target.")
+        return None
+    if plan.proposer == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": plan.gamma,
+                "prompt_lookup_min": plan.ngram_min, "prompt_lookup_max": plan.ngram_max}
+    if plan.proposer == "draft":
+        warnings.append(DRAFT_MODEL_NOTE)
+        return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma}
+    if plan.proposer == "twin":
+        warnings += [DRAFT_MODEL_NOTE, "twin: vLLM has no int8 copy of the target as a draft; exported as the "
+                     "target drafting for itself with fp8 weights (quantization=fp8, the nearest GPU setting)."]
+        return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma,
+                "quantization": "fp8"}
+    raise SpecpipeError(f"proposer={plan.proposer} has no vLLM export yet. Exportable: ngram, draft, twin.")

@@ -1,0 +1,214 @@
+"""Strategies and recipes: compositions as data, turned into the overrides a user would type.
+
+A strategy (`strategies/NAME.yaml`, `strategy=NAME|PATH`) is a flat mapping of settings, the
+same key=value pairs that follow `specpipe generate`:
+
+    about: prompt lookup, γ picked by the cost model
+    proposer: ngram
+    proposer.ngram_max: 4
+    controller: cost
+
+A recipe (`recipes/<model>/specpipe.yaml`, `<model dir>/specpipe.yaml`, `recipe=PATH`) is a
+strategy tuned for one target, with its artifacts and the figures measured with it:
+
+    specpipe_recipe: 1
+    target: smollm2-135m          # zoo name, hub id or path; "." is the folder of the recipe
+    strategy: {proposer: ngram, controller: cost, gamma: 4}
+    artifacts: {heads: medusa}    # paths inside the recipe's folder; used as "artifact:heads"
+    measured: {...}               # figures from `specpipe tune` (free-form, data only)
+    versions: {...}
+
+Both are data from a stranger: keys are checked against the schema here (unknown ones refused
+by name), values must be scalars or lists of scalars, a `_target_` outside `specpipe.` is
+refused, and artifacts may not point outside the recipe's folder. What remains becomes Hydra
+overrides placed before the user's own, so the user's settings win and Hydra checks the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from specpipe.errors import SpecpipeError
+
+RECIPE_FILE = "specpipe.yaml"
+RECIPE_VERSION = 1
+RECIPE_KEYS = {"specpipe_recipe", "target", "strategy", "artifacts", "measured", "versions", "about"}
+GROUPS = ("proposer", "verifier", "controller")
+TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", "model.quantize", "model.chat"}
+_OPTION = re.compile(r"^(proposer|verifier|controller)\.[A-Za-z_][A-Za-z0-9_]*$")
+_CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_ARTIFACT = "artifact:"
+
+
+@dataclass
+class Recipe:
+    path: Path  # the recipe file
+    target: str
+    strategy: dict
+    artifacts: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    about: str = ""
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    @property
+    def model(self) -> str:
+        """The target as `model=` takes it ("." and relative paths are relative to the recipe)."""
+        if self.target == "." or self.target.startswith(("./", "../")):
+            return str((self.folder / self.target).resolve())
+        return self.target
+
+
+def _read_yaml(path: Path, what: str) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecpipeError(f"The {what} {path} cannot be read: {str(err).splitlines()[0]}. Fix the "
+                            "file (YAML), or point at another one.") from None
+    if not isinstance(data, dict):
+        raise SpecpipeError(f"The {what} {path} is not a YAML mapping of settings (key: value).")
+    return data
+
+
+def check_strategy(mapping: dict, where: str, *, allow_about: bool = True) -> dict:
+    """A validated copy of a flat strategy mapping; anything unknown or unsafe is refused by name."""
+    out = {}
+    for key, value in mapping.items():
+        if key == "about" and allow_about:
+            continue
+        if not isinstance(key, str) or not (key in GROUPS or key in TOP_KEYS or _OPTION.match(key)):
+            raise SpecpipeError(
+                f"{where}: the key {key!r} is not a strategy setting. Allowed: proposer, verifier, "
+                f"controller (a choice from conf/), their options (proposer.ngram_max, ...), and "
+                f"{', '.join(sorted(TOP_KEYS))}."
+            )
+        if key in GROUPS and not (isinstance(value, str) and _CHOICE.match(value)):
+            raise SpecpipeError(f"{where}: {key}={value!r} must name a file of conf/{key}/ (e.g. {key}=ngram).")
+        if key.endswith("._target_") and not (isinstance(value, str) and value.startswith("specpipe.")):
+            raise SpecpipeError(
+                f"{where}: {key}={value!r} is refused: a strategy or recipe may only name build "
+                "functions under `specpipe.`. Delete the key and pick a built-in component by name."
+            )
+        if not _is_data(value):
+            raise SpecpipeError(f"{where}: {key} must be a number, a string, a boolean or a list of those.")
+        out[key] = value
+    return out
+
+
+def _is_data(value) -> bool:
+    scalar = (str, int, float, bool, type(None))
+    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value))
+
+
+def strategies_dir() -> Path:
+    """strategies/ of a source checkout, or the copy installed inside the package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "strategies", here.parent / "strategies"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("specpipe's strategies/ directory is missing from this installation")
+
+
+def strategy_names() -> list[str]:
+    return sorted(p.stem for p in strategies_dir().glob("*.yaml"))
+
+
+def load_strategy(name_or_path: str) -> dict:
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = strategies_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise SpecpipeError(f"strategy={name_or_path} is neither a file nor a built-in strategy. "
+                            f"Built-in: {', '.join(strategy_names())}.")
+    return check_strategy(_read_yaml(path, "strategy"), str(path))
+
+
+def find_recipe(value: str) -> Path:
+    """A recipe file, a folder holding specpipe.yaml, or a model name with recipes/<name>/."""
+    path = Path(value)
+    for candidate in (path, path / RECIPE_FILE, Path("recipes") / value / RECIPE_FILE):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise SpecpipeError(f"recipe={value} was not found: give a recipe file, a folder holding "
+                        f"{RECIPE_FILE}, or a model name with recipes/<name>/{RECIPE_FILE}.")
+
+
+def load_recipe(value: str | Path) -> Recipe:
+    path = find_recipe(str(value))
+    data = _read_yaml(path, "recipe")
+    unknown = sorted(set(map(str, data)) - RECIPE_KEYS)
+    if unknown:
+        raise SpecpipeError(f"The recipe {path} has unknown keys {unknown}: a recipe holds only "
+                            f"{', '.join(sorted(RECIPE_KEYS))}. Remove them (or fix their spelling).")
+    if data.get("specpipe_recipe") != RECIPE_VERSION:
+        raise SpecpipeError(f"The recipe {path} says specpipe_recipe={data.get('specpipe_recipe')!r}; this "
+                            f"specpipe reads version {RECIPE_VERSION}. Re-run `specpipe tune` to write a new one.")
+    if not isinstance(data.get("target"), str) or not isinstance(data.get("strategy"), dict):
+        raise SpecpipeError(f"The recipe {path} needs `target:` (a model) and `strategy:` (a mapping of settings).")
+    for key in ("artifacts", "measured", "versions"):
+        if not isinstance(data.get(key, {}), dict):
+            raise SpecpipeError(f"The recipe {path}: `{key}` must be a mapping.")
+    recipe = Recipe(path, data["target"], check_strategy(data["strategy"], str(path), allow_about=False),
+                    data.get("artifacts", {}), data.get("measured", {}), data.get("versions", {}),
+                    str(data.get("about", "")))
+    _check_artifacts(recipe)
+    return recipe
+
+
+def _check_artifacts(recipe: Recipe) -> None:
+    folder = recipe.folder.resolve()
+    for name, rel in recipe.artifacts.items():
+        target = (folder / str(rel)).resolve()
+        if not isinstance(rel, str) or folder not in (target, *target.parents) or not target.exists():
+            raise SpecpipeError(f"The recipe {recipe.path}: artifact {name}={rel!r} must be an existing path "
+                                "inside the recipe's folder.")
+    for key, value in recipe.strategy.items():
+        if isinstance(value, str) and value.startswith(_ARTIFACT) and value[len(_ARTIFACT):] not in recipe.artifacts:
+            raise SpecpipeError(f"The recipe {recipe.path}: {key}={value} names no entry of `artifacts`.")
+
+
+def resolve_artifacts(recipe: Recipe) -> dict:
+    """The recipe's strategy with "artifact:NAME" values replaced by absolute paths."""
+    def one(value):
+        if isinstance(value, str) and value.startswith(_ARTIFACT):
+            return str((recipe.folder / recipe.artifacts[value[len(_ARTIFACT):]]).resolve())
+        return value
+
+    return {key: one(value) for key, value in recipe.strategy.items()}
+
+
+def as_overrides(mapping: dict) -> list[str]:
+    """A validated strategy mapping as Hydra override strings (group choices first)."""
+    keys = sorted(mapping, key=lambda k: (k not in GROUPS, k))
+    return [f"{k}={mapping[k]}" if k in GROUPS else f"{k}={literal(mapping[k])}" for k in keys]
+
+
+def literal(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(literal(v) for v in value) + "]"
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def write_recipe(path: Path, data: dict) -> Path:
+    """Write atomically (a temporary file renamed into place): never a half-written recipe."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".specpipe-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False, allow_unicode=True)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,134 @@
+"""`specpipe bench`, sweeps and `specpipe report`, end to end on tiny models (subprocesses, no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import tiny_model, tiny_tokenizer
+from specpipe.bench.results import SCHEMA, read_results, validate
+from specpipe.bench.summary import _quantile, gamma_summary, spread
+from specpipe.errors import SpecpipeError
+from test_cli import assert_user_error, specpipe
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny target, a draft with its tokenizer, and a 3-prompt set in two categories."""
+    root = tmp_path_factory.mktemp("bench")
+    for name, seed in (("target", 0), ("draft", 3)):
+        tokenizer = tiny_tokenizer()
+        model = tiny_model(seed, dtype=torch.float32)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    lines = []
+    for i, category in enumerate(["edit", "edit", "chat"]):
+        words = " ".join(f"w{(i * 7 + j) % 60 + 2}" for j in range(10))
+        # repeat the words so the n-gram proposer finds matches
+        lines.append({"id": f"p{i}", "category": category,
+                      "messages": [{"role": "user", "content": f"{words} {words}"}]})
+    (root / "prompts.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return root
+
+
+def base_args(setup, *extra: str) -> list[str]:
+    return [f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "max_new_tokens=10", "warmup=0", *extra]
+
+
+def test_bench_writes_results_table_and_plots(setup, tmp_path):
+    out = tmp_path / "run"
+    result = specpipe("bench", *base_args(setup, "proposer=draft", f"proposer.model={setup / 'draft'}",
+                                          "proposer.quantize=none", "peer=[hf-assisted,hf-prompt-lookup]",
+                                          "plot=true", f"out={out}"))
+    assert result.returncode == 0, result.stderr
+    payload = read_results(out / "results.json")  # validates the schema
+    assert payload["schema"] == SCHEMA and payload["strategy"]["proposer"] == "draft"
+    assert [p["category"] for p in payload["prompts"]] == ["edit", "edit", "chat"]
+    assert list(payload["summary"]) == ["edit", "chat", "overall"]
+    overall = payload["summary"]["overall"]
+    assert overall["prompts"] == 3 and overall["exactness"]["share"] == 1.0
+    assert set(overall["peers"]) == {"hf-assisted", "hf-prompt-lookup"}
+    assert all(p["peers_exact"] == {"hf-assisted": True, "hf-prompt-lookup": True} for p in payload["prompts"])
+    assert overall["time_per_token_ms"]["speculative"]["p50"] > 0
+    for prompt in payload["prompts"]:  # speedup is per prompt, against that prompt's plain run
+        assert prompt["speedup"] == pytest.approx(prompt["speculative"]["tokens_per_s"] / prompt["baseline"]["tokens_per_s"])
+        assert len(prompt["speculative"]["token_ids"]) == 10
+    for name in ("speedup_by_category.png", "per_position_acceptance.png", "speedup_vs_gamma.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, name
+    assert "speedup" in result.stdout and "overall" in result.stdout and "hf-prompt-lookup" in result.stdout
+
+    again = specpipe("bench", *base_args(setup, "proposer=ngram", "limit=1", f"out={out}"))
+    assert again.returncode == 0, again.stderr
+    assert len(list(out.glob("results-*.json"))) == 1  # the earlier results were kept, renamed
+    assert read_results(out / "results.json")["summary"]["overall"]["prompts"] == 2  # limit: per category
+
+
+def test_sweep_resumes_after_a_killed_job_and_reports(setup, tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["bench", "-m", "proposer=ngram,twin", "gamma=2,3", *base_args(setup, f"out={sweep}")]
+    proc = subprocess.Popen([sys.executable, "-m", "specpipe", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 240
+    while not list(sweep.rglob("results.json")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # killed in the middle of the sweep
+    proc.wait()
+    finished = {p: p.stat().st_mtime_ns for p in sweep.rglob("results.json")}
+    assert 1 <= len(finished) < 4
+
+    result = specpipe(*args)
+    assert result.returncode == 0, result.stderr
+    assert "skipped" in result.stderr
+    jobs = sorted(sweep.rglob("results.json"))
+    assert len(jobs) == 4
+    assert {p.parent.name for p in jobs} == {f"gamma={g},max_new_tokens=10,model=target,proposer={p}"
+                                            for g in (2, 3) for p in ("ngram", "twin")}
+    for path, mtime in finished.items():  # what finished before the kill was not redone
+        assert path.stat().st_mtime_ns == mtime
+    assert "4 finished job(s)" in result.stdout  # the sweep's table at the end
+
+    report = specpipe("report", str(sweep), "plot=true")
+    assert report.returncode == 0, report.stderr
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert len(summary["jobs"]) == 4
+    assert {(j["proposer"], j["gamma"]) for j in summary["jobs"]} == {("ngram", 2), ("ngram", 3), ("twin", 2), ("twin", 3)}
+    for name in ("sweep_speedup_vs_gamma.png", "sweep_speedup_by_category.png"):
+        assert (sweep / name).read_bytes().startswith(PNG)
+
+
+def test_bench_bad_input_is_one_clear_error(setup, tmp_path):
+    assert_user_error(specpipe("bench", *base_args(setup, "peer=vllm", f"out={tmp_path}")), "peer=vllm", "hf-assisted")
+    assert_user_error(specpipe("bench", *base_args(setup, "peer=hf-assisted", f"out={tmp_path}")),
+                      "needs a draft model")
+    assert_user_error(specpipe("bench", f"model={setup / 'target'}", "prompts=nowhere.jsonl"), "nowhere.jsonl")
+    assert_user_error(specpipe("bench", *base_args(setup, "categories=[poetry]")), "poetry")
+    assert_user_error(specpipe("report", str(tmp_path / "empty")), "not a folder")
+    assert not list(tmp_path.rglob("results.json"))
+
+
+def test_summary_statistics():
+    assert _quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
+    assert _quantile([0.0, 10.0], 0.99) == pytest.approx(9.9)
+    s = spread([1.0, 3.0, 2.0, 4.0])
+    assert (s["median"], s["min"], s["max"]) == (2.5, 1.0, 4.0)
+    g = gamma_summary([0, 4, 4, 2])
+    assert g["off_share"] == 0.25 and g["histogram"] == {"0": 1, "2": 1, "4": 2} and g["mean"] == 2.5
+
+
+def test_results_schema_is_checked():
+    with pytest.raises(SpecpipeError, match="not a specpipe bench result"):
+        validate({"schema": "other"})
+    with pytest.raises(SpecpipeError, match="prompts"):
+        validate({"schema": SCHEMA, "created": "x", "model": "m", "strategy": {}, "config": {},
+                  "environment": {}, "summary": {"overall": {}}})

@@ -1,0 +1,135 @@
+"""Strategies and recipes: `specpipe tune` writes one, generate/bench use it, a stranger's is checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from specpipe.config import compose
+from specpipe.errors import SpecpipeError
+from specpipe.recipe import as_overrides, load_recipe, load_strategy, strategy_names
+from test_bench import setup  # noqa: F401  (the tiny models and prompt set)
+from test_cli import assert_user_error, specpipe
+
+
+def write(path, data) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_every_shipped_strategy_composes():
+    for name in strategy_names():
+        cfg = compose([f"strategy={name}", "proposer.model=qwen2.5-coder-0.5b"] if "draft" in name else
+                      [f"strategy={name}"])
+        assert cfg.proposer._target_.startswith("specpipe.proposers.")
+
+
+def test_strategy_settings_come_first_and_the_user_wins():
+    cfg = compose(["strategy=ngram-cost", "gamma=6", "controller.window=5"])
+    assert cfg.controller._target_.endswith("cost.build") and cfg.gamma == 6 and cfg.controller.window == 5
+    cfg = compose(["strategy=draft", "proposer=ngram"])  # the user's proposer drops the strategy's options
+    assert cfg.proposer._target_.endswith("ngram.build") and "quantize" not in cfg.proposer
+
+
+def test_tune_then_generate_with_the_recipe(setup, tmp_path):  # noqa: F811
+    out, work = tmp_path / "recipes", tmp_path / "work"
+    result = specpipe("tune", f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "max_new_tokens=12",
+                      "warmup=0", "strategies=[ngram,twin]", "gammas=[2,3]", f"out={out}", f"work={work}")
+    assert result.returncode == 0, result.stderr
+    recipe = load_recipe(out / "target")  # a folder holding specpipe.yaml
+    assert recipe.target == str(setup / "target")
+    assert set(recipe.measured["candidates"]) == {"ngram-g2", "ngram-g3", "twin-g2", "twin-g3"}
+    winner = recipe.measured["winner"]
+    if winner == "plain":
+        assert recipe.strategy["proposer"] == "none"
+    else:  # the recipe holds the winner's strategy and figures
+        assert recipe.strategy["proposer"] == winner.split("-")[0]
+        assert recipe.strategy["gamma"] == int(winner[-1])
+        assert recipe.measured["speedup_median"] == pytest.approx(recipe.measured["candidates"][winner], abs=1e-3)
+        assert recipe.measured["speedup_median"] > 1.0
+    assert recipe.versions["torch"] and "winner" in recipe.measured
+
+    # a second tune resumes from the candidates' results instead of measuring again
+    again = specpipe("tune", f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "max_new_tokens=12",
+                     "warmup=0", "strategies=[ngram,twin]", "gammas=[2,3]", f"out={out}", f"work={work}")
+    assert again.returncode == 0 and again.stderr.count("measured in an earlier run") == 4
+
+    gen = specpipe("generate", f"recipe={out / 'target'}", "max_new_tokens=8", "output=json")
+    assert gen.returncode == 0, gen.stderr
+    config = json.loads(gen.stdout)["config"]
+    assert config["model"]["name"] == str(setup / "target")
+    assert config["recipe"] == str(out / "target" / "specpipe.yaml")
+    assert (config["proposer"]["_target_"] or ".none.").split(".")[-2] == recipe.strategy["proposer"]
+
+
+def test_a_recipe_beside_the_model_is_found_from_the_model(setup, tmp_path):  # noqa: F811
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in (setup / "target").iterdir():
+        (folder / f.name).symlink_to(f)
+    write(folder / "specpipe.yaml", {"specpipe_recipe": 1, "target": ".",
+                                     "strategy": {"proposer": "ngram", "controller": "fixed", "gamma": 3}})
+    cfg = compose([f"model={folder}"])
+    assert cfg.proposer._target_.endswith("ngram.build") and cfg.gamma == 3
+    cfg = compose([f"model={folder}", "gamma=5"])
+    assert cfg.gamma == 5
+
+
+def test_round_trip_keeps_every_setting(tmp_path):
+    strategy = {"proposer": "ngram", "proposer.ngram_max": 5, "controller": "cost", "controller.window": 7,
+                "gamma": 3, "gamma_max": 6, "verifier": "rejection", "temperature": 0.5, "top_p": 0.9}
+    path = write(tmp_path / "r" / "specpipe.yaml", {"specpipe_recipe": 1, "target": "smollm2-135m",
+                                                    "strategy": strategy, "measured": {"speedup_median": 1.5}})
+    recipe = load_recipe(path)
+    assert recipe.strategy == strategy and recipe.measured == {"speedup_median": 1.5}
+    cfg = compose([f"recipe={path}"])
+    assert (cfg.proposer.ngram_max, cfg.controller.window, cfg.gamma, cfg.gamma_max) == (5, 7, 3, 6)
+    assert cfg.verifier._target_.endswith("rejection.build") and (cfg.temperature, cfg.top_p) == (0.5, 0.9)
+    assert cfg.model.name == "smollm2-135m"
+    assert as_overrides(strategy)[:3] == ["controller=cost", "proposer=ngram", "verifier=rejection"]
+
+
+MALICIOUS = {
+    "a _target_ outside specpipe": ({"strategy": {"proposer": "ngram", "proposer._target_": "os.system"}},
+                                    "proposer._target_", "only name build functions under `specpipe.`"),
+    "an unknown top-level key": ({"strategy": {"proposer": "ngram"}, "hooks": ["rm -rf /"]}, "hooks", "unknown keys"),
+    "an unknown strategy key": ({"strategy": {"proposer": "ngram", "hydra.run.dir": "/etc"}}, "hydra.run.dir",
+                                "not a strategy setting"),
+    "a group choice that is a path": ({"strategy": {"proposer": "../../evil"}}, "../../evil", "conf/proposer/"),
+    "an artifact outside its folder": ({"strategy": {"proposer": "ngram"}, "artifacts": {"heads": "../../etc/passwd"}},
+                                       "heads", "inside the recipe's folder"),
+    "a nested value": ({"strategy": {"proposer": "ngram", "proposer.ngram_max": {"_target_": "os.system"}}},
+                       "proposer.ngram_max", "must be a number"),
+}
+
+
+@pytest.mark.parametrize("case", MALICIOUS)
+def test_a_malicious_recipe_is_refused(tmp_path, case):
+    body, *words = MALICIOUS[case]
+    path = write(tmp_path / "evil" / "specpipe.yaml", {"specpipe_recipe": 1, "target": "smollm2-135m", **body})
+    with pytest.raises(SpecpipeError) as err:
+        compose([f"recipe={path}"])
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_a_malicious_recipe_fails_cleanly_on_the_command_line(tmp_path):
+    path = write(tmp_path / "evil" / "specpipe.yaml", {"specpipe_recipe": 1, "target": "smollm2-135m",
+                                                       "strategy": {"proposer._target_": "builtins.exec"}})
+    assert_user_error(specpipe("generate", f"recipe={path}"), "builtins.exec", "refused")
+
+
+def test_recipe_for_another_model_is_refused(tmp_path):
+    path = write(tmp_path / "r" / "specpipe.yaml", {"specpipe_recipe": 1, "target": "smollm2-135m",
+                                                    "strategy": {"proposer": "ngram"}})
+    with pytest.raises(SpecpipeError, match="tuned for smollm2-135m"):
+        compose([f"recipe={path}", "model=qwen2.5-coder-1.5b"])
+
+
+def test_strategy_files_are_checked_too(tmp_path):
+    path = write(tmp_path / "s.yaml", {"proposer": "ngram", "command": "rm -rf /"})
+    with pytest.raises(SpecpipeError, match="'command' is not a strategy setting"):
+        load_strategy(str(path))
