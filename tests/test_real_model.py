@@ -44,3 +44,25 @@ def test_chat_template_is_applied():
     text = pipeline.target.tokenizer.decode(ids)
     assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
     assert OmegaConf.is_config(compose())
+
+
+def test_smollm2_bench_tune_and_export(tmp_path):
+    """The real model through bench (with transformers' prompt lookup as a peer), tune and export."""
+    from specpipe.bench.results import read_results
+    from specpipe.recipe import load_recipe
+    from test_cli import specpipe
+
+    common = ["prompts=dev", "categories=[code-edit]", "limit=1", "max_new_tokens=24", "warmup=0"]
+    bench = specpipe("bench", "proposer=ngram", "peer=hf-prompt-lookup", f"out={tmp_path / 'bench'}", *common)
+    assert bench.returncode == 0, bench.stderr
+    overall = read_results(tmp_path / "bench" / "results.json")["summary"]["overall"]
+    assert overall["exactness"]["share"] == 1.0 and overall["acceptance_rate"] > 0
+    assert overall["peers"]["hf-prompt-lookup"]["exactness"]["share"] == 1.0
+
+    tune = specpipe("tune", "strategies=[ngram]", "gammas=[4]", f"out={tmp_path / 'recipes'}",
+                    f"work={tmp_path / 'work'}", *common)
+    assert tune.returncode == 0, tune.stderr
+    recipe = load_recipe(tmp_path / "recipes" / "smollm2-135m")
+    assert recipe.target == "smollm2-135m" and "ngram-g4" in recipe.measured["candidates"]
+    export = specpipe("export", "vllm", f"recipe={recipe.path}", f"out={tmp_path / 'spec.json'}")
+    assert export.returncode == 0 and "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in export.stdout
