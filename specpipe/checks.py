@@ -99,6 +99,10 @@ def check_sampling(cfg: DictConfig) -> Check:
     if name == "greedy" and cfg.temperature > 0:
         return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={cfg.temperature}",
                      "use verifier=rejection, or temperature=0")
+    if name == "typical":
+        return Check("sampling", "warn", "verifier=typical is LOSSY: with temperature > 0 the output is not "
+                     "distributed as the target's (at temperature 0 it keeps the target's argmax tokens)",
+                     "use verifier=rejection for lossless sampling")
     if name == "greedy" and (cfg.top_k or cfg.top_p < 1.0):
         return Check("sampling", "warn", "top_k / top_p have no effect on greedy decoding")
     return Check("sampling", "ok", f"verifier={name} honours temperature={cfg.temperature}, "

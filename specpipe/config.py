@@ -54,7 +54,7 @@ class BenchConfig(DecodeConfig):
     categories: list[str] = field(default_factory=list)  # empty: every category of the set
     limit: int = 0  # prompts per category (0: all)
     warmup: int = 1  # generations per configuration before anything is measured
-    peer: Any = None  # hf-assisted | hf-prompt-lookup, or a list of them: transformers' own
+    peer: Any = None  # hf-assisted | hf-prompt-lookup | a list | auto: transformers' own, as baselines
     plot: bool = False  # also write PNG plots beside results.json
     out: str = "bench-results"  # results.json goes here; a sweep puts one folder per job in it
 

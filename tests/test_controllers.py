@@ -81,3 +81,17 @@ def test_bad_bounds_are_refused():
         FixedGamma(4, gamma_min=5, gamma_max=3)
     with pytest.raises(SpecpipeError, match="gamma=0"):
         HeuristicGamma(0)
+
+
+def test_cost_forgets_stale_verify_costs_of_block_sizes_it_stopped_trying():
+    """A block size measured slow once (a machine hiccup) and not tried since must not pin γ."""
+    def history(c: CostModelGamma) -> CostModelGamma:
+        for gamma, verify_s, steps in ((5, 0.5, 10), (1, 0.1, 20), (2, 0.11, 20)):  # slow 6-token blocks, then short ones
+            for _ in range(steps):
+                c.update(Verdict(gamma, 0, gamma), StepTiming(0.0001 * gamma, verify_s))
+        return c
+
+    c = history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=32))
+    assert set(c.verify_at) == {2, 3}  # the 6-token samples are older than `memory` steps
+    assert c.best_gamma() >= 6  # everything accepted, verifying barely grows: long drafts
+    assert history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=1000)).best_gamma() <= 2  # never forgetting

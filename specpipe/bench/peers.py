@@ -5,6 +5,7 @@ baselines in the bench table.
   draft or twin, at the precision specpipe uses), transformers' default assistant schedule.
 - `hf-prompt-lookup`: `generate(prompt_lookup_num_tokens=γ)`, transformers' n-gram lookup
   (max_matching_ngram_size from `proposer.ngram_max` when the proposer is ngram).
+- `auto`: the counterpart of the proposer (draft, twin: hf-assisted; ngram: hf-prompt-lookup).
 
 Both run on the pipeline's target object, so precision and kernels are the same as specpipe's.
 Their tokens/s counts the whole `generate` call (it has no separate prefill timer), which
@@ -37,13 +38,19 @@ class Peer:
         return Measured(new, len(new) / (time.perf_counter() - start))
 
 
-def peer_names(value) -> list[str]:
-    """`peer=` as given (None, one name, or a list), validated."""
+AUTO = {"draft": "hf-assisted", "twin": "hf-assisted", "ngram": "hf-prompt-lookup"}  # transformers' counterpart
+
+
+def peer_names(value, proposer: str) -> list[str]:
+    """`peer=` as given (None, one name, a list, or `auto`: transformers' counterpart of the
+    proposer, so one setting serves a sweep over proposers), validated."""
+    if value == "auto":
+        return [AUTO[proposer]] if proposer in AUTO else []
     names = [] if value in (None, "", "none") else [value] if isinstance(value, str) else list(value)
     unknown = [n for n in names if n not in PEERS]
     if unknown:
-        raise SpecpipeError(f"peer={unknown[0]} is not known: use {' or '.join(PEERS)} "
-                            "(or a list: peer=[hf-assisted,hf-prompt-lookup]).")
+        raise SpecpipeError(f"peer={unknown[0]} is not known: use {' or '.join(PEERS)}, a list "
+                            "(peer=[hf-assisted,hf-prompt-lookup]), or auto (the proposer's counterpart).")
     return names
 
 

@@ -41,7 +41,8 @@ def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
     categories = list(dict.fromkeys(c for _, p in jobs for c in p["summary"] if c != OVERALL))
     table = Table(title=f"specpipe sweep: {len(jobs)} finished job(s)",
                   caption="speedup: median over prompts against the plain target, same run")
-    for column in ("job", "model", "proposer", "controller", "γ", "speedup", *categories, "acceptance", "τ", "exact"):
+    for column in ("job", "model", "proposer", "controller", "γ", "speedup", *categories, "acceptance", "τ", "exact",
+                   "peers"):
         table.add_column(column, justify="left" if column in ("job", "model", "proposer", "controller") else "right")
     for name, payload in jobs:
         overall, strategy = payload["summary"][OVERALL], payload["strategy"]
@@ -49,8 +50,32 @@ def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
                         for c in categories]
         table.add_row(name, payload["model"], strategy["proposer"], strategy["controller"], str(strategy["gamma"]),
                       speedup_cell(overall["speedup"]), *per_category, f"{overall['acceptance_rate']:.2f}",
-                      f"{overall['mean_accepted_length']:.2f}", exact_cell(overall["exactness"]))
+                      f"{overall['mean_accepted_length']:.2f}", exact_cell(overall["exactness"]),
+                      " ".join(f"{n} {p['speedup']['median']:.2f}x" for n, p in overall["peers"].items()) or "-")
     return table
+
+
+def sweep_markdown(jobs: list[tuple[str, dict]]) -> str:
+    """The sweep as a Markdown table, a row per job and category (what the README's tables are)."""
+    lines = ["| model | proposer | controller | γ | category | prompts | plain tok/s | tok/s | speedup (median, min-max) "
+             "| acceptance | τ | per-position acceptance | peer: speedup | exact |", "|" + "---|" * 14]
+    for _, payload in jobs:
+        strategy = payload["strategy"]
+        for category, fig in payload["summary"].items():
+            s = fig["speedup"]
+            peers = "; ".join(f"{name} {p['speedup']['median']:.2f}x ({_exact_text(p['exactness'])})"
+                              for name, p in fig["peers"].items()) or "-"
+            lines.append(
+                f"| {payload['model']} | {strategy['proposer']} | {strategy['controller']} | {strategy['gamma']} "
+                f"| {category} | {fig['prompts']} | {fig['baseline_tokens_per_s']:.1f} | {fig['tokens_per_s']:.1f} "
+                f"| {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f}) | {fig['acceptance_rate']:.2f} "
+                f"| {fig['mean_accepted_length']:.2f} | {positions_cell(fig['per_position_acceptance'])} | {peers} "
+                f"| {_exact_text(fig['exactness'])} |")
+    return "\n".join(lines)
+
+
+def _exact_text(exactness: dict | None) -> str:
+    return "n/a" if exactness is None else f"{exactness['identical']}/{exactness['of']}"
 
 
 def speedup_cell(spread: dict) -> str:

@@ -28,7 +28,7 @@ from specpipe.prompts import load_prompts
 
 def run(cfg: DictConfig) -> int:
     prompts = select_prompts(cfg)
-    peers = peer_names(cfg.peer)
+    peers = peer_names(cfg.peer, proposer_kind(cfg))
     folder, in_sweep = job_folder(cfg)
     err = Console(stderr=True)
     if in_sweep and (folder / RESULTS_FILE).is_file():
@@ -46,7 +46,8 @@ def run(cfg: DictConfig) -> int:
     if cfg.plot:
         for png in plots.plot_run(payload, folder):
             err.print(f"plot: {png}")
-    return 0 if _all_exact(payload) else 1
+    # exit 1 on a greedy divergence (scripts can gate on it); a sweep's job records it and goes on
+    return 0 if in_sweep or _all_exact(payload) else 1
 
 
 def select_prompts(cfg: DictConfig) -> list[dict]:

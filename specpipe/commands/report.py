@@ -15,23 +15,24 @@ from rich.console import Console
 from specpipe.bench import plots
 from specpipe.bench.results import RESULTS_FILE, now, read_results, write_json
 from specpipe.bench.summary import OVERALL
-from specpipe.bench.table import sweep_table
+from specpipe.bench.table import sweep_markdown, sweep_table
 from specpipe.errors import SpecpipeError
 
-USAGE = "usage: specpipe report DIR [plot=true]   (DIR: the `out=` folder of a bench sweep)"
+USAGE = ("usage: specpipe report DIR [plot=true] [markdown=true]   (DIR: the `out=` folder of a bench sweep "
+         "or run; markdown=true prints a Markdown table by job and category)")
 
 
 def run(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    folder, plot = Path(args[0]), False
+    flags = {"plot": False, "markdown": False}
     for arg in args[1:]:
         key, _, value = arg.partition("=")
-        if key != "plot" or value.lower() not in ("true", "false"):
+        if key not in flags or value.lower() not in ("true", "false"):
             raise SpecpipeError(f"`{arg}` is not a report setting. {USAGE}")
-        plot = value.lower() == "true"
-    report(folder, plot)
+        flags[key] = value.lower() == "true"
+    report(Path(args[0]), **flags)
     return 0
 
 
@@ -45,9 +46,12 @@ def finished_jobs(folder: Path) -> list[tuple[str, dict]]:
     return [(str(p.parent.relative_to(folder)) or ".", read_results(p)) for p in paths]
 
 
-def report(folder: Path, plot: bool) -> None:
+def report(folder: Path, plot: bool = False, markdown: bool = False) -> None:
     jobs = finished_jobs(folder)
-    Console().print(sweep_table(jobs))
+    if markdown:
+        print(sweep_markdown(jobs))
+    else:
+        Console().print(sweep_table(jobs))
     rows = [{"job": name, "model": p["model"], **p["strategy"], "overall": p["summary"][OVERALL]}
             for name, p in jobs]
     err = Console(stderr=True)
@@ -63,4 +67,4 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
         if any(folder.rglob(RESULTS_FILE)):
-            report(folder, bool(config.get("plot", False)))
+            report(folder, plot=bool(config.get("plot", False)))

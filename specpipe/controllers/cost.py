@@ -2,9 +2,11 @@
 
 Keeps a moving average of the per-position acceptance α_i = P(draft token i accepted | tokens
 before it were), and moving medians of the propose cost per draft token and of the verify cost
-of a k-token forward (a line a + b·k fitted to the block sizes seen). Medians, because the
-first forward of a new block shape is several times slower (kernel set-up) and would skew an
-average for many steps. Then, for every γ in the bounds,
+of a k-token forward (a line a + b·k fitted to the block sizes seen in the last `memory`
+steps). Medians, because the first forward of a new block shape is several times slower
+(kernel set-up) and would skew an average for many steps; a memory, because a block size
+measured slow once and not tried since would otherwise keep γ below it. Then, for every γ in
+the bounds,
 
     E(γ)    = 1 + Σ_{i≤γ} Π_{j≤i} α_j          (expected tokens emitted by a step)
     cost(γ) = propose_per_token · γ + verify(γ + 1)
@@ -26,15 +28,17 @@ from specpipe.types import StepTiming, Verdict
 
 class CostModelGamma(Controller):
     def __init__(self, gamma: int, gamma_min: int = 0, gamma_max: int = 8, *, smoothing: float = 0.2,
-                 probe_every: int = 8, prior_acceptance: float = 0.7, window: int = 9):
+                 probe_every: int = 8, prior_acceptance: float = 0.7, window: int = 9, memory: int = 64):
         super().__init__(gamma, gamma_min, gamma_max)
         self.smoothing = smoothing
         self.probe_every = probe_every
         self.alpha = [prior_acceptance] * max(gamma_max, 1)  # [position] conditional acceptance
         self._seen = [False] * max(gamma_max, 1)  # [position] judged by the target at least once
         self._propose = deque(maxlen=window)  # seconds per draft token, recent steps
-        self._verify: dict[int, deque] = {}  # block size k -> recent verify seconds
+        self._verify: dict[int, deque] = {}  # block size k -> recent (step, verify seconds)
         self._window = window
+        self._memory = memory  # steps after which a block size's verify costs are forgotten
+        self._steps = 0
         self._next = self._gamma  # what gamma() answers: the best γ, or a probe
         self._since_probe = 0
 
@@ -44,7 +48,10 @@ class CostModelGamma(Controller):
 
     @property
     def verify_at(self) -> dict[int, float]:
-        return {k: statistics.median(times) for k, times in self._verify.items()}
+        """Median verify seconds per block size, over samples of the last `memory` steps only:
+        a size measured slow once and never tried since would otherwise pin γ below it."""
+        fresh = {k: [s for step, s in times if step > self._steps - self._memory] for k, times in self._verify.items()}
+        return {k: statistics.median(times) for k, times in fresh.items() if times}
 
     def gamma(self) -> int:
         return self._next
@@ -61,8 +68,9 @@ class CostModelGamma(Controller):
             self._next = self._gamma
 
     def _observe(self, verdict: Verdict, timing: StepTiming) -> None:
+        self._steps += 1
         k = verdict.gamma + 1
-        self._verify.setdefault(k, deque(maxlen=self._window)).append(timing.verify_s)
+        self._verify.setdefault(k, deque(maxlen=self._window)).append((self._steps, timing.verify_s))
         if verdict.gamma == 0:
             return
         self._propose.append(timing.propose_s / verdict.gamma)
