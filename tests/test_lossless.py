@@ -24,6 +24,7 @@ from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
+from specpipe.verifiers.typical import TypicalVerifier
 
 GREEDY = SamplingParams(temperature=0.0)
 REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]  # gives the ngram proposer matches from the start
@@ -40,7 +41,9 @@ def drafters(target):
     }
 
 
-VERIFIERS = {"greedy": GreedyVerifier, "rejection": lambda: RejectionVerifier(GREEDY)}
+# typical acceptance is lossy with sampling, but at temperature 0 it keeps exactly the argmax
+VERIFIERS = {"greedy": GreedyVerifier, "rejection": lambda: RejectionVerifier(GREEDY),
+             "typical": lambda: TypicalVerifier(GREEDY)}
 
 
 def plain(target, prompt, max_new_tokens):

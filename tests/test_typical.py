@@ -1,0 +1,59 @@
+"""Typical acceptance (Medusa): the rule on hand-computed cases, and its lossy label."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specpipe.sampling import SamplingParams
+from specpipe.types import DraftBlock
+from specpipe.verifiers.typical import TypicalVerifier
+
+
+def logits_of(*rows: list[float]) -> torch.Tensor:
+    """Rows of probabilities -> logits whose softmax (temperature 1) gives them back."""
+    return torch.tensor(rows, dtype=torch.float32).log()
+
+
+def test_threshold_is_min_of_epsilon_and_delta_exp_minus_entropy():
+    v = TypicalVerifier(SamplingParams(temperature=1.0), epsilon=0.09, delta=0.3)
+    uniform4 = torch.full((1, 4), 0.25)  # entropy ln 4: 0.3 / 4 = 0.075 < 0.09
+    sure = torch.tensor([[0.97, 0.01, 0.01, 0.01]])  # entropy ~0.168: 0.3 * e^-0.168 = 0.254 > 0.09
+    assert v.thresholds(uniform4).item() == pytest.approx(0.075, rel=1e-5)
+    entropy = -(0.97 * math.log(0.97) + 3 * 0.01 * math.log(0.01))
+    assert min(0.09, 0.3 * math.exp(-entropy)) == 0.09
+    assert v.thresholds(sure).item() == pytest.approx(0.09, rel=1e-5)
+
+
+def test_accepts_the_plausible_prefix_and_samples_the_next_token():
+    v = TypicalVerifier(SamplingParams(temperature=1.0), epsilon=0.09, delta=0.3)
+    target = logits_of(
+        [0.25, 0.25, 0.25, 0.25],  # threshold 0.075: token 2 (p 0.25) is plausible
+        [0.97, 0.01, 0.01, 0.01],  # threshold 0.09: token 1 (p 0.01) is not
+        [0.25, 0.25, 0.25, 0.25],
+        [0.0, 0.0, 1.0, 0.0],  # would be the bonus row
+    )
+    draft = DraftBlock(torch.tensor([2, 1, 3]))
+    verdict = v.verify(draft, target, torch.Generator().manual_seed(0))
+    assert verdict.n_accepted == 1 and verdict.accepted_tokens == (2,)
+    # the next token is sampled from the target's row 1: 0 with probability 0.97
+    draws = [v.verify(draft, target, torch.Generator().manual_seed(s)).next_token for s in range(200)]
+    assert 180 <= draws.count(0) <= 200
+
+
+def test_all_accepted_takes_a_bonus_token_and_greedy_keeps_only_the_argmax():
+    greedy = TypicalVerifier(SamplingParams(temperature=0.0))
+    target = torch.tensor([[0.0, 5.0, 1.0], [4.0, 0.0, 3.9], [0.0, 0.0, 9.0]])
+    assert greedy.verify(DraftBlock(torch.tensor([1, 0])), target, torch.Generator()).emitted == [1, 0, 2]
+    # 2 is nearly as likely as 0 at row 1, but greedy's distribution is one-hot: rejected
+    assert greedy.verify(DraftBlock(torch.tensor([1, 2])), target, torch.Generator()).emitted == [1, 0]
+    assert not greedy.lossless
+
+
+def test_the_cli_labels_it_lossy():
+    from test_cli import specpipe
+
+    result = specpipe("check", "verifier=typical", "temperature=0.7")
+    assert result.returncode == 0 and "LOSSY" in result.stdout
