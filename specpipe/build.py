@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from specpipe.checks import Check, lora_paths, refuse_if_any, run_checks
 from specpipe.errors import SpecpipeError
 from specpipe.models.adapters import apply_early_exit, apply_lora
-from specpipe.models.loader import LoadedModel, ModelSource, load_model, load_tokenizer, resolve
+from specpipe.models.loader import LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.sampling import SamplingParams
@@ -50,7 +50,8 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
     source = resolve(cfg.model.name)
     context = BuildContext(cfg.model.name, source, load_tokenizer(source), sampling,
                            lora_paths(cfg), cfg.model.get("early_exit"))
-    checks = run_checks(cfg, lambda: context.tokenizer, lambda: load_tokenizer(resolve(cfg.proposer.model)))
+    checks = run_checks(cfg, lambda: context.tokenizer, lambda: load_tokenizer(resolve(cfg.proposer.model)),
+                        lambda: load_config(source))
     return context, checks
 
 

@@ -124,9 +124,38 @@ def stack_notes(cfg: DictConfig) -> list[Check]:
     return [
         Check("attention", "ok", "SDPA (transformers' default); FlashAttention kernels are CUDA-only"),
         Check("KV cache", "ok", "DynamicCache, cropped to the accepted prefix after each verdict"),
-        Check("heads", "n/a", "no trained heads in this pipeline"),
         Check("continuous batching", "n/a", "this engine decodes one sequence at a time"),
     ]
+
+
+def check_heads(cfg: DictConfig, target_config_loader) -> Check:
+    """Heads trained for another hidden size, vocabulary or target are refused by name."""
+    kind = proposer_kind(cfg)
+    if kind not in HEAD_PROPOSERS:
+        return Check("heads", "n/a", f"proposer={kind} uses no trained heads")
+    from specpipe.heads.io import read_config
+
+    try:
+        heads = read_config(cfg.proposer.heads, kind)
+    except SpecpipeError as err:
+        return Check("heads", "refuse", str(err), f"train heads: specpipe train proposer={kind} model={cfg.model.name}")
+    target = target_config_loader()
+    problems = [f"{what} {heads.get(key)} vs the target's {getattr(target, key, None)}"
+                for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
+                if heads.get(key) != getattr(target, key, None)]
+    trained_for = heads.get("specpipe", {}).get("target")
+    if problems:
+        return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} do not fit {cfg.model.name}: "
+                     + "; ".join(problems), f"train heads for this target: specpipe train proposer={kind} "
+                     f"model={cfg.model.name}")
+    if trained_for and trained_for != cfg.model.name:
+        return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} were trained on {trained_for}, "
+                     f"not {cfg.model.name} (same shapes, other features: they would guess blindly)",
+                     f"use heads trained on {cfg.model.name}, or model={trained_for}")
+    return Check("heads", "ok", f"{kind} heads trained on {trained_for or 'an unnamed target'}, shapes match")
+
+
+HEAD_PROPOSERS = ("medusa",)
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -147,13 +176,15 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
         )
 
 
-def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader) -> list[Check]:
+def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
+               target_config_loader=lambda: None) -> list[Check]:
     return [
         check_early_exit(cfg),
         check_lora(cfg),
         *check_precision(cfg),
         check_sampling(cfg),
         check_tokenizer(cfg, target_tokenizer_loader, draft_tokenizer_loader),
+        check_heads(cfg, target_config_loader),
         *stack_notes(cfg),
     ]
 

@@ -123,8 +123,8 @@ class Pipeline:
         verdict = self.verifier.verify(draft, logits, state.rng)  # 4.
         t2 = time.perf_counter()
         state.commit(verdict)  # 5. roll the target cache back to the accepted prefix
-        if gamma > 0:
-            proposer.commit(verdict)
+        if proposer is not None:
+            proposer.commit(verdict)  # also after γ = 0: feature-based proposers read this step
         timing = StepTiming(t1 - t0, t2 - t1)
         if proposer is not None:
             self.controller.update(verdict, timing)  # 6.

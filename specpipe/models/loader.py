@@ -70,6 +70,15 @@ def load_tokenizer(source: ModelSource):
     return _from_pretrained(AutoTokenizer, source)
 
 
+def load_config(source: ModelSource):
+    """The model's config (hidden size, vocabulary) without its weights."""
+    from transformers import AutoConfig
+
+    if source.is_dense_cached:
+        return AutoConfig.from_pretrained(source.dense)
+    return _from_pretrained(AutoConfig, source)
+
+
 def load_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Weights as a dense HF model in eval mode (GGUF: dequantized once, then cached)."""
     from transformers import AutoModelForCausalLM

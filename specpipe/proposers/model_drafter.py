@@ -55,5 +55,7 @@ class ModelDrafter(Proposer):
         )
 
     def commit(self, verdict: Verdict) -> None:
+        if verdict.gamma == 0:
+            return  # nothing was drafted: the cache is as the last propose left it
         # the cache holds committed[:base] + draft[:γ-1]; draft[:n] survived the verdict
         self.runner.crop(self._base + min(verdict.n_accepted, max(verdict.gamma - 1, 0)))

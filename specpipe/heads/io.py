@@ -1,0 +1,78 @@
+"""Save and load heads in the layout vLLM reads, atomically.
+
+Medusa (vLLM `model_type: medusa`): config.json with `num_heads`, `num_hidden_layers`,
+`hidden_size`, `vocab_size`, `medusa_fc_bias: true`, and `original_lm_head: true` when the
+target's LM head is shared (specpipe then stores no LM head: it uses the target's; an export
+for vLLM adds a copy, since vLLM loads that one head from the checkpoint). Weights in
+model.safetensors: `blocks.{h}.layers.{l}.weight|bias`, `lm_heads.{h}.weight` when not shared.
+A `specpipe` entry in config.json names the target the heads were trained on, so a mismatch
+is refused before anything loads (`read_config`, used by the checks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from specpipe.errors import SpecpipeError
+from specpipe.heads.medusa import MedusaHeads
+
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+
+
+def save_medusa(heads: MedusaHeads, folder: Path, *, target: str, extra: dict | None = None) -> Path:
+    config = {
+        "model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": heads.hidden_size,
+        "vocab_size": heads.vocab_size, "num_heads": heads.num_heads, "num_hidden_layers": heads.num_layers,
+        "truncated_vocab_size": None, "original_lm_head": heads.shared_lm_head, "medusa_fc_bias": True,
+        "specpipe": {"kind": "medusa", "target": target, **(extra or {})},
+    }
+    tensors = {name: t.detach().contiguous() for name, t in heads.state_dict().items()}
+    return _write_folder(folder, config, tensors)
+
+
+def load_medusa(folder: Path) -> MedusaHeads:
+    config = read_config(folder, "medusa")
+    heads = MedusaHeads(config["hidden_size"], config["vocab_size"], config["num_heads"],
+                        config["num_hidden_layers"], shared_lm_head=bool(config.get("original_lm_head", True)))
+    state = load_file(str(Path(folder) / WEIGHTS))
+    missing, unexpected = heads.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SpecpipeError(f"The Medusa heads in {folder} do not match their config.json (missing {missing[:3]}, "
+                            f"unexpected {unexpected[:3]}). Re-train or re-export them.")
+    return heads.eval()
+
+
+def read_config(folder: Path | str, kind: str) -> dict:
+    path = Path(folder) / CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise SpecpipeError(f"proposer.heads={folder}: no readable {CONFIG} there ({err}). Point it at a folder "
+                            f"written by `specpipe train proposer={kind}`.") from None
+    if config.get("specpipe", {}).get("kind", config.get("model_type")) != kind:
+        raise SpecpipeError(f"proposer.heads={folder} holds {config.get('model_type')!r} heads, not {kind} heads.")
+    return config
+
+
+def _write_folder(folder: Path, config: dict, tensors: dict) -> Path:
+    """Write into a temporary sibling folder, then swap it in: never a half-written checkpoint."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    save_file(tensors, str(tmp / WEIGHTS))
+    (tmp / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}-old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, folder)
+    return folder
