@@ -99,6 +99,9 @@ def check_sampling(cfg: DictConfig) -> Check:
     if name == "greedy" and cfg.temperature > 0:
         return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={cfg.temperature}",
                      "use verifier=rejection, or temperature=0")
+    if name == "rejection" and cfg.proposer.get("tree"):
+        return Check("sampling", "refuse", "verifier=rejection verifies chains, and proposer.tree drafts a tree",
+                     "use proposer.tree=null, or verifier=greedy / verifier=typical with the tree")
     if name == "typical":
         return Check("sampling", "warn", "verifier=typical is LOSSY: with temperature > 0 the output is not "
                      "distributed as the target's (at temperature 0 it keeps the target's argmax tokens)",

@@ -119,7 +119,7 @@ class Pipeline:
         gamma = min(self.controller.gamma(), budget - 1) if proposer else 0  # 1. a step emits ≤ γ+1
         draft = proposer.propose(state, gamma) if gamma > 0 else DraftBlock.empty()  # 2.
         t1 = time.perf_counter()
-        logits = state.target.forward([state.tokens[-1], *draft.tokens.tolist()])  # 3. [γ+1, V]
+        logits = state.target.forward([state.tokens[-1], *draft.tokens.tolist()], ancestry=draft.ancestry())  # 3.
         verdict = self.verifier.verify(draft, logits, state.rng)  # 4.
         t2 = time.perf_counter()
         state.commit(verdict)  # 5. roll the target cache back to the accepted prefix

@@ -37,5 +37,8 @@ class DecodeState:
 
     def commit(self, verdict: Verdict) -> None:
         """Append the emitted tokens; drop the cache of rejected draft tokens."""
+        start = len(self.tokens)  # the cache position of the first accepted draft token
+        if verdict.path:  # a tree: the accepted nodes' entries sit at scattered rows of the block
+            self.target.keep(start, [start - 1 + row for row in verdict.path])
         self.tokens.extend(verdict.emitted)
         self.target.crop(len(self.tokens) - 1)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.errors import SpecpipeError
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
-from specpipe.types import DraftBlock, Verdict
+from specpipe.types import DraftBlock, DraftTree, Verdict
 
 
 class FeatureTap:
@@ -39,10 +40,12 @@ class FeatureTap:
 
 
 class MedusaProposer(Proposer):
-    def __init__(self, heads: MedusaHeads, target: torch.nn.Module, sampling: SamplingParams):
+    def __init__(self, heads: MedusaHeads, target: torch.nn.Module, sampling: SamplingParams,
+                 tree: list[list[int]] | None = None):
         self.heads = heads
         self.target = target
         self.sampling = sampling
+        self.tree = None if tree is None else check_tree(tree, heads.num_heads)
         self.tap = FeatureTap(target)
         self.feature: torch.Tensor | None = None  # [H] of the last committed token's predecessor row
 
@@ -56,21 +59,47 @@ class MedusaProposer(Proposer):
             return DraftBlock.empty()
         gamma = min(gamma, self.heads.num_heads)
         logits = self.heads(self.feature[None], self.target.get_output_embeddings(), heads=gamma)[:, 0]  # [γ, V]
+        if self.tree is not None:
+            return self._tree(logits)
         if self.sampling.greedy:
             tokens = logits.argmax(-1)
             return DraftBlock(tokens, None, torch.softmax(logits, -1).max(-1).values)
         probs = self.sampling.probs(logits)  # [γ, V] float32, the target's transform
         return DraftBlock(sample(probs, state.rng), probs, probs.max(-1).values)
 
+    def _tree(self, logits: torch.Tensor) -> DraftTree:
+        """The configured candidate paths no deeper than γ: path [i, j] is head 1's i-th best
+        token followed by head 2's j-th best."""
+        choices = [c for c in self.tree if len(c) <= logits.shape[0]]
+        ranked = logits.topk(1 + max(max(c) for c in choices), dim=-1).indices  # [γ, k]
+        index = {tuple(c): i for i, c in enumerate(choices)}
+        tokens = torch.stack([ranked[len(c) - 1, c[-1]] for c in choices])
+        parents = tuple(index[tuple(c[:-1])] if len(c) > 1 else -1 for c in choices)
+        return DraftTree(tokens, parents)
+
     def commit(self, verdict: Verdict) -> None:
-        # row n of the verify forward predicted the token just emitted: its feature drafts next
-        self.feature = self.tap.rows[verdict.n_accepted]
+        # the verify row that predicted the token just emitted: its feature drafts the next ones
+        self.feature = self.tap.rows[verdict.last_row]
 
 
-def build(*, context, heads: str, num_heads: int | None = None) -> MedusaProposer:
+def check_tree(tree: list[list[int]], num_heads: int) -> list[tuple[int, ...]]:
+    """Medusa's `medusa_choices`, checked and ordered so that parents come first."""
+    paths = sorted({tuple(int(i) for i in path) for path in tree}, key=lambda p: (len(p), p))
+    for path in paths:
+        if not path or min(path) < 0 or len(path) > num_heads or (len(path) > 1 and path[:-1] not in paths):
+            raise SpecpipeError(
+                f"proposer.tree has the path {list(path)}: every path must be non-empty, of non-negative ranks, "
+                f"at most {num_heads} long (one rank per head), and its prefixes must be paths too, e.g. "
+                "[[0], [1], [0, 0], [0, 1], [0, 0, 0]]."
+            )
+    return [list(p) for p in paths]
+
+
+def build(*, context, heads: str, num_heads: int | None = None, tree: list | None = None) -> MedusaProposer:
     """heads: a folder written by `specpipe train proposer=medusa` (checked against the target
-    before any weights load); num_heads: use only the first ones."""
+    before any weights load); num_heads: use only the first ones; tree: candidate paths
+    (`medusa_choices`), verified in one forward, or None for a chain."""
     loaded = load_medusa(heads)
     if num_heads is not None:
         loaded.num_heads = max(1, min(num_heads, loaded.num_heads))
-    return MedusaProposer(loaded, context.target.model, context.sampling)
+    return MedusaProposer(loaded, context.target.model, context.sampling, tree)

@@ -6,7 +6,9 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from specpipe.types import DraftBlock, Verdict
+from collections.abc import Callable
+
+from specpipe.types import DraftBlock, DraftTree, Verdict
 
 
 class Verifier(ABC):
@@ -31,3 +33,22 @@ def verdict(draft: DraftBlock, n_accepted: int, next_token: int) -> Verdict:
         accepted_tokens=tuple(draft.tokens[:n_accepted].tolist()),
         confidence=() if draft.confidence is None else tuple(draft.confidence.tolist()),
     )
+
+
+def walk_tree(tree: DraftTree, choose: Callable[[int, list[int]], int | None]) -> tuple[list[int], int]:
+    """Descend from the last committed token: at each block row, `choose(row, child nodes)`
+    keeps one child or stops. Returns (accepted block rows, the row the walk ended on)."""
+    rows: list[int] = []
+    node = -1
+    while True:
+        row = node + 1  # block row of `node` (row 0: the last committed token)
+        picked = choose(row, tree.children(node))
+        if picked is None:
+            return rows, row
+        rows.append(picked + 1)
+        node = picked
+
+
+def tree_verdict(tree: DraftTree, rows: list[int], next_token: int) -> Verdict:
+    return Verdict(n_accepted=len(rows), next_token=int(next_token), gamma=tree.gamma,
+                   accepted_tokens=tuple(int(tree.tokens[r - 1]) for r in rows), path=tuple(rows))

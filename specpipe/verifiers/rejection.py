@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.errors import SpecpipeError
 from specpipe.sampling import SamplingParams, sample
 from specpipe.types import DraftBlock, Verdict
 from specpipe.verifiers.base import Verifier, first_false, verdict
@@ -23,6 +24,9 @@ class RejectionVerifier(Verifier):
         self.sampling = sampling
 
     def verify(self, draft: DraftBlock, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
+        if draft.ancestry() is not None:
+            raise SpecpipeError("verifier=rejection verifies chains only: set proposer.tree=null, or use "
+                                "verifier=greedy (temperature=0) or verifier=typical with a tree.")
         target_probs = self.sampling.probs(target_logits)  # [γ+1, V] float32
         gamma = draft.gamma
         if gamma == 0:

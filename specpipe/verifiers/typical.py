@@ -15,8 +15,8 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import SamplingParams, sample
-from specpipe.types import DraftBlock, Verdict
-from specpipe.verifiers.base import Verifier, first_false, verdict
+from specpipe.types import DraftBlock, DraftTree, Verdict
+from specpipe.verifiers.base import Verifier, first_false, tree_verdict, verdict, walk_tree
 
 
 class TypicalVerifier(Verifier):
@@ -33,13 +33,23 @@ class TypicalVerifier(Verifier):
         entropy = -(target_probs * target_probs.clamp_min(1e-30).log()).sum(-1)
         return torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
 
-    def verify(self, draft: DraftBlock, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
-        target_probs = self.sampling.probs(target_logits)  # [γ+1, V] float32
+    def verify(self, draft: DraftBlock | DraftTree, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
+        target_probs = self.sampling.probs(target_logits)  # [γ+1, V] float32 (a tree: one row per block row)
+        if isinstance(draft, DraftTree):
+            limits = self.thresholds(target_probs)  # [rows]
+            rows, end = walk_tree(draft, lambda row, kids: _most_likely_plausible(kids, draft, target_probs[row], limits[row]))
+            return tree_verdict(draft, rows, sample(target_probs[end], rng))
         gamma = draft.gamma
         rows = torch.arange(gamma)
         plausible = target_probs[rows, draft.tokens] > self.thresholds(target_probs[:gamma])  # [γ]
         n = first_false(plausible)
         return verdict(draft, n, sample(target_probs[n], rng))
+
+
+def _most_likely_plausible(kids: list[int], tree: DraftTree, target_probs: torch.Tensor, limit: torch.Tensor) -> int | None:
+    """Of the children the target finds plausible, the one it finds most likely (Medusa)."""
+    plausible = [k for k in kids if target_probs[tree.tokens[k]] > limit]
+    return max(plausible, key=lambda k: float(target_probs[tree.tokens[k]]), default=None)
 
 
 def build(*, context, epsilon: float = 0.09, delta: float = 0.3) -> TypicalVerifier:
