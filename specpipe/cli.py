@@ -23,6 +23,7 @@ commands:
   bench      a strategy over a prompt set against the plain target (and peers); -m sweeps
   report     one table (and plots) over a sweep's folder: specpipe report DIR [plot=true]
   tune       sweep the sensible strategies for a target; write the winner as a recipe
+  train      heads for a frozen target (proposer=medusa), written as a recipe with its figures
   export     a recipe (or settings) as vLLM or SGLang configuration: specpipe export vllm|sglang ...
   models     list the built-in model zoo; `specpipe models fetch NAME` fetches one
 
@@ -38,9 +39,9 @@ examples:
 
 
 def _hydra_commands() -> dict[str, Callable]:
-    from specpipe.commands import bench, check, generate, tune
+    from specpipe.commands import bench, check, generate, train, tune
 
-    return {"generate": generate.run, "check": check.run, "bench": bench.run, "tune": tune.run}
+    return {"generate": generate.run, "check": check.run, "bench": bench.run, "tune": tune.run, "train": train.run}
 
 
 def _plain_commands() -> dict[str, Callable]:

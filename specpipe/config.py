@@ -68,6 +68,28 @@ class TuneConfig(BenchConfig):
     work: str = "bench-results/tune"  # each candidate's results.json (an interrupted tune resumes)
 
 
+@dataclass
+class TrainConfig:
+    model: Any = MISSING  # the frozen target
+    proposer: Any = MISSING  # which heads: medusa
+    num_heads: int = 4  # heads to train (head k guesses the token k+1 ahead)
+    layers: int = 1  # residual blocks per head
+    sources: list[str] = field(default_factory=lambda: ["stdlib", "docs"])  # offline text
+    tokens: int = 60000  # training text, in target tokens
+    distill: int = 0  # self-distillation: the target's own answers to this many offline prompts
+    distill_prompts: str = ""  # their JSONL (default: instructions made from the standard library)
+    distill_tokens: int = 128  # answer length
+    seq_len: int = 256
+    epochs: int = 3
+    batch: int = 256
+    lr: float = 1e-3
+    vocab_subset: int = 8192  # the most frequent labels get a cross-entropy column
+    held_out: float = 0.05  # share of sequences kept for the accuracy figures
+    seed: int = 0
+    resume: bool = True  # continue an interrupted run from its last checkpoint
+    out: str = "recipes"  # heads go to <out>/<model>/medusa/, the recipe to <out>/<model>/medusa.yaml
+
+
 def job_dir_name(override_dirname: str) -> str:
     """A sweep job's folder name from its settings: `model=custom,model.name='/a/b/m'` reads
     `model=m`, and nothing in it can make a sub-folder or need quoting in a shell."""
@@ -80,7 +102,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("specpipe_job_dir", job_dir_name, replace=True)
     store = ConfigStore.instance()
     for name, node in {"generate_schema": GenerateConfig, "bench_schema": BenchConfig,
-                       "tune_schema": TuneConfig}.items():
+                       "tune_schema": TuneConfig, "train_schema": TrainConfig}.items():
         store.store(name=name, node=node)
 
 

@@ -210,5 +210,6 @@ def write_recipe(path: Path, data: dict) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".specpipe-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(data, f, sort_keys=False, allow_unicode=True)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are meant to be read
     os.replace(tmp, path)
     return path

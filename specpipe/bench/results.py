@@ -54,6 +54,7 @@ def write_json(path: Path, payload: dict) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".specpipe-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f, indent=1)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are meant to be read
     os.replace(tmp, path)
     return path
 

@@ -65,6 +65,7 @@ def _write_folder(folder: Path, config: dict, tensors: dict) -> Path:
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    tmp.chmod(0o755)  # mkdtemp makes it private; heads are shipped and shared
     save_file(tensors, str(tmp / WEIGHTS))
     (tmp / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
     if folder.exists():

@@ -1,0 +1,74 @@
+"""The frozen target's features over the training text, computed once and cached on disk.
+
+For every token of every sequence: the target's feature (its LM head's input, fp16 on disk)
+and the target's own greedy prediction there (int32). Heads learn to predict the target's
+predictions (self-distillation on teacher-forced text), so their guesses are what greedy
+verification will accept. Shards of `SHARD` sequences are written atomically and skipped
+when present, so an interrupted run resumes; a new setting (model, text, precision) gets a
+new folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+from safetensors.torch import load_file, save_file
+
+from specpipe.models.zoo import cache_root
+from specpipe.proposers.medusa import FeatureTap
+
+SHARD = 32  # sequences per file
+
+
+def feature_dir(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    slug = Path(str(key["model"]).rstrip("/")).name
+    return cache_root() / "features" / f"{slug}-{digest}"
+
+
+@torch.inference_mode()
+def compute(model: torch.nn.Module, seqs: list[list[int]], folder: Path, progress: Progress | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    tap = FeatureTap(model)
+    tap.attach()
+    shards = [seqs[i : i + SHARD] for i in range(0, len(seqs), SHARD)]
+    task = progress.add_task("target features", total=len(seqs)) if progress else None
+    for index, shard in enumerate(shards):
+        path = folder / f"shard-{index:05d}.safetensors"
+        if not path.exists():
+            _write_shard(model, tap, shard, path)
+        if progress:
+            progress.advance(task, len(shard))
+    return folder
+
+
+def _write_shard(model, tap: FeatureTap, shard: list[list[int]], path: Path) -> None:
+    features, argmax = [], []
+    for ids in shard:
+        logits = model(input_ids=torch.tensor([ids])).logits[0]  # [n, V]
+        features.append(tap.rows.to(torch.float16))  # [n, H]
+        argmax.append(logits.argmax(-1).to(torch.int32))
+    tensors = {"features": torch.cat(features), "argmax": torch.cat(argmax),
+               "lengths": torch.tensor([len(ids) for ids in shard], dtype=torch.int32),
+               "tokens": torch.tensor([t for ids in shard for t in ids], dtype=torch.int32)}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def load(folder: Path) -> list[dict]:
+    """Per sequence: features [n, H] fp16, argmax [n], tokens [n]."""
+    out = []
+    for path in sorted(folder.glob("shard-*.safetensors")):
+        shard = load_file(str(path))
+        offsets = torch.cumsum(shard["lengths"].long(), 0).tolist()
+        start = 0
+        for end in offsets:
+            out.append({k: shard[k][start:end] for k in ("features", "argmax", "tokens")})
+            start = end
+    return out
