@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from specpipe.config import compose
@@ -102,3 +103,29 @@ def test_export_command_writes_the_config_and_prints_the_command(tmp_path):
     assert "--speculative-algorithm STANDALONE" in result.stdout
     bad = specpipe("export", "tgi", "proposer=ngram")
     assert bad.returncode == 2 and "vllm, sglang" in bad.stderr
+
+
+def test_medusa_exports_to_vllm_with_the_lm_head_and_is_refused_by_sglang(tmp_path):
+    from safetensors.torch import load_file
+
+    from conftest import VOCAB, tiny_model, tiny_tokenizer
+    from specpipe.heads.io import read_config, save_medusa
+    from specpipe.heads.medusa import MedusaHeads
+
+    model = tiny_model(0, dtype=torch.float32)
+    model.save_pretrained(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tmp_path / "target")
+    save_medusa(MedusaHeads(32, VOCAB, 3), tmp_path / "heads", target=str(tmp_path / "target"))
+    overrides = [f"model={tmp_path / 'target'}", "proposer=medusa", f"proposer.heads={tmp_path / 'heads'}"]
+    result = specpipe("export", "vllm", *overrides, f"out={tmp_path / 'out' / 'spec.json'}")
+    assert result.returncode == 0, result.stderr
+    settings = json.loads((tmp_path / "out" / "spec.json").read_text())
+    assert settings["method"] == "medusa" and settings["num_speculative_tokens"] == 3
+    assert set(settings) <= set(VLLM_0_11_0_SPECULATIVE_CONFIG_KEYS)
+    folder = Path(settings["model"])
+    assert folder == (tmp_path / "out" / "medusa-vllm").resolve()
+    weights = load_file(str(folder / "model.safetensors"))
+    assert torch.equal(weights["lm_head.weight"], model.lm_head.weight.detach())
+    assert "blocks.2.layers.0.weight" in weights and read_config(folder, "medusa")["original_lm_head"] is True
+    sg = specpipe("export", "sglang", *overrides)
+    assert sg.returncode == 0 and "has no Medusa" in sg.stderr and "--speculative" not in sg.stdout

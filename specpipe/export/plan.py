@@ -26,6 +26,8 @@ class ExportPlan:
     draft: str | None = None  # the draft model (draft: the draft; twin: the target itself)
     ngram_min: int | None = None
     ngram_max: int | None = None
+    heads: str | None = None  # medusa: the heads folder (specpipe's layout, LM head shared)
+    tree: list | None = None  # medusa: the candidate paths, when drafting a tree
     warnings: list[str] = field(default_factory=list)
 
 
@@ -50,6 +52,9 @@ def plan_of(cfg: DictConfig) -> ExportPlan:
         plan.draft = engine_model(cfg.proposer.model)
     elif kind == "twin":
         plan.draft = plan.target
+    elif kind == "medusa":
+        plan.heads = str(Path(cfg.proposer.heads).resolve())
+        plan.tree = list(cfg.proposer.tree) if cfg.proposer.get("tree") else None
     if lora_paths(cfg):
         plan.warnings.append("model.lora is not exported: merge the adapter into the target (peft "
                              "merge_and_unload, save_pretrained) and serve the merged folder.")

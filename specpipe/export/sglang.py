@@ -57,4 +57,8 @@ def _flags(plan: ExportPlan, warnings: list[str]) -> dict:
         warnings.append(f"twin: SGLang {VERSION} has no flag to quantize the draft, so the target drafts for itself "
                         "at full cost and this cannot pay; prefer a smaller draft model or ngram there.")
         return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **_chain(plan.gamma)}
-    raise SpecpipeError(f"proposer={plan.proposer} has no SGLang export yet. Exportable: ngram, draft, twin.")
+    if plan.proposer == "medusa":
+        warnings.append(f"SGLang {VERSION} has no Medusa (its algorithms: {', '.join(ALGORITHMS)}): the command "
+                        "serves the plain target, and the heads' speedup is lost. vLLM serves Medusa heads.")
+        return {}
+    raise SpecpipeError(f"proposer={plan.proposer} has no SGLang export yet. Exportable: ngram, draft, twin, medusa.")

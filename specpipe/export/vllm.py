@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 from specpipe.errors import SpecpipeError
 from specpipe.export.engine import EngineExport
@@ -28,9 +29,11 @@ DRAFT_MODEL_NOTE = (f"vLLM {VERSION} lists method draft_model but refuses it at 
                     "release that includes it.")
 
 
-def export(plan: ExportPlan) -> EngineExport:
+def export(plan: ExportPlan, medusa_dir: Path = Path("medusa-vllm")) -> EngineExport:
+    """medusa_dir: where the command writes the heads with the target's LM head (vLLM loads it
+    from there)."""
     warnings = list(plan.warnings)
-    config = _config(plan, warnings)
+    config = _config(plan, warnings, medusa_dir)
     unknown = set(config or {}) - set(KEYS)
     if unknown or (config and config["method"] not in METHODS):
         raise SpecpipeError(f"internal: the vLLM {VERSION} export produced keys it does not have: {sorted(unknown)}")
@@ -40,7 +43,7 @@ def export(plan: ExportPlan) -> EngineExport:
     return EngineExport("vllm", VERSION, config or {}, command, warnings)
 
 
-def _config(plan: ExportPlan, warnings: list[str]) -> dict | None:
+def _config(plan: ExportPlan, warnings: list[str], medusa_dir: Path) -> dict | None:
     if plan.proposer == "none":
         warnings.append("proposer=none: nothing to speculate with; the command serves the plain target.")
         return None
@@ -55,4 +58,18 @@ def _config(plan: ExportPlan, warnings: list[str]) -> dict | None:
                      "target drafting for itself with fp8 weights (quantization=fp8, the nearest GPU setting)."]
         return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma,
                 "quantization": "fp8"}
-    raise SpecpipeError(f"proposer={plan.proposer} has no vLLM export yet. Exportable: ngram, draft, twin.")
+    if plan.proposer == "medusa":
+        return _medusa(plan, warnings, medusa_dir)
+    raise SpecpipeError(f"proposer={plan.proposer} has no vLLM export yet. Exportable: ngram, draft, twin, medusa.")
+
+
+def _medusa(plan: ExportPlan, warnings: list[str], medusa_dir: Path) -> dict:
+    """vLLM builds as many heads as num_speculative_tokens and loads the shared LM head from
+    the heads' own checkpoint: the export writes a copy of the heads with the target's LM head."""
+    from specpipe.heads.io import read_config
+
+    heads = read_config(plan.heads, "medusa")
+    if plan.tree:
+        warnings.append(f"proposer.tree: vLLM {VERSION}'s Medusa proposer drafts a chain (each head's top token); "
+                        "the candidate tree is lost.")
+    return {"method": "medusa", "model": str(medusa_dir.resolve()), "num_speculative_tokens": heads["num_heads"]}
