@@ -99,3 +99,19 @@ def test_only_trainable_heads_are_accepted(setup, tmp_path):
 
     with pytest.raises(SpecpipeError, match="only medusa"):
         train_command.run(compose([f"model={setup / 'target'}", "proposer=ngram"], "train"))
+
+
+def test_tune_tries_the_trained_heads_beside_its_recipe(setup, tmp_path, monkeypatch):
+    from specpipe.commands import tune
+
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    assert train_command.run(args(setup, tmp_path, "epochs=2")) == 0
+    cfg = compose([f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "limit=3", "max_new_tokens=24",
+                   "warmup=0", "strategies=[ngram]", "gammas=[3]", f"out={tmp_path / 'recipes'}",
+                   f"work={tmp_path / 'work'}"], "tune")
+    assert tune.run(cfg) == 0
+    recipe = load_recipe(tmp_path / "recipes" / "target" / "specpipe.yaml")
+    assert set(recipe.measured["candidates"]) == {"ngram-g3", "medusa"}
+    if recipe.measured["winner"] == "medusa":  # the heads travel with the recipe, by relative path
+        assert recipe.artifacts == {"heads": "medusa"} and recipe.strategy["proposer.heads"] == "artifact:heads"
+    compose([f"recipe={recipe.path}"])  # whichever won, the recipe loads

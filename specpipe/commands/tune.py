@@ -1,6 +1,7 @@
 """`specpipe tune model=... prompts=...`: try the sensible strategies for one target, keep the best.
 
-Candidates come from strategies/ (all, or `strategies=[...]`): every strategy with the fixed controller once per γ in
+Candidates come from strategies/ (all, or `strategies=[...]`), and from the recipes of trained
+heads already in the destination folder (`specpipe train` writes them there): every strategy with the fixed controller once per γ in
 `gammas`, adaptive ones once. A draft-model strategy needs a draft: `draft=NAME|PATH`, or a
 smaller zoo model with the target's tokenizer; without one it is skipped (and so is any
 candidate whose compatibility checks refuse it, with the reason printed). Each candidate is
@@ -30,8 +31,8 @@ from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
 from specpipe.pipeline import Pipeline
-from specpipe.recipe import (RECIPE_FILE, RECIPE_VERSION, as_overrides, load_strategy, strategy_names,
-                             write_recipe)
+from specpipe.recipe import (RECIPE_FILE, RECIPE_VERSION, as_overrides, load_recipe, load_strategy,
+                             strategy_names, write_recipe)
 
 CARRIED = ("model", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "stop", "prompts",
            "categories", "limit", "warmup", "gamma_min", "gamma_max")  # the user's settings, kept
@@ -42,7 +43,7 @@ def run(cfg: DictConfig) -> int:
     destination = recipe_path(cfg)
     err = Console(stderr=True)
     tried = {}
-    for name, strategy in candidates(cfg, err):
+    for name, strategy in [*candidates(cfg, err), *trained(cfg, destination, err)]:
         payload = _bench_candidate(cfg, name, strategy, prompts, err)
         if payload is not None:
             tried[name] = (strategy, payload)
@@ -92,13 +93,37 @@ def candidates(cfg: DictConfig, err: Console):
             yield name, candidate
 
 
+def trained(cfg: DictConfig, destination: Path, err: Console):
+    """Recipes of trained heads in the destination folder (`specpipe train` writes them there),
+    each with its own γ; their artifact paths stay valid in the recipe written beside them."""
+    for path in sorted(destination.parent.glob("*.yaml")):
+        if path.name == RECIPE_FILE:
+            continue
+        recipe = load_recipe(path)
+        if recipe.target != cfg.model.name:
+            err.print(f"[dim]{path.name}: skipped (trained for {recipe.target})[/dim]")
+            continue
+        yield path.stem, {**recipe.strategy, **{f"{ARTIFACT}{k}": v for k, v in recipe.artifacts.items()}}
+
+
 def candidate_config(cfg: DictConfig, strategy: dict) -> DictConfig:
     """The bench config of one candidate: its strategy, with the user's target and settings."""
-    candidate = compose(as_overrides(strategy), "bench")
+    candidate = compose(as_overrides(_resolved(cfg, strategy)), "bench")
     with open_dict(candidate):
         for key in CARRIED:
             candidate[key] = cfg[key]
     return candidate
+
+
+ARTIFACT = "artifact:"  # a candidate's artifacts ride along as "artifact:NAME": path entries
+
+
+def _resolved(cfg: DictConfig, strategy: dict) -> dict:
+    """Settings only: "artifact:NAME" values become paths inside the recipe folder."""
+    folder = recipe_path(cfg).parent
+    artifacts = {k[len(ARTIFACT):]: v for k, v in strategy.items() if k.startswith(ARTIFACT)}
+    return {k: str((folder / artifacts[v[len(ARTIFACT):]]).resolve()) if isinstance(v, str) and v.startswith(ARTIFACT)
+            else v for k, v in strategy.items() if not k.startswith(ARTIFACT)}
 
 
 def _refusals(cfg: DictConfig) -> str:
@@ -143,8 +168,8 @@ def recipe_data(cfg: DictConfig, tried: dict, destination: Path) -> dict:
         "about": (f"specpipe tune, {now()}: best of {len(tried)} strategies on prompts={cfg.prompts}"
                   + ("" if best else "; none beat the plain target, so speculation is off")),
         "target": target,
-        "strategy": {k: v for k, v in strategy.items() if k != "about"},
-        "artifacts": {},
+        "strategy": {k: v for k, v in strategy.items() if k != "about" and not k.startswith(ARTIFACT)},
+        "artifacts": {k[len(ARTIFACT):]: v for k, v in strategy.items() if k.startswith(ARTIFACT)},
         "measured": _measured(cfg, tried, best, payload),
         "versions": environment()["versions"],
     }
