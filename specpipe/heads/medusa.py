@@ -44,12 +44,12 @@ class MedusaHeads(nn.Module):
 
     def forward(self, features: torch.Tensor, lm_head: nn.Module | None = None, heads: int | None = None) -> torch.Tensor:
         """features [N, H] -> logits [K, N, V] of the first `heads` heads (all by default)."""
-        out = []
-        for h in range(heads or self.num_heads):
-            x = self.blocks[h](features.to(self.blocks[h].layers[0].weight.dtype))
-            head = lm_head if self.lm_heads is None else self.lm_heads[h]
-            out.append(head(x.to(_dtype_of(head))).float())
-        return torch.stack(out)
+        count = heads or self.num_heads
+        dtype = self.blocks[0].layers[0].weight.dtype
+        hidden = torch.stack([self.blocks[h](features.to(dtype)) for h in range(count)])  # [K, N, H]
+        if self.lm_heads is None:  # one call of the shared head for all K: a K·N-row matmul
+            return lm_head(hidden.to(_dtype_of(lm_head))).float()
+        return torch.stack([self.lm_heads[h](hidden[h]) for h in range(count)]).float()
 
 
 def _dtype_of(module: nn.Module) -> torch.dtype:
