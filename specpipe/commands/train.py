@@ -45,16 +45,19 @@ def run(cfg: DictConfig) -> int:
     source = resolve(cfg.model.name)
     tokenizer = load_tokenizer(source)
     seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens) if cfg.tokens else []
-    key = {"model": cfg.model.name, "quantize": cfg.model.quantize, "sources": list(cfg.sources),
+    starts = [0] * len(seqs)
+    key = {"format": 2, "model": cfg.model.name, "quantize": cfg.model.quantize, "sources": list(cfg.sources),
            "seq_len": cfg.seq_len, "tokens": cfg.tokens, "distill": cfg.distill,
            "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens}
     model = quantize_model(load_model(source), cfg.model.quantize)
     if cfg.distill:
         with err.status(f"self-distillation: the target answers {cfg.distill} prompts…"):
-            seqs += _distilled(cfg, model, tokenizer)
+            for ids, start in _distilled(cfg, model, tokenizer):
+                seqs.append(ids)
+                starts.append(start)
     lm_weight = _dense_lm_weight(source)
     with _progress(err) as progress:
-        cached = features.load(features.compute(model, seqs, features.feature_dir(key), progress))
+        cached = features.load(features.compute(model, seqs, features.feature_dir(key), progress, starts))
     del model
     split = max(1, int(len(cached) * cfg.held_out))
     train, held = Examples(cached[:-split], cfg.num_heads), Examples(cached[-split:], cfg.num_heads)
@@ -70,7 +73,7 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-def _distilled(cfg: DictConfig, model, tokenizer) -> list[list[int]]:
+def _distilled(cfg: DictConfig, model, tokenizer) -> list[tuple[list[int], int]]:
     if cfg.distill_prompts:
         from specpipe.prompts import load_prompts
 

@@ -82,8 +82,9 @@ def stdlib_prompts(count: int) -> list[str]:
     return prompts
 
 
-def self_distilled(model, tokenizer, prompts: list[str], max_new_tokens: int, batch: int = 8) -> list[list[int]]:
-    """The target's own greedy answers (prompt + answer ids), generated in batches."""
+def self_distilled(model, tokenizer, prompts: list[str], max_new_tokens: int, batch: int = 8) -> list[tuple[list[int], int]]:
+    """The target's own greedy answers, generated in batches: (prompt + answer ids, the position
+    of the last prompt token: the first whose prediction is part of the answer)."""
     import torch
 
     chat = bool(getattr(tokenizer, "chat_template", None))
@@ -106,7 +107,7 @@ def self_distilled(model, tokenizer, prompts: list[str], max_new_tokens: int, ba
                 kept = row[len(mask) - prompt_len :].tolist()  # drop left padding
                 while kept and kept[-1] == pad and len(kept) > prompt_len:
                     kept.pop()  # and right padding after an early EOS
-                out.append(kept)
+                out.append((kept, prompt_len - 1))
     finally:
         tokenizer.padding_side, tokenizer.pad_token = side, pad_token
     return out

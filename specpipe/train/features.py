@@ -1,7 +1,8 @@
 """The frozen target's features over the training text, computed once and cached on disk.
 
 For every token of every sequence: the target's feature (its LM head's input, fp16 on disk)
-and the target's own greedy prediction there (int32). Heads learn to predict the target's
+and the target's own greedy prediction there (int32); per sequence, the first position that
+counts (a self-distilled answer's prompt is context, not something to learn or score). Heads learn to predict the target's
 predictions (self-distillation on teacher-forced text), so their guesses are what greedy
 verification will accept. Shards of `SHARD` sequences are written atomically and skipped
 when present, so an interrupted run resumes; a new setting (model, text, precision) gets a
@@ -32,22 +33,25 @@ def feature_dir(key: dict) -> Path:
 
 
 @torch.inference_mode()
-def compute(model: torch.nn.Module, seqs: list[list[int]], folder: Path, progress: Progress | None = None) -> Path:
+def compute(model: torch.nn.Module, seqs: list[list[int]], folder: Path, progress: Progress | None = None,
+            starts: list[int] | None = None) -> Path:
+    """starts: per sequence, the first position whose prediction is learned (default 0)."""
     folder.mkdir(parents=True, exist_ok=True)
+    starts = starts or [0] * len(seqs)
     tap = FeatureTap(model)
     tap.attach()
-    shards = [seqs[i : i + SHARD] for i in range(0, len(seqs), SHARD)]
+    shards = [(seqs[i : i + SHARD], starts[i : i + SHARD]) for i in range(0, len(seqs), SHARD)]
     task = progress.add_task("target features", total=len(seqs)) if progress else None
-    for index, shard in enumerate(shards):
+    for index, (shard, first) in enumerate(shards):
         path = folder / f"shard-{index:05d}.safetensors"
         if not path.exists():
-            _write_shard(model, tap, shard, path)
+            _write_shard(model, tap, shard, first, path)
         if progress:
             progress.advance(task, len(shard))
     return folder
 
 
-def _write_shard(model, tap: FeatureTap, shard: list[list[int]], path: Path) -> None:
+def _write_shard(model, tap: FeatureTap, shard: list[list[int]], starts: list[int], path: Path) -> None:
     features, argmax = [], []
     for ids in shard:
         logits = model(input_ids=torch.tensor([ids])).logits[0]  # [n, V]
@@ -55,6 +59,7 @@ def _write_shard(model, tap: FeatureTap, shard: list[list[int]], path: Path) -> 
         argmax.append(logits.argmax(-1).to(torch.int32))
     tensors = {"features": torch.cat(features), "argmax": torch.cat(argmax),
                "lengths": torch.tensor([len(ids) for ids in shard], dtype=torch.int32),
+               "starts": torch.tensor(starts, dtype=torch.int32),
                "tokens": torch.tensor([t for ids in shard for t in ids], dtype=torch.int32)}
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
@@ -62,13 +67,14 @@ def _write_shard(model, tap: FeatureTap, shard: list[list[int]], path: Path) -> 
 
 
 def load(folder: Path) -> list[dict]:
-    """Per sequence: features [n, H] fp16, argmax [n], tokens [n]."""
+    """Per sequence: features [n, H] fp16, argmax [n], tokens [n], start (first counted position)."""
     out = []
     for path in sorted(folder.glob("shard-*.safetensors")):
         shard = load_file(str(path))
         offsets = torch.cumsum(shard["lengths"].long(), 0).tolist()
+        firsts = shard["starts"].tolist()
         start = 0
-        for end in offsets:
-            out.append({k: shard[k][start:end] for k in ("features", "argmax", "tokens")})
+        for end, first in zip(offsets, firsts):
+            out.append({**{k: shard[k][start:end] for k in ("features", "argmax", "tokens")}, "start": first})
             start = end
     return out

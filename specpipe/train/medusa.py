@@ -24,11 +24,14 @@ class Examples:
         self.feats = torch.cat([s["features"] for s in seqs])
         self.argmax = torch.cat([s["argmax"] for s in seqs]).long()
         lengths = torch.tensor([len(s["argmax"]) for s in seqs])
-        seq_end = torch.repeat_interleave(torch.cumsum(lengths, 0), lengths)  # [T] end of each position's sequence
+        ends = torch.cumsum(lengths, 0)
+        seq_end = torch.repeat_interleave(ends, lengths)  # [T] end of each position's sequence
+        first = torch.repeat_interleave(ends - lengths + torch.tensor([s.get("start", 0) for s in seqs]), lengths)
         positions = torch.arange(len(self.argmax))
         self.ahead = torch.stack([torch.where(positions + k < seq_end, positions + k, -1)
                                   for k in range(1, num_heads + 1)], 1)  # [T, K]
-        self.positions = positions[self.ahead[:, 0] >= 0]  # positions with at least one label
+        # positions with at least one label, outside a distilled answer's prompt
+        self.positions = positions[(self.ahead[:, 0] >= 0) & (positions >= first)]
 
     def __len__(self) -> int:
         return len(self.positions)
