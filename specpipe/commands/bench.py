@@ -83,9 +83,9 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
 
     def show(result) -> None:
         exact = {None: "", True: " exact", False: " [red]DIVERGED[/red]"}[result.exact]
-        err.print(f"{result.category:10s} {result.id:14s} plain {result.baseline.tokens_per_s:6.1f} tok/s  "
-                  f"spec {result.speculative.tokens_per_s:6.1f} tok/s  x{result.speedup:.2f}  "
-                  f"τ={result.speculative.stats['mean_accepted_length']:.2f}{exact}", highlight=False)
+        err.print(f"{result.id} ({result.category}): {result.baseline.tokens_per_s:.1f} → "
+                  f"{result.speculative.tokens_per_s:.1f} tok/s x{result.speedup:.2f} "
+                  f"τ={result.speculative.stats['mean_accepted_length']:.2f}{exact}", highlight=False, soft_wrap=True)
 
     results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                             stop=list(cfg.stop), peers=peer_runs, on_result=show)
