@@ -136,8 +136,14 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
     kind = proposer_kind(cfg)
     if kind not in HEAD_PROPOSERS:
         return Check("heads", "n/a", f"proposer={kind} uses no trained heads")
+    from omegaconf import OmegaConf
+
     from specpipe.heads.io import read_config
 
+    if OmegaConf.is_missing(cfg.proposer, "heads"):
+        return Check("heads", "refuse", f"proposer={kind} needs proposer.heads=DIR (trained heads)",
+                     f"train some: specpipe train proposer={kind} model={cfg.model.name}; or use a recipe that "
+                     "ships them: recipe=recipes/smollm2-135m/medusa.yaml")
     try:
         heads = read_config(cfg.proposer.heads, kind)
     except SpecpipeError as err:

@@ -105,3 +105,10 @@ def test_from_config(tmp_path, target_dir):
     spec = pipeline.run(PROMPT, max_new_tokens=24)
     assert spec.token_ids == pipeline.run(PROMPT, max_new_tokens=24, speculative=False).token_ids
     assert spec.stats.drafted > 0
+
+
+def test_medusa_without_heads_is_one_clear_error(target_dir):
+    from test_cli import assert_user_error, specpipe
+
+    assert_user_error(specpipe("generate", f"model={target_dir}", "proposer=medusa"), "proposer.heads=DIR",
+                      "specpipe train")

@@ -8,6 +8,7 @@ running the same sweep command again resumes an interrupted sweep.
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ def run(cfg: DictConfig) -> int:
         read_results(folder / RESULTS_FILE)  # a damaged file is an error, not a finished job
         err.print(f"[dim]{folder}: finished in an earlier run, skipped[/dim]")
         return 0
+    gc.collect()  # a sweep runs its jobs in one process: the last job's models must be gone first
     with err.status(f"loading {cfg.model.name} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
