@@ -36,6 +36,7 @@ from specpipe.recipe import (RECIPE_FILE, RECIPE_VERSION, as_overrides, load_rec
 
 CARRIED = ("model", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "stop", "prompts",
            "categories", "limit", "warmup", "gamma_min", "gamma_max")  # the user's settings, kept
+ARTIFACT = "artifact:"  # a candidate's artifacts ride along as "artifact:NAME": path entries
 
 
 def run(cfg: DictConfig) -> int:
@@ -99,7 +100,11 @@ def trained(cfg: DictConfig, destination: Path, err: Console):
     for path in sorted(destination.parent.glob("*.yaml")):
         if path.name == RECIPE_FILE:
             continue
-        recipe = load_recipe(path)
+        try:
+            recipe = load_recipe(path)
+        except SpecpipeError as err_:
+            err.print(f"[dim]{path.name}: skipped (not a usable recipe: {err_})[/dim]")
+            continue
         if recipe.target != cfg.model.name:
             err.print(f"[dim]{path.name}: skipped (trained for {recipe.target})[/dim]")
             continue
@@ -113,9 +118,6 @@ def candidate_config(cfg: DictConfig, strategy: dict) -> DictConfig:
         for key in CARRIED:
             candidate[key] = cfg[key]
     return candidate
-
-
-ARTIFACT = "artifact:"  # a candidate's artifacts ride along as "artifact:NAME": path entries
 
 
 def _resolved(cfg: DictConfig, strategy: dict) -> dict:
