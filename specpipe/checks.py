@@ -94,8 +94,7 @@ def check_precision(cfg: DictConfig) -> list[Check]:
 
 
 def check_sampling(cfg: DictConfig) -> Check:
-    verifier = (cfg.verifier.get("_target_") or "").split(".")[-2:-1]
-    name = verifier[0] if verifier else "?"
+    name = kind_of(cfg.verifier)
     if name == "greedy" and cfg.temperature > 0:
         return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={cfg.temperature}",
                      "use verifier=rejection, or temperature=0")

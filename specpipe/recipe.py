@@ -43,7 +43,7 @@ GROUPS = ("proposer", "verifier", "controller")
 TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", "model.quantize", "model.chat"}
 _OPTION = re.compile(r"^(proposer|verifier|controller)\.[A-Za-z_][A-Za-z0-9_]*$")
 _CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
-_ARTIFACT = "artifact:"
+ARTIFACT = "artifact:"
 
 
 @dataclass
@@ -172,18 +172,23 @@ def _check_artifacts(recipe: Recipe) -> None:
             raise SpecpipeError(f"The recipe {recipe.path}: artifact {name}={rel!r} must be an existing path "
                                 "inside the recipe's folder.")
     for key, value in recipe.strategy.items():
-        if isinstance(value, str) and value.startswith(_ARTIFACT) and value[len(_ARTIFACT):] not in recipe.artifacts:
+        if isinstance(value, str) and value.startswith(ARTIFACT) and value[len(ARTIFACT):] not in recipe.artifacts:
             raise SpecpipeError(f"The recipe {recipe.path}: {key}={value} names no entry of `artifacts`.")
 
 
 def resolve_artifacts(recipe: Recipe) -> dict:
     """The recipe's strategy with "artifact:NAME" values replaced by absolute paths."""
+    return with_artifacts(recipe.strategy, recipe.artifacts, recipe.folder)
+
+
+def with_artifacts(strategy: dict, artifacts: dict, folder: Path) -> dict:
+    """"artifact:NAME" values -> absolute paths of artifacts[NAME] inside `folder`."""
     def one(value):
-        if isinstance(value, str) and value.startswith(_ARTIFACT):
-            return str((recipe.folder / recipe.artifacts[value[len(_ARTIFACT):]]).resolve())
+        if isinstance(value, str) and value.startswith(ARTIFACT):
+            return str((folder / artifacts[value[len(ARTIFACT):]]).resolve())
         return value
 
-    return {key: one(value) for key, value in recipe.strategy.items()}
+    return {key: one(value) for key, value in strategy.items()}
 
 
 def as_overrides(mapping: dict) -> list[str]:

@@ -129,3 +129,9 @@ def test_medusa_exports_to_vllm_with_the_lm_head_and_is_refused_by_sglang(tmp_pa
     assert "blocks.2.layers.0.weight" in weights and read_config(folder, "medusa")["original_lm_head"] is True
     sg = specpipe("export", "sglang", *overrides)
     assert sg.returncode == 0 and "has no Medusa" in sg.stderr and "--speculative" not in sg.stdout
+
+
+def test_medusa_without_heads_is_one_clear_error():
+    from test_cli import assert_user_error
+
+    assert_user_error(specpipe("export", "vllm", "proposer=medusa"), "proposer.heads=DIR")

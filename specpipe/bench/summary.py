@@ -48,6 +48,11 @@ def category_figures(results: list[PromptResult]) -> dict:
     }
 
 
+def all_exact(figures: dict) -> bool:
+    """Every greedy output token-identical to the plain target's (sampling: nothing to compare)."""
+    return figures["exactness"] is None or figures["exactness"]["share"] == 1.0
+
+
 def spread(values: list[float]) -> dict:
     quartiles = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
     return {"median": statistics.median(values), "min": min(values), "max": max(values),

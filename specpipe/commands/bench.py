@@ -19,7 +19,7 @@ from specpipe.bench import plots
 from specpipe.bench.peers import make_peers, peer_names
 from specpipe.bench.results import RESULTS_FILE, environment, now, read_results, write_json
 from specpipe.bench.runner import bench_prompts, warm_up
-from specpipe.bench.summary import summarize
+from specpipe.bench.summary import all_exact, summarize
 from specpipe.bench.table import bench_table
 from specpipe.checks import kind_of, proposer_kind
 from specpipe.errors import SpecpipeError
@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> int:
         for png in plots.plot_run(payload, folder):
             err.print(f"plot: {png}")
     # exit 1 on a greedy divergence (scripts can gate on it); a sweep's job records it and goes on
-    return 0 if in_sweep or _all_exact(payload) else 1
+    return 0 if in_sweep or all_exact(payload["summary"]["overall"]) else 1
 
 
 def select_prompts(cfg: DictConfig) -> list[dict]:
@@ -111,7 +111,3 @@ def save(payload: dict, folder: Path, keep_previous: bool) -> Path:
         path.rename(folder / f"results-{stamp}.json")  # nothing measured earlier is lost
     return write_json(path, payload)
 
-
-def _all_exact(payload: dict) -> bool:
-    exactness = payload["summary"]["overall"]["exactness"]
-    return exactness is None or exactness["share"] == 1.0

@@ -24,19 +24,18 @@ from rich.console import Console
 from rich.table import Table
 
 from specpipe.bench.results import RESULTS_FILE, environment, now, read_results
-from specpipe.bench.summary import OVERALL
+from specpipe.bench.summary import OVERALL, all_exact
 from specpipe.build import checked_context
 from specpipe.commands import bench
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
 from specpipe.pipeline import Pipeline
-from specpipe.recipe import (RECIPE_FILE, RECIPE_VERSION, as_overrides, load_recipe, load_strategy,
-                             strategy_names, write_recipe)
+from specpipe.recipe import (ARTIFACT, RECIPE_FILE, RECIPE_VERSION, as_overrides, load_recipe, load_strategy,
+                             strategy_names, with_artifacts, write_recipe)
 
 CARRIED = ("model", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "stop", "prompts",
            "categories", "limit", "warmup", "gamma_min", "gamma_max")  # the user's settings, kept
-ARTIFACT = "artifact:"  # a candidate's artifacts ride along as "artifact:NAME": path entries
 
 
 def run(cfg: DictConfig) -> int:
@@ -121,11 +120,11 @@ def candidate_config(cfg: DictConfig, strategy: dict) -> DictConfig:
 
 
 def _resolved(cfg: DictConfig, strategy: dict) -> dict:
-    """Settings only: "artifact:NAME" values become paths inside the recipe folder."""
-    folder = recipe_path(cfg).parent
+    """Settings only: a candidate's artifacts ride along as "artifact:NAME": path entries;
+    "artifact:NAME" values become those paths inside the recipe folder."""
     artifacts = {k[len(ARTIFACT):]: v for k, v in strategy.items() if k.startswith(ARTIFACT)}
-    return {k: str((folder / artifacts[v[len(ARTIFACT):]]).resolve()) if isinstance(v, str) and v.startswith(ARTIFACT)
-            else v for k, v in strategy.items() if not k.startswith(ARTIFACT)}
+    settings = {k: v for k, v in strategy.items() if not k.startswith(ARTIFACT)}
+    return with_artifacts(settings, artifacts, recipe_path(cfg).parent)
 
 
 def _refusals(cfg: DictConfig) -> str:
@@ -152,11 +151,8 @@ def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[d
 
 def winner(tried: dict) -> str | None:
     """The best overall median speedup among exact candidates; None if none beats plain."""
-    def exact(payload: dict) -> bool:
-        exactness = payload["summary"][OVERALL]["exactness"]
-        return exactness is None or exactness["share"] == 1.0
-
-    scored = {name: p["summary"][OVERALL]["speedup"]["median"] for name, (_, p) in tried.items() if exact(p)}
+    scored = {name: p["summary"][OVERALL]["speedup"]["median"] for name, (_, p) in tried.items()
+              if all_exact(p["summary"][OVERALL])}
     best = max(scored, key=scored.get, default=None)
     return best if best is not None and scored[best] > 1.0 else None
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from specpipe.checks import kind_of, lora_paths, proposer_kind
+from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
 from specpipe.recipe import load_recipe
 
@@ -53,6 +54,9 @@ def plan_of(cfg: DictConfig) -> ExportPlan:
     elif kind == "twin":
         plan.draft = plan.target
     elif kind == "medusa":
+        if OmegaConf.is_missing(cfg.proposer, "heads"):
+            raise SpecpipeError("proposer=medusa needs proposer.heads=DIR to export (or a recipe that ships heads, "
+                                "e.g. recipe=recipes/smollm2-135m/medusa.yaml).")
         plan.heads = str(Path(cfg.proposer.heads).resolve())
         plan.tree = list(cfg.proposer.tree) if cfg.proposer.get("tree") else None
     if lora_paths(cfg):

@@ -14,29 +14,11 @@ import torch
 from specpipe.errors import SpecpipeError
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
+from specpipe.heads.tap import FeatureTap
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
 from specpipe.types import DraftBlock, DraftTree, Verdict
-
-
-class FeatureTap:
-    """Keeps the input rows of a model's LM head from its latest forward: [n, H]."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.rows: torch.Tensor | None = None
-        self._hooked: torch.nn.Module | None = None
-
-    def attach(self) -> None:
-        """(Re)attach to the current LM head: quantizing the target replaces the module."""
-        head = self.model.get_output_embeddings()
-        if head is not self._hooked:
-            head.register_forward_pre_hook(self._keep)
-            self._hooked = head
-
-    def _keep(self, module, inputs) -> None:
-        self.rows = inputs[0][0].detach()  # [n, H] of the batch's only sequence
 
 
 class MedusaProposer(Proposer):
@@ -82,7 +64,7 @@ class MedusaProposer(Proposer):
         self.feature = self.tap.rows[verdict.last_row]
 
 
-def check_tree(tree: list[list[int]], num_heads: int) -> list[tuple[int, ...]]:
+def check_tree(tree: list[list[int]], num_heads: int) -> list[list[int]]:
     """Medusa's `medusa_choices`, checked and ordered so that parents come first."""
     paths = sorted({tuple(int(i) for i in path) for path in tree}, key=lambda p: (len(p), p))
     for path in paths:

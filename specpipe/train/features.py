@@ -21,7 +21,7 @@ from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 
 from specpipe.models.zoo import cache_root
-from specpipe.proposers.medusa import FeatureTap
+from specpipe.heads.tap import FeatureTap
 
 SHARD = 32  # sequences per file
 

@@ -15,7 +15,7 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import SamplingParams, sample
-from specpipe.types import DraftBlock, Verdict
+from specpipe.types import DraftBlock, DraftTree, Verdict
 from specpipe.verifiers.base import Verifier, first_false, verdict
 
 
@@ -24,7 +24,7 @@ class RejectionVerifier(Verifier):
         self.sampling = sampling
 
     def verify(self, draft: DraftBlock, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
-        if draft.ancestry() is not None:
+        if isinstance(draft, DraftTree):
             raise SpecpipeError("verifier=rejection verifies chains only: set proposer.tree=null, or use "
                                 "verifier=greedy (temperature=0) or verifier=typical with a tree.")
         target_probs = self.sampling.probs(target_logits)  # [γ+1, V] float32
