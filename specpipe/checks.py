@@ -163,7 +163,7 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
     return Check("heads", "ok", f"{kind} heads trained on {trained_for or 'an unnamed target'}, shapes match")
 
 
-HEAD_PROPOSERS = ("medusa",)
+HEAD_PROPOSERS = ("medusa", "eagle")
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

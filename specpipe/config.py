@@ -77,7 +77,7 @@ class TrainConfig:
     sources: list[str] = field(default_factory=lambda: ["stdlib", "docs"])  # offline text
     tokens: int = 60000  # training text, in target tokens
     distill: int = 0  # self-distillation: the target's own answers to this many offline prompts
-    distill_prompts: str = ""  # their JSONL (default: instructions made from the standard library)
+    distill_prompts: str = ""  # their JSONL (default: offline instructions, specpipe/train/prompts.py)
     distill_tokens: int = 128  # answer length
     seq_len: int = 256
     epochs: int = 3

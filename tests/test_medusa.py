@@ -53,7 +53,7 @@ def test_zero_heads_repeat_the_next_token_guess():
     target = tiny_target()
     heads = MedusaHeads(32, VOCAB, 3).double()
     feature = torch.randn(1, 32, dtype=torch.float64)
-    logits = heads(feature, target.model.get_output_embeddings())
+    logits = heads(feature, target.model)
     assert torch.equal(logits[0], logits[2]) and torch.equal(logits[0], target.model.lm_head(feature).float())
 
 

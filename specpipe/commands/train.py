@@ -30,7 +30,8 @@ from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.loader import load_model, load_tokenizer, resolve
 from specpipe.models.quantize import quantize_model
 from specpipe.recipe import RECIPE_VERSION, write_recipe
-from specpipe.train import data, features
+from specpipe.train import data, distill, features
+from specpipe.train.prompts import instructions
 from specpipe.train.medusa import Examples, Trainer, label_subset
 
 TRAINABLE = ("medusa",)
@@ -51,10 +52,9 @@ def run(cfg: DictConfig) -> int:
            "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens}
     model = quantize_model(load_model(source), cfg.model.quantize)
     if cfg.distill:
-        with err.status(f"self-distillation: the target answers {cfg.distill} prompts…"):
-            for ids, start in _distilled(cfg, model, tokenizer):
-                seqs.append(ids)
-                starts.append(start)
+        for ids, start in _distilled(cfg, model, tokenizer, err):
+            seqs.append(ids)
+            starts.append(start)
     lm_weight = _dense_lm_weight(source)
     with _progress(err) as progress:
         cached = features.load(features.compute(model, seqs, features.feature_dir(key), progress, starts))
@@ -73,14 +73,20 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-def _distilled(cfg: DictConfig, model, tokenizer) -> list[tuple[list[int], int]]:
+def _distilled(cfg: DictConfig, model, tokenizer, err: Console) -> list[tuple[list[int], int]]:
+    """The target's answers to `distill` prompts (cached: a longer run reuses a shorter one's)."""
     if cfg.distill_prompts:
         from specpipe.prompts import load_prompts
 
         prompts = [p["messages"][-1]["content"] for p in load_prompts(cfg.distill_prompts)][: cfg.distill]
     else:
-        prompts = data.stdlib_prompts(cfg.distill)
-    return data.self_distilled(model, tokenizer, prompts, cfg.distill_tokens)
+        prompts = instructions(cfg.distill, cfg.seed)
+    key = {"model": cfg.model.name, "quantize": cfg.model.quantize, "prompts": cfg.distill_prompts or "instructions",
+           "seed": cfg.seed, "tokens": cfg.distill_tokens}
+    with _progress(err) as progress:
+        task = progress.add_task("self-distillation", total=len(prompts))
+        return distill.answers(model, tokenizer, prompts, cfg.distill_tokens, distill.cache_file(key),
+                               on_batch=lambda n: progress.advance(task, n))
 
 
 def _validate(cfg: DictConfig) -> None:

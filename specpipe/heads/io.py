@@ -1,10 +1,13 @@
-"""Save and load heads in the layout vLLM reads, atomically.
+"""Save and load heads in the layouts vLLM reads, atomically.
 
 Medusa (vLLM `model_type: medusa`): config.json with `num_heads`, `num_hidden_layers`,
 `hidden_size`, `vocab_size`, `medusa_fc_bias: true`, and `original_lm_head: true` when the
 target's LM head is shared (specpipe then stores no LM head: it uses the target's; an export
 for vLLM adds a copy, since vLLM loads that one head from the checkpoint). Weights in
 model.safetensors: `blocks.{h}.layers.{l}.weight|bias`, `lm_heads.{h}.weight` when not shared.
+EAGLE (vLLM `method: eagle`, `EagleLlamaForCausalLM`): config.json of a one-layer Llama, weights
+`fc.weight` [H, 2H] and `layers.0.*` (specpipe/heads/eagle.py); the target's token embeddings and
+LM head are shared, so neither is stored.
 A `specpipe` entry in config.json names the target the heads were trained on, so a mismatch
 is refused before anything loads (`read_config`, used by the checks).
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from specpipe.errors import SpecpipeError
+from specpipe.heads.eagle import EagleHead, EagleShape
 from specpipe.heads.medusa import MedusaHeads
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -50,12 +54,37 @@ def load_medusa(folder: Path) -> MedusaHeads:
     config = read_config(folder, "medusa")
     heads = MedusaHeads(config["hidden_size"], config["vocab_size"], config["num_heads"],
                         config["num_hidden_layers"], shared_lm_head=bool(config.get("original_lm_head", True)))
-    state = load_file(str(Path(folder) / WEIGHTS))
-    missing, unexpected = heads.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise SpecpipeError(f"The Medusa heads in {folder} do not match their config.json (missing {missing[:3]}, "
-                            f"unexpected {unexpected[:3]}). Re-train or re-export them.")
+    _load_into(heads, folder, "Medusa heads")
     return heads.eval()
+
+
+def _load_into(module, folder: Path, what: str) -> None:
+    state = load_file(str(Path(folder) / WEIGHTS))
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SpecpipeError(f"The {what} in {folder} do not match their config.json (missing {missing[:3]}, "
+                            f"unexpected {unexpected[:3]}). Re-train or re-export them.")
+    module.to(next(iter(state.values())).dtype)
+
+
+def save_eagle(head: EagleHead, folder: Path, *, target: str, extra: dict | None = None) -> Path:
+    shape = head.shape
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False, "bias": False,
+        **{k: v for k, v in shape.as_dict().items() if k != "rope_theta"},
+        "rope_theta": shape.rope_theta, "rope_scaling": None, "max_position_embeddings": 32768,
+        "specpipe": {"kind": "eagle", "target": target, **(extra or {})},
+    }
+    tensors = {name: t.detach().contiguous() for name, t in head.state_dict().items()}
+    return _write_folder(folder, config, tensors)
+
+
+def load_eagle(folder: Path) -> EagleHead:
+    config = read_config(folder, "eagle")
+    head = EagleHead(EagleShape(**{k: config[k] for k in EagleShape.__dataclass_fields__}))
+    _load_into(head, folder, "EAGLE head")
+    return head.eval()
 
 
 def read_config(folder: Path | str, kind: str) -> dict:
@@ -65,8 +94,10 @@ def read_config(folder: Path | str, kind: str) -> dict:
     except (OSError, json.JSONDecodeError) as err:
         raise SpecpipeError(f"proposer.heads={folder}: no readable {CONFIG} there ({err}). Point it at a folder "
                             f"written by `specpipe train proposer={kind}`.") from None
-    if config.get("specpipe", {}).get("kind", config.get("model_type")) != kind:
-        raise SpecpipeError(f"proposer.heads={folder} holds {config.get('model_type')!r} heads, not {kind} heads.")
+    found = config.get("specpipe", {}).get("kind", config.get("model_type"))
+    if found != kind:
+        raise SpecpipeError(f"proposer.heads={folder} holds {found!r} heads, not {kind} heads: use "
+                            f"proposer={found}, or point proposer.heads at {kind} heads.")
     return config
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specpipe.heads.tap import lm_logits
+
 
 class MedusaBlock(nn.Module):
     def __init__(self, hidden_size: int, num_layers: int):
@@ -42,16 +44,13 @@ class MedusaHeads(nn.Module):
     def shared_lm_head(self) -> bool:
         return self.lm_heads is None
 
-    def forward(self, features: torch.Tensor, lm_head: nn.Module | None = None, heads: int | None = None) -> torch.Tensor:
-        """features [N, H] -> logits [K, N, V] of the first `heads` heads (all by default)."""
+    def forward(self, features: torch.Tensor, target: nn.Module | None = None, heads: int | None = None) -> torch.Tensor:
+        """features [N, H] -> logits [K, N, V] of the first `heads` heads (all by default);
+        target: the model whose LM head is shared."""
         count = heads or self.num_heads
         dtype = self.blocks[0].layers[0].weight.dtype
         hidden = torch.stack([self.blocks[h](features.to(dtype)) for h in range(count)])  # [K, N, H]
         if self.lm_heads is None:  # one call of the shared head for all K: a K·N-row matmul
-            return lm_head(hidden.to(_dtype_of(lm_head))).float()
+            return lm_logits(target, hidden)
         return torch.stack([self.lm_heads[h](hidden[h]) for h in range(count)]).float()
 
-
-def _dtype_of(module: nn.Module) -> torch.dtype:
-    weight = getattr(module, "weight", None)
-    return weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32

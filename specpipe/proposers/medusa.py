@@ -40,7 +40,7 @@ class MedusaProposer(Proposer):
         if self.feature is None:
             return DraftBlock.empty()
         gamma = min(gamma, self.heads.num_heads)
-        logits = self.heads(self.feature[None], self.target.get_output_embeddings(), heads=gamma)[:, 0]  # [γ, V]
+        logits = self.heads(self.feature[None], self.target, heads=gamma)[:, 0]  # [γ, V]
         if self.tree is not None:
             return self._tree(logits)
         if self.sampling.greedy:

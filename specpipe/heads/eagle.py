@@ -1,0 +1,163 @@
+"""An EAGLE draft head (Li et al. 2024): one decoder layer that predicts the target's next feature.
+
+Input row i is the pair (target feature f_i, embedding of token i+1): `fc` maps their
+concatenation [embedding, feature] to the hidden size, one Llama decoder layer (causal
+attention over the earlier rows, through the head's own KV cache) turns it into a guess of
+f_{i+1}, and the target's own LM head turns that guess into a guess of token i+2. Drafting
+feeds each guess back as the next row's feature. Row i sits at position i, the position of
+its feature's token, as in vLLM.
+
+Layout as vLLM's `EagleLlamaForCausalLM` reads it: `fc.weight` [H, 2H] without bias,
+`layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.post_attention_layernorm.weight`,
+`layers.0.mlp.{gate,up,down}_proj.weight`; layer 0 has no input norm and the head no final
+norm (EAGLE's features are the target's normed last hidden states already). Token embeddings
+and the LM head are the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class EagleShape:
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+    @classmethod
+    def of_target(cls, config, intermediate_size: int | None = None) -> "EagleShape":
+        """The shape of one of the target's own layers (a smaller MLP if asked)."""
+        heads = config.num_attention_heads
+        rope = (getattr(config, "rope_parameters", None) or {}).get("rope_theta") or getattr(config, "rope_theta", None)
+        return cls(config.hidden_size, config.vocab_size, heads, getattr(config, "num_key_value_heads", None) or heads,
+                   getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   intermediate_size or config.intermediate_size, float(rope or 10000.0), float(config.rms_norm_eps))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class HeadCache:
+    """Keys and values of the rows fed so far: [kv heads, length, head dim] each."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is not None:
+            keys, values = torch.cat([self.keys, keys], 1), torch.cat([self.values, values], 1)
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None:
+            self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: EagleShape):
+        super().__init__()
+        h, d = shape.hidden_size, shape.head_dim
+        self.heads, self.kv_heads, self.head_dim = shape.num_attention_heads, shape.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                cache: HeadCache | None) -> torch.Tensor:
+        """x [B, n, H]; positions [B, n]; mask [B, n, past + n] bool (None: causal); -> [B, n, H]."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, n, d]
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        if cache is not None:  # decoding: one sequence, its earlier rows in the cache
+            k, v = (t[None] for t in cache.append(k[0], v[0]))
+        groups = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        if mask is None and k.shape[2] == n:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            if mask is None:  # causal over the new rows, everything cached before them
+                past = k.shape[2] - n
+                mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        angles = positions[..., None].float() * self.inv_freq  # [B, n, d/2]
+        cos, sin = torch.cat([angles, angles], -1).cos()[:, None], torch.cat([angles, angles], -1).sin()[:, None]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return (x * cos.to(x.dtype) + rotated * sin.to(x.dtype))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: EagleShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.hidden_size, shape.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(shape.hidden_size, shape.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(shape.intermediate_size, shape.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """A Llama decoder layer without its input norm (EAGLE's layer 0)."""
+
+    def __init__(self, shape: EagleShape):
+        super().__init__()
+        self.self_attn = Attention(shape)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.mlp = MLP(shape)
+
+    def forward(self, x, positions, mask, cache):
+        x = x + self.self_attn(x, positions, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class EagleHead(nn.Module):
+    def __init__(self, shape: EagleShape):
+        super().__init__()
+        self.shape = shape
+        self.fc = nn.Linear(2 * shape.hidden_size, shape.hidden_size, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(shape)])
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None = None, cache: HeadCache | None = None) -> torch.Tensor:
+        """embeds, features [B, n, H]; positions [B, n] -> guessed next features [B, n, H].
+
+        cache (decoding, B = 1): the rows are appended to it and attend to all of it, or as
+        `mask` [1, n, cache + n] allows (a draft tree)."""
+        x = self.fc(torch.cat([embeds, features], -1).to(self.fc.weight.dtype))
+        return self.layers[0](x, positions, mask, cache)

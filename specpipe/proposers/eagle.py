@@ -1,0 +1,179 @@
+"""`proposer=eagle`: an EAGLE head drafts on the target's features, a chain or a dynamic tree.
+
+The head keeps its own KV cache of rows (f_i, token i+1), one per committed position, every
+one computed from the target's true features. After each verdict the cache is cropped back
+to those rows, and the verify forward's features of the newly committed tokens become the
+pending rows that the next `propose` feeds first: its last output guesses the feature of the
+last committed token, whose LM-head logits give draft token 1. Each further draft token
+feeds the previous guess back as a feature.
+
+Tree mode is EAGLE-2's dynamic tree: expand the `top_k` best nodes of each depth by
+cumulative draft log-probability (each expansion is one head forward over top_k rows, with a
+tree mask on the head's cache), then rerank every node made and keep the best `nodes`.
+Since a child's score never exceeds its parent's, the kept set is a tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.heads.eagle import EagleHead, HeadCache
+from specpipe.heads.io import load_eagle
+from specpipe.heads.tap import FeatureTap, lm_logits
+from specpipe.proposers.base import Proposer
+from specpipe.sampling import SamplingParams, sample
+from specpipe.state import DecodeState
+from specpipe.types import DraftBlock, DraftTree, Verdict
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    top_k: int = 4  # children per expanded node, and nodes expanded per depth
+    nodes: int = 16  # nodes kept after reranking: the size of the verify block (+1)
+
+    def __post_init__(self):
+        if self.top_k < 1 or self.nodes < 1:
+            raise SpecpipeError(f"proposer.tree needs top_k >= 1 and nodes >= 1 (got top_k={self.top_k}, "
+                                f"nodes={self.nodes}), e.g. proposer.tree={{top_k: 4, nodes: 16}}.")
+
+
+class EagleProposer(Proposer):
+    def __init__(self, head: EagleHead, target: torch.nn.Module, sampling: SamplingParams,
+                 tree: TreeShape | None = None):
+        self.head = head
+        self.target = target
+        self.sampling = sampling
+        self.tree = tree
+        self.tap = FeatureTap(target)
+        self.tap.attach()  # now, before the target's prefill: its features start the head's cache
+        self.cache = HeadCache()
+        self.committed = 0  # head cache rows computed from true target features
+        self.pending: tuple[torch.Tensor, list[int]] | None = None  # (features [m, H], tokens [m]) not fed yet
+
+    def prefill(self, state: DecodeState) -> None:
+        self.cache, self.committed = HeadCache(), 0
+        # the target's prefill saw prompt[:-1]: rows (f_i, prompt[i+1])
+        self.pending = (self.tap.rows, state.tokens[1:]) if state.prompt_len > 1 else None
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState, gamma: int) -> DraftBlock | DraftTree:
+        if self.pending is None:
+            return DraftBlock.empty()  # a one-token prompt: no feature yet
+        features, tokens = self.pending
+        root = self._feed(features, tokens, self.committed)[-1]  # guessed feature of the last token
+        self.committed += len(tokens)
+        self.pending = None
+        if self.tree is not None:
+            return self._tree(root, gamma)
+        return self._chain(root, gamma, state)
+
+    def commit(self, verdict: Verdict) -> None:
+        # rows of the verify block on the accepted path: the features of the last committed
+        # token and of each accepted draft token, each paired with the token that followed it
+        rows = [0, *verdict.path] if verdict.path else list(range(verdict.n_accepted + 1))
+        self.cache.crop(self.committed)
+        self.pending = (self.tap.rows[rows], [*verdict.accepted_tokens, verdict.next_token])
+
+    def _feed(self, features: torch.Tensor, tokens: list[int], position: int,
+              mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows (features [n, H], tokens) appended to the head cache -> guessed next features [n, H]."""
+        ids = torch.tensor(tokens, dtype=torch.long)
+        embeds = self.target.get_input_embeddings()(ids)
+        if positions is None:
+            positions = torch.arange(position, position + len(tokens))
+        return self.head(embeds[None], features[None], positions[None], mask, self.cache)[0]
+
+    def _chain(self, hidden: torch.Tensor, gamma: int, state: DecodeState) -> DraftBlock:
+        tokens, probs, confidence = [], [], []
+        for i in range(gamma):
+            logits = lm_logits(self.target, hidden)  # [V]
+            if self.sampling.greedy:
+                token, top = int(logits.argmax()), float(torch.softmax(logits, -1).max())
+            else:
+                p = self.sampling.probs(logits)  # [V] float32, the target's transform
+                token, top = int(sample(p, state.rng)), float(p.max())
+                probs.append(p)
+            tokens.append(token)
+            confidence.append(top)
+            if i + 1 == gamma or (state.early_stop is not None and state.early_stop(i, top)):
+                break  # the controller's call: γ logic stays out of the proposer
+            hidden = self._feed(hidden[None], [token], self.committed + i)[-1]
+        return DraftBlock(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None,
+                          torch.tensor(confidence))
+
+    def _tree(self, root: torch.Tensor, depth: int) -> DraftTree:
+        k = self.tree.top_k
+        scores, tokens, parents = [], [], []  # every node made: cumulative log-prob, token, parent node
+        logp = torch.log_softmax(lm_logits(self.target, root), -1).topk(k)
+        frontier = [self._add(scores, tokens, parents, float(s), int(t), -1)
+                    for s, t in zip(logp.values, logp.indices)]
+        made_by = {node: root for node in frontier}  # node -> the guessed feature that predicted it
+        rows: dict[int, int] = {}  # node -> its head cache row, once fed
+        for d in range(1, depth):
+            expand = sorted(frontier, key=lambda n: -scores[n])[:k]
+            hidden = self._feed(torch.stack([made_by[n] for n in expand]), [tokens[n] for n in expand], 0,
+                                self._tree_mask(expand, parents, rows),
+                                torch.full((len(expand),), self.committed + d - 1))
+            start = self.cache.length - len(expand)
+            logp = torch.log_softmax(lm_logits(self.target, hidden), -1).topk(k)  # [e, k]
+            frontier = []
+            for i, node in enumerate(expand):
+                rows[node] = start + i
+                for s, t in zip(logp.values[i], logp.indices[i]):
+                    child = self._add(scores, tokens, parents, scores[node] + float(s), int(t), node)
+                    made_by[child] = hidden[i]
+                    frontier.append(child)
+        self.cache.crop(self.committed)  # drafting rows are never kept
+        return _rerank(scores, tokens, parents, self.tree.nodes)
+
+    @staticmethod
+    def _add(scores: list, tokens: list, parents: list, score: float, token: int, parent: int) -> int:
+        scores.append(score)
+        tokens.append(token)
+        parents.append(parent)
+        return len(scores) - 1
+
+    def _tree_mask(self, expand: list[int], parents: list[int], rows: dict[int, int]) -> torch.Tensor:
+        """[1, e, cache + e] bool: each new row sees the committed rows, its ancestors' rows, itself."""
+        length = self.cache.length
+        mask = torch.zeros(len(expand), length + len(expand), dtype=torch.bool)
+        mask[:, : self.committed] = True
+        for i, node in enumerate(expand):
+            mask[i, length + i] = True
+            ancestor = parents[node]
+            while ancestor >= 0:
+                mask[i, rows[ancestor]] = True
+                ancestor = parents[ancestor]
+        return mask[None]
+
+
+def _rerank(scores: list[float], tokens: list[int], parents: list[int], keep: int) -> DraftTree:
+    """The `keep` best nodes (ancestors first on ties), as a DraftTree with parents before children."""
+    best = sorted(range(len(scores)), key=lambda n: (-scores[n], _depth(parents, n)))[:keep]
+    chosen = set(best)
+    for node in best:  # a tie can rank a child above its parent's sibling: keep the tree closed
+        while parents[node] >= 0 and parents[node] not in chosen:
+            node = parents[node]
+            chosen.add(node)
+    order = sorted(chosen, key=lambda n: (_depth(parents, n), -scores[n]))
+    index = {node: i for i, node in enumerate(order)}
+    return DraftTree(torch.tensor([tokens[n] for n in order], dtype=torch.long),
+                     tuple(index[parents[n]] if parents[n] >= 0 else -1 for n in order),
+                     torch.tensor([scores[n] for n in order]).exp())
+
+
+def _depth(parents: list[int], node: int) -> int:
+    depth = 0
+    while node >= 0:
+        node, depth = parents[node], depth + 1
+    return depth
+
+
+def build(*, context, heads: str, tree: dict | None = None) -> EagleProposer:
+    """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
+    before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a chain."""
+    shape = None if tree is None else TreeShape(**dict(tree))
+    return EagleProposer(load_eagle(heads), context.target.model, context.sampling, shape)

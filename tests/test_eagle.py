@@ -1,0 +1,188 @@
+"""EAGLE: greedy output equals plain greedy decoding with random heads (chain and dynamic tree);
+the head's KV cache holds exactly the committed rows after rollback; rerank; save/load; refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import PROMPT, VOCAB, tiny_target
+from specpipe.config import compose
+from specpipe.controllers.cost import CostModelGamma
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.errors import SpecpipeError
+from specpipe.heads.eagle import EagleHead, EagleShape, HeadCache
+from specpipe.heads.io import load_eagle, save_eagle
+from specpipe.heads.tap import FeatureTap
+from specpipe.pipeline import Pipeline
+from specpipe.proposers.eagle import EagleProposer, TreeShape, _rerank
+from specpipe.sampling import SamplingParams
+from specpipe.verifiers.greedy import GreedyVerifier
+from specpipe.verifiers.rejection import RejectionVerifier
+from specpipe.verifiers.typical import TypicalVerifier
+from test_medusa import target_dir  # noqa: F401 (fixture)
+
+GREEDY = SamplingParams()
+SHAPE = EagleShape(hidden_size=32, vocab_size=VOCAB, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                   intermediate_size=48, rope_theta=10000.0, rms_norm_eps=1e-6)
+
+
+def random_head(seed: int, scale: float = 0.3) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead(SHAPE)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, scale)
+    return head.double().eval()
+
+
+def copy_head() -> EagleHead:
+    """fc passes the feature through and the layer adds nothing: the head guesses that the next
+    feature equals this one, so drafts repeat the target's own next guess (some get accepted)."""
+    head = EagleHead(SHAPE).double().eval()
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, SHAPE.hidden_size:] = torch.eye(SHAPE.hidden_size)
+        head.layers[0].self_attn.o_proj.weight.zero_()
+        head.layers[0].mlp.down_proj.weight.zero_()
+    return head
+
+
+def run_both(target, proposer, verifier, controller, tokens: int = 40):
+    plain = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=tokens, speculative=False)
+    spec = Pipeline(target, proposer, verifier, controller)
+    outs = [spec.run(PROMPT, max_new_tokens=tokens) for _ in range(2)]  # state must not leak between runs
+    return plain, outs
+
+
+@pytest.mark.parametrize("verifier", [GreedyVerifier, lambda: RejectionVerifier(GREEDY), lambda: TypicalVerifier(GREEDY)])
+@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("head", ["random", "copy"])
+def test_chain_greedy_equals_plain(verifier, gamma, head):
+    target = tiny_target()
+    made = random_head(1) if head == "random" else copy_head()
+    plain, outs = run_both(target, EagleProposer(made, target.model, GREEDY), verifier(), FixedGamma(gamma))
+    for out in outs:
+        assert out.token_ids == plain.token_ids
+        assert out.stats.drafted > 0 and max(out.stats.gamma_trace) == gamma
+
+
+@pytest.mark.parametrize("verifier", [GreedyVerifier, lambda: TypicalVerifier(GREEDY)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 12)])
+@pytest.mark.parametrize("head", ["random", "copy"])
+def test_tree_greedy_equals_plain(verifier, shape, head):
+    target = tiny_target()
+    made = random_head(2) if head == "random" else copy_head()
+    proposer = EagleProposer(made, target.model, GREEDY, TreeShape(*shape))
+    plain, outs = run_both(target, proposer, verifier(), FixedGamma(4))
+    for out in outs:
+        assert out.token_ids == plain.token_ids and out.stats.drafted > 0
+
+
+def test_the_copy_head_gets_drafts_accepted():
+    """Acceptance is really exercised by these tests: the copy head guesses the last token
+    again, which the target confirms wherever it repeats a token."""
+    target = tiny_target()
+    _, outs = run_both(target, EagleProposer(copy_head(), target.model, GREEDY), GreedyVerifier(), FixedGamma(3))
+    assert outs[0].stats.accepted >= 3 and max(outs[0].stats.emitted_trace) == 4
+
+
+def test_with_the_cost_controller_greedy_equals_plain():
+    target = tiny_target()
+    proposer = EagleProposer(random_head(3), target.model, GREEDY)
+    plain, outs = run_both(target, proposer, GreedyVerifier(), CostModelGamma(3, gamma_min=0, gamma_max=5))
+    assert outs[0].token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 8)])
+def test_head_cache_holds_exactly_the_committed_rows(tree):
+    """After a generation the head's cache equals one pass of the head over (true feature of
+    token i, token i+1) for every committed pair: drafted rows were all rolled back."""
+    target = tiny_target()
+    proposer = EagleProposer(random_head(4), target.model, GREEDY, tree)
+    out = Pipeline(target, proposer, GreedyVerifier(), FixedGamma(3)).run(PROMPT, max_new_tokens=30)
+    tokens = PROMPT + out.token_ids
+    tap = FeatureTap(target.model)
+    tap.attach()
+    target.model(input_ids=torch.tensor([tokens]))
+    features = tap.rows  # the decoder's output over the whole text: what the LM head reads
+    n = proposer.committed
+    assert 0 < n < len(tokens) - 1
+    fresh = HeadCache()
+    embeds = target.model.get_input_embeddings()(torch.tensor(tokens[1 : n + 1]))
+    with torch.no_grad():
+        proposer.head(embeds[None], features[None, :n], torch.arange(n)[None], cache=fresh)
+    assert proposer.cache.length == n
+    torch.testing.assert_close(proposer.cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(proposer.cache.values, fresh.values, rtol=1e-9, atol=1e-9)
+
+
+def test_rerank_keeps_the_best_nodes_as_a_closed_tree():
+    #         node: 0     1     2     3     4     5
+    scores = [-0.1, -1.0, -0.3, -0.2, -2.0, -0.3]
+    tokens = [10, 11, 12, 13, 14, 15]
+    parents = [-1, -1, 0, 0, 1, 3]
+    tree = _rerank(scores, tokens, parents, 4)
+    # best four: 0 (-0.1), 3 (-0.2), 2 and 5 (-0.3); parents come first, each depth by score
+    assert tree.tokens.tolist() == [10, 13, 12, 15] and tree.parents == (-1, 0, 0, 1)
+    tied = _rerank([0.0, 0.0, -1.0], [1, 2, 3], [-1, 0, -1], 1)  # a child tied with its parent
+    assert tied.tokens.tolist() == [1] and tied.parents == (-1,)
+
+
+def test_save_then_load_is_bit_exact_in_vllms_layout(tmp_path):
+    head = random_head(5).float()
+    save_eagle(head, tmp_path / "eagle", target="tiny")
+    loaded = load_eagle(tmp_path / "eagle")
+    assert loaded.shape == SHAPE
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    names = load_file(str(tmp_path / "eagle" / "model.safetensors"))
+    assert names["fc.weight"].shape == (32, 64)
+    assert {"layers.0.self_attn.q_proj.weight", "layers.0.post_attention_layernorm.weight",
+            "layers.0.mlp.down_proj.weight"} <= set(names)
+    assert not any("input_layernorm" in n or n.startswith(("lm_head", "embed_tokens", "norm")) for n in names)
+    config = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 1 and config["hidden_size"] == 32
+
+
+def test_heads_that_do_not_fit_are_refused_before_generation(tmp_path, target_dir):  # noqa: F811
+    narrow = EagleShape(**{**SHAPE.as_dict(), "hidden_size": 16, "head_dim": 4})
+    save_eagle(EagleHead(narrow), tmp_path / "narrow", target=str(target_dir))
+    save_eagle(EagleHead(SHAPE), tmp_path / "other-target", target="smollm2-135m")
+    for folder, words in (("narrow", "hidden size 16"), ("other-target", "trained on smollm2-135m"),
+                          ("missing", "config.json")):
+        cfg = compose([f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / folder}"])
+        with pytest.raises(SpecpipeError, match=words):
+            Pipeline.from_config(cfg)
+
+
+def test_medusa_heads_given_to_eagle_are_refused(tmp_path, target_dir):  # noqa: F811
+    from specpipe.heads.io import save_medusa
+    from specpipe.heads.medusa import MedusaHeads
+
+    save_medusa(MedusaHeads(32, VOCAB, 2), tmp_path / "medusa", target=str(target_dir))
+    cfg = compose([f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / 'medusa'}"])
+    with pytest.raises(SpecpipeError, match="'medusa' heads, not eagle"):
+        Pipeline.from_config(cfg)
+
+
+@pytest.mark.parametrize("tree", [None, "{top_k: 3, nodes: 8}"])
+def test_from_config(tmp_path, target_dir, tree):  # noqa: F811
+    save_eagle(random_head(6).float(), tmp_path / "heads", target=str(target_dir))
+    extra = [f"proposer.tree={tree}"] if tree else []
+    cfg = compose([f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / 'heads'}", "gamma=3", *extra])
+    pipeline = Pipeline.from_config(cfg)
+    spec = pipeline.run(PROMPT, max_new_tokens=24)
+    assert spec.token_ids == pipeline.run(PROMPT, max_new_tokens=24, speculative=False).token_ids
+    assert spec.stats.drafted > 0
+
+
+def test_a_bad_tree_shape_is_one_clear_error(tmp_path, target_dir):  # noqa: F811
+    save_eagle(random_head(7).float(), tmp_path / "heads", target=str(target_dir))
+    cfg = compose([f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / 'heads'}",
+                   "proposer.tree={top_k: 0, nodes: 8}"])
+    with pytest.raises(SpecpipeError, match="top_k >= 1"):
+        Pipeline.from_config(cfg)
