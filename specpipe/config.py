@@ -71,9 +71,10 @@ class TuneConfig(BenchConfig):
 @dataclass
 class TrainConfig:
     model: Any = MISSING  # the frozen target
-    proposer: Any = MISSING  # which heads: medusa
-    num_heads: int = 4  # heads to train (head k guesses the token k+1 ahead)
-    layers: int = 1  # residual blocks per head
+    proposer: Any = MISSING  # which heads: medusa or eagle
+    num_heads: int = 4  # medusa: heads to train (head k guesses the token k+1 ahead); eagle: γ of the recipe
+    layers: int = 1  # medusa: residual blocks per head
+    intermediate_size: int = 0  # eagle: the head's MLP width (0: the target's)
     sources: list[str] = field(default_factory=lambda: ["stdlib", "docs"])  # offline text
     tokens: int = 60000  # training text, in target tokens
     distill: int = 0  # self-distillation: the target's own answers to this many offline prompts
@@ -81,13 +82,13 @@ class TrainConfig:
     distill_tokens: int = 128  # answer length
     seq_len: int = 256
     epochs: int = 3
-    batch: int = 256
+    batch: int = 256  # training rows per optimizer step
     lr: float = 1e-3
     vocab_subset: int = 8192  # the most frequent labels get a cross-entropy column
     held_out: float = 0.05  # share of sequences kept for the accuracy figures
     seed: int = 0
     resume: bool = True  # continue an interrupted run from its last checkpoint
-    out: str = "recipes"  # heads go to <out>/<model>/medusa/, the recipe to <out>/<model>/medusa.yaml
+    out: str = "recipes"  # heads go to <out>/<model>/<proposer>/, the recipe to <out>/<model>/<proposer>.yaml
 
 
 def job_dir_name(override_dirname: str) -> str:

@@ -1,12 +1,14 @@
-"""`specpipe train proposer=medusa model=...`: heads for a frozen target, shipped as a recipe.
+"""`specpipe train proposer=medusa|eagle model=...`: heads for a frozen target, shipped as a recipe.
 
-1. Text from offline sources (`sources=[stdlib,docs]`), `tokens=` in all, in `seq_len` pieces.
+1. Text from offline sources (`sources=[stdlib,docs]`), `tokens=` in all, in `seq_len` pieces,
+   and the target's own answers to `distill=` offline instructions (cached, resumable).
 2. The target's features over it, computed once and cached (specpipe/train/features.py).
 3. Epochs over the cached features (the target never runs again), a progress bar with the
-   loss and the held-out top-1 accuracy of each head; a checkpoint after every epoch, written
-   atomically; run the same command again after an interruption and it resumes.
-4. Output: `<out>/<model>/medusa/` (config.json + model.safetensors, vLLM's Medusa layout) and
-   `<out>/<model>/medusa.yaml`, a recipe that uses them: `specpipe generate recipe=...`.
+   loss and the held-out top-1 accuracy per head (Medusa) or per draft position (EAGLE); a
+   checkpoint after every epoch, written atomically; run the same command again after an
+   interruption and it resumes.
+4. Output: `<out>/<model>/<proposer>/` (config.json + model.safetensors, in the layout vLLM
+   loads) and `<out>/<model>/<proposer>.yaml`, a recipe that uses them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig
@@ -25,25 +29,75 @@ from specpipe.bench.results import environment, now
 from specpipe.checks import proposer_kind
 from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
-from specpipe.heads.io import load_medusa, save_medusa
+from specpipe.heads.eagle import EagleHead, EagleShape
+from specpipe.heads.io import load_eagle, load_medusa, save_eagle, save_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.loader import load_model, load_tokenizer, resolve
 from specpipe.models.quantize import quantize_model
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features
 from specpipe.train.prompts import instructions
+from specpipe.train.eagle import EagleTrainer, Rows
 from specpipe.train.medusa import Examples, Trainer, label_subset
 
-TRAINABLE = ("medusa",)
+@dataclass(frozen=True)
+class Kind:
+    """What differs between head kinds; everything else in training is shared."""
+
+    fresh: Callable  # (cfg, target config, lm weight) -> a new untrained module
+    load: Callable  # folder -> module (a checkpoint)
+    save: Callable  # (module, folder, target=, extra=) -> folder
+    data: Callable  # (cached sequences, cfg) -> training data with .batches(size, generator)
+    trainer: Callable  # (module, target weights, training data, cfg) -> trainer with .step, .accuracy
+
+
+KINDS = {
+    "medusa": Kind(
+        fresh=lambda cfg, config, lm: MedusaHeads(lm.shape[1], lm.shape[0], cfg.num_heads, cfg.layers),
+        load=load_medusa, save=save_medusa, data=lambda seqs, cfg: Examples(seqs, cfg.num_heads),
+        trainer=lambda m, w, train, cfg: Trainer(m, w.lm, label_subset(train, cfg.vocab_subset), cfg.lr)),
+    "eagle": Kind(
+        fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
+        load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs),
+        trainer=lambda m, w, train, cfg: EagleTrainer(m, w.embed, w.lm, _frequent(train.seqs, cfg.vocab_subset), cfg.lr)),
+}
+
+
+@dataclass(frozen=True)
+class TargetWeights:
+    embed: torch.Tensor  # [V, H] token embeddings, full precision
+    lm: torch.Tensor  # [V, H] LM head, full precision
+    config: object
 
 
 def run(cfg: DictConfig) -> int:
     _validate(cfg)
+    name = proposer_kind(cfg)
+    kind = KINDS[name]
     folder = Path(cfg.out) / model_slug(cfg.model.name)
-    heads_dir, checkpoint = folder / "medusa", folder / ".medusa-checkpoint"
+    heads_dir, checkpoint = folder / name, folder / f".{name}-checkpoint"
     err = Console(stderr=True)
     started = time.perf_counter()
     source = resolve(cfg.model.name)
+    cached = _features(cfg, source, err)
+    weights = _target_weights(source)
+    split = max(1, int(len(cached) * cfg.held_out))
+    train, held = kind.data(cached[:-split], cfg), kind.data(cached[-split:], cfg)
+    module, first_epoch = _start(cfg, kind, weights, checkpoint, err)
+    trainer = kind.trainer(module, weights, train, cfg)
+    if first_epoch and (checkpoint / "trainer.pt").exists():
+        trainer.optimizer.load_state_dict(torch.load(checkpoint / "trainer.pt")["optimizer"])
+    accuracy = _epochs(cfg, kind, module, trainer, train, held, first_epoch, checkpoint, err)
+    kind.save(module, heads_dir, target=cfg.model.name, extra={"held_out_top1": accuracy})
+    shutil.rmtree(checkpoint, ignore_errors=True)  # finished: nothing left to resume
+    recipe = write_recipe(folder / f"{name}.yaml",
+                          _recipe(cfg, name, accuracy, len(train), time.perf_counter() - started))
+    err.print(f"heads: {heads_dir}\nrecipe: {recipe}  (use it: specpipe generate recipe={recipe})")
+    return 0
+
+
+def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
+    """The target's features over corpus text and its own answers: computed once, cached."""
     tokenizer = load_tokenizer(source)
     seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens) if cfg.tokens else []
     starts = [0] * len(seqs)
@@ -55,22 +109,8 @@ def run(cfg: DictConfig) -> int:
         for ids, start in _distilled(cfg, model, tokenizer, err):
             seqs.append(ids)
             starts.append(start)
-    lm_weight = _dense_lm_weight(source)
     with _progress(err) as progress:
-        cached = features.load(features.compute(model, seqs, features.feature_dir(key), progress, starts))
-    del model
-    split = max(1, int(len(cached) * cfg.held_out))
-    train, held = Examples(cached[:-split], cfg.num_heads), Examples(cached[-split:], cfg.num_heads)
-    heads, first_epoch = _start(cfg, lm_weight, checkpoint, err)
-    trainer = Trainer(heads, lm_weight, label_subset(train, cfg.vocab_subset), cfg.lr)
-    if first_epoch and (checkpoint / "trainer.pt").exists():
-        trainer.optimizer.load_state_dict(torch.load(checkpoint / "trainer.pt")["optimizer"])
-    accuracy = _epochs(cfg, trainer, train, held, first_epoch, checkpoint, err)
-    save_medusa(heads, heads_dir, target=cfg.model.name, extra={"held_out_top1": accuracy})
-    shutil.rmtree(checkpoint, ignore_errors=True)  # finished: nothing left to resume
-    recipe = write_recipe(folder / "medusa.yaml", _recipe(cfg, accuracy, len(train), time.perf_counter() - started))
-    err.print(f"heads: {heads_dir}\nrecipe: {recipe}  (use it: specpipe generate recipe={recipe})")
-    return 0
+        return features.load(features.compute(model, seqs, features.feature_dir(key), progress, starts))
 
 
 def _distilled(cfg: DictConfig, model, tokenizer, err: Console) -> list[tuple[list[int], int]]:
@@ -91,9 +131,9 @@ def _distilled(cfg: DictConfig, model, tokenizer, err: Console) -> list[tuple[li
 
 def _validate(cfg: DictConfig) -> None:
     kind = proposer_kind(cfg)
-    if kind not in TRAINABLE:
-        raise SpecpipeError(f"specpipe train proposer={kind}: only {', '.join(TRAINABLE)} heads can be trained "
-                            "here (EAGLE training is not built yet).")
+    if kind not in KINDS:
+        raise SpecpipeError(f"specpipe train proposer={kind}: only {' and '.join(KINDS)} heads are trained; "
+                            "the other proposers need no training (draft and twin use models, ngram the prompt).")
     if (cfg.num_heads < 1 or cfg.layers < 1 or cfg.epochs < 1 or not 0 < cfg.held_out < 1
             or not (cfg.tokens >= cfg.seq_len or (cfg.tokens == 0 and cfg.distill > 0))):
         raise SpecpipeError("train settings out of range: num_heads, layers and epochs >= 1, tokens >= seq_len "
@@ -102,9 +142,17 @@ def _validate(cfg: DictConfig) -> None:
                             f"seq_len={cfg.seq_len} epochs={cfg.epochs} held_out={cfg.held_out}).")
 
 
-def _dense_lm_weight(source) -> torch.Tensor:
-    """The target's LM head in full precision (the packed fp16 module hides its weight)."""
-    return load_model(source).get_output_embeddings().weight.detach().float()
+def _target_weights(source) -> TargetWeights:
+    """The target's embeddings and LM head in full precision (a packed fp16 module hides its weight)."""
+    model = load_model(source)
+    return TargetWeights(model.get_input_embeddings().weight.detach().float(),
+                         model.get_output_embeddings().weight.detach().float(), model.config)
+
+
+def _frequent(seqs: list[dict], size: int) -> torch.Tensor:
+    """The `size` most frequent target predictions (sorted ids): the cross-entropy's columns."""
+    counts = torch.bincount(torch.cat([s["argmax"] for s in seqs]).long())
+    return counts.topk(min(size, int((counts > 0).sum()))).indices.sort().values
 
 
 def _progress(console: Console) -> Progress:
@@ -112,31 +160,31 @@ def _progress(console: Console) -> Progress:
                     console=console, transient=False)
 
 
-def _start(cfg: DictConfig, lm_weight: torch.Tensor, checkpoint: Path, err: Console) -> tuple[MedusaHeads, int]:
-    """Fresh zero-initialised heads, or the checkpoint of an interrupted run and its next epoch."""
+def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, checkpoint: Path, err: Console):
+    """A fresh module, or the checkpoint of an interrupted run and its next epoch."""
     state = checkpoint / "trainer.pt"
     if cfg.resume and state.exists():
         saved = torch.load(state)
         if saved["key"] == _run_key(cfg):
             err.print(f"resuming from {checkpoint} after epoch {saved['epoch'] + 1}")
-            return load_medusa(checkpoint), saved["epoch"] + 1
+            return kind.load(checkpoint), saved["epoch"] + 1
     torch.manual_seed(cfg.seed)
-    return MedusaHeads(lm_weight.shape[1], lm_weight.shape[0], cfg.num_heads, cfg.layers), 0
+    return kind.fresh(cfg, weights.config, weights.lm), 0
 
 
 def _run_key(cfg: DictConfig) -> dict:
     return {k: (list(v) if k == "sources" else v) for k, v in
-            {"model": cfg.model.name, "num_heads": cfg.num_heads, "layers": cfg.layers, "sources": cfg.sources,
+            {"model": cfg.model.name, "proposer": proposer_kind(cfg), "num_heads": cfg.num_heads, "layers": cfg.layers,
+             "intermediate_size": cfg.intermediate_size, "sources": cfg.sources, "distill": cfg.distill,
              "tokens": cfg.tokens, "seq_len": cfg.seq_len, "lr": cfg.lr, "batch": cfg.batch}.items()}
 
 
-def _epochs(cfg, trainer: Trainer, train: Examples, held: Examples, first: int, checkpoint: Path, err) -> list[float]:
+def _epochs(cfg, kind: Kind, module, trainer, train, held, first: int, checkpoint: Path, err) -> list[float]:
     generator = torch.Generator().manual_seed(cfg.seed)
     accuracy = trainer.accuracy(held)
     with _progress(err) as progress:
         for epoch in range(first, cfg.epochs):
-            order = train.positions[torch.randperm(len(train), generator=generator)]
-            batches = order.split(cfg.batch)
+            batches = train.batches(cfg.batch, generator)
             task = progress.add_task(f"epoch {epoch + 1}/{cfg.epochs}", total=len(batches))
             losses = []
             for batch in batches:
@@ -145,28 +193,29 @@ def _epochs(cfg, trainer: Trainer, train: Examples, held: Examples, first: int, 
                                 f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
             accuracy = trainer.accuracy(held)
             progress.update(task, description=f"epoch {epoch + 1}/{cfg.epochs} loss {sum(losses) / len(losses):.3f} "
-                            f"held-out top-1 per head {' '.join(f'{a:.2f}' for a in accuracy)}")
-            _checkpoint(trainer, checkpoint, epoch, cfg)
+                            f"held-out top-1 per position {' '.join(f'{a:.2f}' for a in accuracy)}")
+            _checkpoint(kind, module, trainer, checkpoint, epoch, cfg)
     return accuracy
 
 
-def _checkpoint(trainer: Trainer, folder: Path, epoch: int, cfg: DictConfig) -> None:
-    save_medusa(trainer.heads, folder, target=cfg.model.name)
+def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: DictConfig) -> None:
+    kind.save(module, folder, target=cfg.model.name)
     tmp = folder / "trainer.pt.tmp"
     torch.save({"optimizer": trainer.optimizer.state_dict(), "epoch": epoch, "key": _run_key(cfg)}, tmp)
     os.replace(tmp, folder / "trainer.pt")
 
 
-def _recipe(cfg: DictConfig, accuracy: list[float], examples: int, seconds: float) -> dict:
+def _recipe(cfg: DictConfig, name: str, accuracy: list[float], examples: int, seconds: float) -> dict:
     return {
         "specpipe_recipe": RECIPE_VERSION,
-        "about": f"Medusa heads trained by specpipe train, {now()}",
+        "about": f"{name} heads trained by specpipe train, {now()}",
         "target": cfg.model.name,
-        "strategy": {"proposer": "medusa", "proposer.heads": "artifact:heads", "verifier": "greedy",
+        "strategy": {"proposer": name, "proposer.heads": "artifact:heads", "verifier": "greedy",
                      "controller": "fixed", "gamma": cfg.num_heads},
-        "artifacts": {"heads": "medusa"},
-        "measured": {"held_out_top1_per_head": [round(a, 4) for a in accuracy], "train_positions": examples,
-                     "tokens": cfg.tokens, "sources": list(cfg.sources), "epochs": cfg.epochs,
+        "artifacts": {"heads": name},
+        "measured": {"held_out_top1_per_position": [round(a, 4) for a in accuracy], "train_positions": examples,
+                     "tokens": cfg.tokens, "sources": list(cfg.sources), "distill": cfg.distill,
+                     "distill_tokens": cfg.distill_tokens, "epochs": cfg.epochs,
                      "cpu_seconds_wall": round(seconds, 1), "machine": {k: v for k, v in environment().items()
                                                                         if k != "versions"}},
         "versions": environment()["versions"],

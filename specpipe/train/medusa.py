@@ -36,6 +36,9 @@ class Examples:
     def __len__(self) -> int:
         return len(self.positions)
 
+    def batches(self, size: int, generator: torch.Generator) -> list[torch.Tensor]:
+        return list(self.positions[torch.randperm(len(self), generator=generator)].split(size))
+
 
 def label_subset(examples: Examples, size: int) -> torch.Tensor:
     """The `size` most frequent labels (sorted ids)."""
