@@ -135,3 +135,23 @@ def test_medusa_without_heads_is_one_clear_error():
     from test_cli import assert_user_error
 
     assert_user_error(specpipe("export", "vllm", "proposer=medusa"), "proposer.heads=DIR")
+
+
+@pytest.mark.parametrize("tree", [None, "{top_k: 4, nodes: 12}"])
+def test_eagle_exports_its_heads_folder_to_vllm_and_sglang(tmp_path, tree):
+    from test_eagle import SHAPE
+    from specpipe.heads.eagle import EagleHead
+    from specpipe.heads.io import save_eagle
+
+    save_eagle(EagleHead(SHAPE), tmp_path / "eagle", target="smollm2-135m")
+    cfg = compose(["model=smollm2-135m", "proposer=eagle", f"proposer.heads={tmp_path / 'eagle'}", "gamma=5",
+                   *([f"proposer.tree={tree}"] if tree else [])])
+    v = vllm.export(plan_of(cfg))
+    assert v.settings == {"method": "eagle", "model": str((tmp_path / "eagle").resolve()), "num_speculative_tokens": 5}
+    assert set(v.settings) <= set(VLLM_0_11_0_SPECULATIVE_CONFIG_KEYS)
+    assert any("dynamic tree" in w for w in v.warnings) == bool(tree)
+    s = sglang.export(plan_of(cfg)).settings
+    assert set(s) <= set(SGLANG_0_5_6_SPECULATIVE_FLAGS) and s["--speculative-algorithm"] == "EAGLE"
+    assert s["--speculative-draft-model-path"] == str((tmp_path / "eagle").resolve())
+    expected = (5, 4, 13) if tree else (5, 1, 6)  # steps, top-k, draft tokens (incl. the verified one)
+    assert (s["--speculative-num-steps"], s["--speculative-eagle-topk"], s["--speculative-num-draft-tokens"]) == expected

@@ -22,13 +22,13 @@ from specpipe.recipe import load_recipe
 @dataclass
 class ExportPlan:
     target: str  # what the engine loads as the target
-    proposer: str  # ngram | draft | twin | none
+    proposer: str  # ngram | draft | twin | medusa | eagle | none
     gamma: int  # fixed draft tokens per step
     draft: str | None = None  # the draft model (draft: the draft; twin: the target itself)
     ngram_min: int | None = None
     ngram_max: int | None = None
-    heads: str | None = None  # medusa: the heads folder (specpipe's layout, LM head shared)
-    tree: list | None = None  # medusa: the candidate paths, when drafting a tree
+    heads: str | None = None  # medusa, eagle: the heads folder (LM head shared)
+    tree: list | dict | None = None  # medusa: the candidate paths; eagle: {top_k, nodes}; None: a chain
     warnings: list[str] = field(default_factory=list)
 
 
@@ -53,12 +53,13 @@ def plan_of(cfg: DictConfig) -> ExportPlan:
         plan.draft = engine_model(cfg.proposer.model)
     elif kind == "twin":
         plan.draft = plan.target
-    elif kind == "medusa":
+    elif kind in ("medusa", "eagle"):
         if OmegaConf.is_missing(cfg.proposer, "heads"):
-            raise SpecpipeError("proposer=medusa needs proposer.heads=DIR to export (or a recipe that ships heads, "
-                                "e.g. recipe=recipes/smollm2-135m/medusa.yaml).")
+            raise SpecpipeError(f"proposer={kind} needs proposer.heads=DIR to export (or a recipe that ships heads, "
+                                f"e.g. recipe=recipes/smollm2-135m/{kind}.yaml).")
         plan.heads = str(Path(cfg.proposer.heads).resolve())
-        plan.tree = list(cfg.proposer.tree) if cfg.proposer.get("tree") else None
+        tree = cfg.proposer.get("tree")
+        plan.tree = OmegaConf.to_container(tree) if tree else None
     if lora_paths(cfg):
         plan.warnings.append("model.lora is not exported: merge the adapter into the target (peft "
                              "merge_and_unload, save_pretrained) and serve the merged folder.")

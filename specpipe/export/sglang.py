@@ -61,4 +61,16 @@ def _flags(plan: ExportPlan, warnings: list[str]) -> dict:
         warnings.append(f"SGLang {VERSION} has no Medusa (its algorithms: {', '.join(ALGORITHMS)}): the command "
                         "serves the plain target, and the heads' speedup is lost. vLLM serves Medusa heads.")
         return {}
-    raise SpecpipeError(f"proposer={plan.proposer} has no SGLang export yet. Exportable: ngram, draft, twin, medusa.")
+    if plan.proposer == "eagle":
+        return {"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": plan.heads, **_eagle_shape(plan)}
+    raise SpecpipeError(f"proposer={plan.proposer} has no SGLang export yet. Exportable: ngram, draft, twin, medusa, "
+                        "eagle.")
+
+
+def _eagle_shape(plan: ExportPlan) -> dict:
+    """SGLang's EAGLE drafts EAGLE-2's dynamic tree itself: depth γ, top-k per step, and the
+    number of nodes kept (plus the verified token)."""
+    if not plan.tree:
+        return _chain(plan.gamma)
+    return {"--speculative-num-steps": plan.gamma, "--speculative-eagle-topk": int(plan.tree["top_k"]),
+            "--speculative-num-draft-tokens": int(plan.tree["nodes"]) + 1}

@@ -60,7 +60,10 @@ def _config(plan: ExportPlan, warnings: list[str], medusa_dir: Path) -> dict | N
                 "quantization": "fp8"}
     if plan.proposer == "medusa":
         return _medusa(plan, warnings, medusa_dir)
-    raise SpecpipeError(f"proposer={plan.proposer} has no vLLM export yet. Exportable: ngram, draft, twin, medusa.")
+    if plan.proposer == "eagle":
+        return _eagle(plan, warnings)
+    raise SpecpipeError(f"proposer={plan.proposer} has no vLLM export yet. Exportable: ngram, draft, twin, medusa, "
+                        "eagle.")
 
 
 def _medusa(plan: ExportPlan, warnings: list[str], medusa_dir: Path) -> dict:
@@ -73,3 +76,15 @@ def _medusa(plan: ExportPlan, warnings: list[str], medusa_dir: Path) -> dict:
         warnings.append(f"proposer.tree: vLLM {VERSION}'s Medusa proposer drafts a chain (each head's top token); "
                         "the candidate tree is lost.")
     return {"method": "medusa", "model": str(medusa_dir.resolve()), "num_speculative_tokens": heads["num_heads"]}
+
+
+def _eagle(plan: ExportPlan, warnings: list[str]) -> dict:
+    """The heads folder is already vLLM's EAGLE layout; vLLM shares the target's embeddings and
+    LM head with it, as specpipe does."""
+    from specpipe.heads.io import read_config
+
+    read_config(plan.heads, "eagle")  # a clear error now, not at vLLM's start-up
+    if plan.tree:
+        warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE as a chain (its speculative_token_tree is a "
+                        f"static tree); EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
+    return {"method": "eagle", "model": plan.heads, "num_speculative_tokens": plan.gamma}
