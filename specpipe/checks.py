@@ -142,7 +142,7 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
     if OmegaConf.is_missing(cfg.proposer, "heads"):
         return Check("heads", "refuse", f"proposer={kind} needs proposer.heads=DIR (trained heads)",
                      f"train some: specpipe train proposer={kind} model={cfg.model.name}; or use a recipe that "
-                     "ships them: recipe=recipes/smollm2-135m/medusa.yaml")
+                     f"ships them: recipe=recipes/smollm2-135m/{kind}.yaml")
     try:
         heads = read_config(cfg.proposer.heads, kind)
     except SpecpipeError as err:

@@ -75,6 +75,7 @@ class TrainConfig:
     num_heads: int = 4  # medusa: heads to train (head k guesses the token k+1 ahead); eagle: γ of the recipe
     layers: int = 1  # medusa: residual blocks per head
     intermediate_size: int = 0  # eagle: the head's MLP width (0: the target's)
+    unroll: int = 1  # eagle: extra passes on the head's own feature guesses (0: teacher forcing only)
     sources: list[str] = field(default_factory=lambda: ["stdlib", "docs"])  # offline text
     tokens: int = 60000  # training text, in target tokens
     distill: int = 0  # self-distillation: the target's own answers to this many offline prompts
@@ -86,6 +87,7 @@ class TrainConfig:
     lr: float = 1e-3
     vocab_subset: int = 8192  # the most frequent labels get a cross-entropy column
     held_out: float = 0.05  # share of sequences kept for the accuracy figures
+    dtype: str = "float32"  # the stored heads' precision (trained in float32; they decode in float32)
     seed: int = 0
     resume: bool = True  # continue an interrupted run from its last checkpoint
     out: str = "recipes"  # heads go to <out>/<model>/<proposer>/, the recipe to <out>/<model>/<proposer>.yaml

@@ -59,7 +59,8 @@ KINDS = {
     "eagle": Kind(
         fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
         load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs),
-        trainer=lambda m, w, train, cfg: EagleTrainer(m, w.embed, w.lm, _frequent(train.seqs, cfg.vocab_subset), cfg.lr)),
+        trainer=lambda m, w, train, cfg: EagleTrainer(m, w.embed, w.lm, _frequent(train.seqs, cfg.vocab_subset), cfg.lr,
+                                                     unroll=cfg.unroll)),
 }
 
 
@@ -88,7 +89,8 @@ def run(cfg: DictConfig) -> int:
     if first_epoch and (checkpoint / "trainer.pt").exists():
         trainer.optimizer.load_state_dict(torch.load(checkpoint / "trainer.pt")["optimizer"])
     accuracy = _epochs(cfg, kind, module, trainer, train, held, first_epoch, checkpoint, err)
-    kind.save(module, heads_dir, target=cfg.model.name, extra={"held_out_top1": accuracy})
+    stored = module.to(getattr(torch, cfg.dtype))  # float16 halves a head's file (the 50 MB budget of recipes/)
+    kind.save(stored, heads_dir, target=cfg.model.name, extra={"held_out_top1": accuracy})
     shutil.rmtree(checkpoint, ignore_errors=True)  # finished: nothing left to resume
     recipe = write_recipe(folder / f"{name}.yaml",
                           _recipe(cfg, name, accuracy, len(train), time.perf_counter() - started))
@@ -131,6 +133,8 @@ def _distilled(cfg: DictConfig, model, tokenizer, err: Console) -> list[tuple[li
 
 def _validate(cfg: DictConfig) -> None:
     kind = proposer_kind(cfg)
+    if cfg.dtype not in ("float32", "float16", "bfloat16"):
+        raise SpecpipeError(f"dtype={cfg.dtype}: heads are stored as float32, float16 or bfloat16.")
     if kind not in KINDS:
         raise SpecpipeError(f"specpipe train proposer={kind}: only {' and '.join(KINDS)} heads are trained; "
                             "the other proposers need no training (draft and twin use models, ngram the prompt).")
@@ -175,7 +179,7 @@ def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, checkpoint: Path
 def _run_key(cfg: DictConfig) -> dict:
     return {k: (list(v) if k == "sources" else v) for k, v in
             {"model": cfg.model.name, "proposer": proposer_kind(cfg), "num_heads": cfg.num_heads, "layers": cfg.layers,
-             "intermediate_size": cfg.intermediate_size, "sources": cfg.sources, "distill": cfg.distill,
+             "intermediate_size": cfg.intermediate_size, "unroll": cfg.unroll, "sources": cfg.sources, "distill": cfg.distill,
              "tokens": cfg.tokens, "seq_len": cfg.seq_len, "lr": cfg.lr, "batch": cfg.batch}.items()}
 
 

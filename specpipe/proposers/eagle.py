@@ -176,4 +176,6 @@ def build(*, context, heads: str, tree: dict | None = None) -> EagleProposer:
     """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
     before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a chain."""
     shape = None if tree is None else TreeShape(**dict(tree))
-    return EagleProposer(load_eagle(heads), context.target.model, context.sampling, shape)
+    # float32 whatever the file holds: plain half-precision Linear layers are slow on CPUs without
+    # native half arithmetic (this one has none)
+    return EagleProposer(load_eagle(heads).float(), context.target.model, context.sampling, shape)
