@@ -102,7 +102,9 @@ class EagleTrainer:
         """Per draft position k: P(the first k guesses all equal the target's greedy tokens)."""
         self.head.eval()
         hits, total = torch.zeros(depth), 0
-        for s in rows.seqs:
+        # the target's own answers: their text is its greedy continuation, so draft token k can
+        # be scored against the target's prediction at k (other text diverges from it)
+        for s in [s for s in rows.seqs if s["start"] > 0] or rows.seqs:
             for length in _sample_positions(s, depth, per_sequence):
                 hits += self._draft_hits(s, length, depth)
                 total += 1
