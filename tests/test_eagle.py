@@ -82,6 +82,19 @@ def test_tree_greedy_equals_plain(verifier, shape, head):
         assert out.token_ids == plain.token_ids and out.stats.drafted > 0
 
 
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 8)])
+def test_a_draft_vocabulary_keeps_greedy_equal_to_plain(tree):
+    """Drafting from a subset of the LM head's rows: tokens outside it are never drafted."""
+    target = tiny_target()
+    head = copy_head()
+    head.draft_vocab = torch.arange(0, VOCAB, 2)  # even ids only
+    proposer = EagleProposer(head, target.model, GREEDY, tree)
+    plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(3))
+    assert outs[0].token_ids == plain.token_ids and outs[0].stats.drafted > 0
+    logits = proposer.lm(torch.randn(5, 32, dtype=torch.float64))
+    assert torch.isinf(logits[:, 1::2]).all() and torch.isfinite(logits[:, ::2]).all()
+
+
 def test_the_copy_head_gets_drafts_accepted():
     """Acceptance is really exercised by these tests: the copy head guesses the last token
     again, which the target confirms wherever it repeats a token."""
@@ -134,9 +147,10 @@ def test_rerank_keeps_the_best_nodes_as_a_closed_tree():
 
 def test_save_then_load_is_bit_exact_in_vllms_layout(tmp_path):
     head = random_head(5).float()
+    head.draft_vocab = torch.tensor([3, 7, 9])
     save_eagle(head, tmp_path / "eagle", target="tiny")
     loaded = load_eagle(tmp_path / "eagle")
-    assert loaded.shape == SHAPE
+    assert loaded.shape == SHAPE and loaded.draft_vocab.tolist() == [3, 7, 9]
     for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
     names = load_file(str(tmp_path / "eagle" / "model.safetensors"))

@@ -152,6 +152,7 @@ class EagleHead(nn.Module):
         self.shape = shape
         self.fc = nn.Linear(2 * shape.hidden_size, shape.hidden_size, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(shape)])
+        self.draft_vocab: torch.Tensor | None = None  # [K] token ids it drafts from (None: all)
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: HeadCache | None = None) -> torch.Tensor:

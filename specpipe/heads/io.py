@@ -7,7 +7,9 @@ for vLLM adds a copy, since vLLM loads that one head from the checkpoint). Weigh
 model.safetensors: `blocks.{h}.layers.{l}.weight|bias`, `lm_heads.{h}.weight` when not shared.
 EAGLE (vLLM `method: eagle`, `EagleLlamaForCausalLM`): config.json of a one-layer Llama, weights
 `fc.weight` [H, 2H] and `layers.0.*` (specpipe/heads/eagle.py); the target's token embeddings and
-LM head are shared, so neither is stored.
+LM head are shared, so neither is stored. `draft_vocab.json` (specpipe's, which engines ignore)
+lists the token ids the head was trained to guess: drafting scores only those rows of the LM
+head, a fraction of its cost (SmolLM2's full LM head is a fifth of the model's weights).
 A `specpipe` entry in config.json names the target the heads were trained on, so a mismatch
 is refused before anything loads (`read_config`, used by the checks).
 """
@@ -20,13 +22,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, EagleShape
 from specpipe.heads.medusa import MedusaHeads
 
-CONFIG, WEIGHTS = "config.json", "model.safetensors"
+CONFIG, WEIGHTS, DRAFT_VOCAB = "config.json", "model.safetensors", "draft_vocab.json"
 
 
 def save_medusa(heads: MedusaHeads, folder: Path, *, target: str, extra: dict | None = None) -> Path:
@@ -77,13 +80,22 @@ def save_eagle(head: EagleHead, folder: Path, *, target: str, extra: dict | None
         "specpipe": {"kind": "eagle", "target": target, **(extra or {})},
     }
     tensors = {name: t.detach().contiguous() for name, t in head.state_dict().items()}
-    return _write_folder(folder, config, tensors)
+    vocab = head.draft_vocab
+    files = {} if vocab is None else {DRAFT_VOCAB: json.dumps([int(i) for i in vocab])}
+    return _write_folder(folder, config, tensors, files)
+
+
+def load_draft_vocab(folder: Path) -> torch.Tensor | None:
+    """The token ids an EAGLE head drafts from, or None (the whole vocabulary)."""
+    path = Path(folder) / DRAFT_VOCAB
+    return torch.tensor(json.loads(path.read_text()), dtype=torch.long) if path.exists() else None
 
 
 def load_eagle(folder: Path) -> EagleHead:
     config = read_config(folder, "eagle")
     head = EagleHead(EagleShape(**{k: config[k] for k in EagleShape.__dataclass_fields__}))
     _load_into(head, folder, "EAGLE head")
+    head.draft_vocab = load_draft_vocab(folder)
     return head.eval()
 
 
@@ -101,7 +113,7 @@ def read_config(folder: Path | str, kind: str) -> dict:
     return config
 
 
-def _write_folder(folder: Path, config: dict, tensors: dict) -> Path:
+def _write_folder(folder: Path, config: dict, tensors: dict, files: dict[str, str] | None = None) -> Path:
     """Write into a temporary sibling folder, then swap it in: never a half-written checkpoint."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +121,8 @@ def _write_folder(folder: Path, config: dict, tensors: dict) -> Path:
     tmp.chmod(0o755)  # mkdtemp makes it private; heads are shipped and shared
     save_file(tensors, str(tmp / WEIGHTS))
     (tmp / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text + "\n")
     if folder.exists():
         old = folder.with_name(f".{folder.name}-old")
         shutil.rmtree(old, ignore_errors=True)

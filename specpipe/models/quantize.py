@@ -47,6 +47,9 @@ class Fp16Linear(_PackedLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
 
+    def dense_weight(self) -> torch.Tensor:
+        return torch.ops.quantized.linear_unpack_fp16(self.packed)[0]
+
 
 class Int8Linear(_PackedLinear):
     def __init__(self, linear: nn.Linear):
@@ -65,8 +68,17 @@ class Int8Linear(_PackedLinear):
         # reduce_range: 7-bit activations avoid int16 overflow in AVX2's vpmaddubsw
         return torch.ops.quantized.linear_dynamic(x, self.packed, True)
 
+    def dense_weight(self) -> torch.Tensor:
+        return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize()
+
 
 _KERNELS = {"fp16": Fp16Linear, "int8": Int8Linear}
+
+
+def dense_weight(module: nn.Module) -> torch.Tensor:
+    """A Linear's weight [out, in] as float32, whether plain or packed here."""
+    weight = module.dense_weight() if isinstance(module, _PackedLinear) else module.weight
+    return weight.detach().float()
 
 
 def check_mode(mode: str, what: str) -> str:

@@ -23,6 +23,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
 from specpipe.heads.tap import FeatureTap, lm_logits
+from specpipe.models.quantize import dense_weight
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
@@ -47,6 +48,7 @@ class EagleProposer(Proposer):
         self.target = target
         self.sampling = sampling
         self.tree = tree
+        self.lm = DraftLM(target, head.draft_vocab)
         self.tap = FeatureTap(target)
         self.tap.attach()  # now, before the target's prefill: its features start the head's cache
         self.cache = HeadCache()
@@ -89,7 +91,7 @@ class EagleProposer(Proposer):
     def _chain(self, hidden: torch.Tensor, gamma: int, state: DecodeState) -> DraftBlock:
         tokens, probs, confidence = [], [], []
         for i in range(gamma):
-            logits = lm_logits(self.target, hidden)  # [V]
+            logits = self.lm(hidden)  # [V]
             if self.sampling.greedy:
                 token, top = int(logits.argmax()), float(torch.softmax(logits, -1).max())
             else:
@@ -107,7 +109,7 @@ class EagleProposer(Proposer):
     def _tree(self, root: torch.Tensor, depth: int) -> DraftTree:
         k = self.tree.top_k
         scores, tokens, parents = [], [], []  # every node made: cumulative log-prob, token, parent node
-        logp = torch.log_softmax(lm_logits(self.target, root), -1).topk(k)
+        logp = torch.log_softmax(self.lm(root), -1).topk(k)
         frontier = [self._add(scores, tokens, parents, float(s), int(t), -1)
                     for s, t in zip(logp.values, logp.indices)]
         made_by = {node: root for node in frontier}  # node -> the guessed feature that predicted it
@@ -118,7 +120,7 @@ class EagleProposer(Proposer):
                                 self._tree_mask(expand, parents, rows),
                                 torch.full((len(expand),), self.committed + d - 1))
             start = self.cache.length - len(expand)
-            logp = torch.log_softmax(lm_logits(self.target, hidden), -1).topk(k)  # [e, k]
+            logp = torch.log_softmax(self.lm(hidden), -1).topk(k)  # [e, k]
             frontier = []
             for i, node in enumerate(expand):
                 rows[node] = start + i
@@ -148,6 +150,27 @@ class EagleProposer(Proposer):
                 mask[i, rows[ancestor]] = True
                 ancestor = parents[ancestor]
         return mask[None]
+
+
+class DraftLM:
+    """The target's LM head for drafting: all of it, or only the rows of the head's draft
+    vocabulary (the tokens it was trained to guess). Other tokens get -inf: never drafted, and
+    verified by the target as always, so nothing is lost but a guess the head could not make."""
+
+    def __init__(self, target: torch.nn.Module, ids: torch.Tensor | None):
+        self.target, self.ids = target, ids
+        head = target.get_output_embeddings()
+        self.rows = None if ids is None else dense_weight(head)[ids]  # [K, H] float32
+        self.vocab_size = target.config.vocab_size
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> float32 logits [..., V]."""
+        if self.ids is None:
+            return lm_logits(self.target, hidden)
+        sub = hidden.float() @ self.rows.T  # [..., K]
+        logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+        logits[..., self.ids] = sub
+        return logits
 
 
 def _rerank(scores: list[float], tokens: list[int], parents: list[int], keep: int) -> DraftTree:

@@ -66,9 +66,10 @@ class EagleTrainer:
     def __init__(self, head: EagleHead, embed_weight: torch.Tensor, lm_weight: torch.Tensor, subset: torch.Tensor,
                  lr: float, noise: float = 0.2, ce_weight: float = 1.0, unroll: int = 1):
         self.head = head.float().train()
+        head.draft_vocab = subset  # it learns to guess these tokens only: drafting scores just their rows
         self.embed_weight = embed_weight.float()  # [V, H] frozen, the target's
         self.lm_weight = lm_weight.float()  # [V, H] frozen, the target's
-        self.subset_weight = self.lm_weight[subset]  # [V', H]
+        self.subset, self.subset_weight = subset, self.lm_weight[subset]  # [V'], [V', H]
         self.to_subset = torch.full((lm_weight.shape[0],), -100, dtype=torch.long)  # label id -> subset column
         self.to_subset[subset] = torch.arange(len(subset))
         self.noise, self.ce_weight, self.unroll = noise, ce_weight, unroll
@@ -119,7 +120,7 @@ class EagleTrainer:
         hidden = self.head(embeds[None], s["features"][None, :rows].float(), torch.arange(rows)[None], cache=cache)[0, -1]
         hits = torch.zeros(depth)
         for k in range(depth):
-            token = int((hidden @ self.lm_weight.T).argmax())
+            token = int(self.subset[(hidden @ self.subset_weight.T).argmax()])  # as DraftLM drafts
             if token != int(s["argmax"][length - 1 + k]):  # the target's greedy token at this position
                 break
             hits[k] = 1
