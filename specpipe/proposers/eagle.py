@@ -65,7 +65,7 @@ class EagleProposer(Proposer):
         if self.pending is None:
             return DraftBlock.empty()  # a one-token prompt: no feature yet
         features, tokens = self.pending
-        root = self._feed(features, tokens, self.committed)[-1]  # guessed feature of the last token
+        root = self._feed(features, tokens, _span(self.committed, len(tokens)))[-1]  # guess of the last token's feature
         self.committed += len(tokens)
         self.pending = None
         if self.tree is not None:
@@ -79,13 +79,11 @@ class EagleProposer(Proposer):
         self.cache.crop(self.committed)
         self.pending = (self.tap.rows[rows], [*verdict.accepted_tokens, verdict.next_token])
 
-    def _feed(self, features: torch.Tensor, tokens: list[int], position: int,
-              mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows (features [n, H], tokens) appended to the head cache -> guessed next features [n, H]."""
-        ids = torch.tensor(tokens, dtype=torch.long)
-        embeds = self.target.get_input_embeddings()(ids)
-        if positions is None:
-            positions = torch.arange(position, position + len(tokens))
+    def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows (features [n, H], tokens, positions [n]) appended to the head cache -> guessed
+        next features [n, H]; mask [1, n, cache + n] (None: causal)."""
+        embeds = self.target.get_input_embeddings()(torch.tensor(tokens, dtype=torch.long))
         return self.head(embeds[None], features[None], positions[None], mask, self.cache)[0]
 
     def _chain(self, hidden: torch.Tensor, gamma: int, state: DecodeState) -> DraftBlock:
@@ -102,12 +100,12 @@ class EagleProposer(Proposer):
             confidence.append(top)
             if i + 1 == gamma or (state.early_stop is not None and state.early_stop(i, top)):
                 break  # the controller's call: γ logic stays out of the proposer
-            hidden = self._feed(hidden[None], [token], self.committed + i)[-1]
+            hidden = self._feed(hidden[None], [token], _span(self.committed + i, 1))[-1]
         return DraftBlock(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None,
                           torch.tensor(confidence))
 
     def _tree(self, root: torch.Tensor, depth: int) -> DraftTree:
-        k = self.tree.top_k
+        k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
         scores, tokens, parents = [], [], []  # every node made: cumulative log-prob, token, parent node
         logp = torch.log_softmax(self.lm(root), -1).topk(k)
         frontier = [self._add(scores, tokens, parents, float(s), int(t), -1)
@@ -116,9 +114,9 @@ class EagleProposer(Proposer):
         rows: dict[int, int] = {}  # node -> its head cache row, once fed
         for d in range(1, depth):
             expand = sorted(frontier, key=lambda n: -scores[n])[:k]
-            hidden = self._feed(torch.stack([made_by[n] for n in expand]), [tokens[n] for n in expand], 0,
-                                self._tree_mask(expand, parents, rows),
-                                torch.full((len(expand),), self.committed + d - 1))
+            hidden = self._feed(torch.stack([made_by[n] for n in expand]), [tokens[n] for n in expand],
+                                torch.full((len(expand),), self.committed + d - 1),  # one depth, one position
+                                self._tree_mask(expand, parents, rows))
             start = self.cache.length - len(expand)
             logp = torch.log_softmax(self.lm(hidden), -1).topk(k)  # [e, k]
             frontier = []
@@ -162,6 +160,7 @@ class DraftLM:
         head = target.get_output_embeddings()
         self.rows = None if ids is None else dense_weight(head)[ids]  # [K, H] float32
         self.vocab_size = target.config.vocab_size
+        self.size = self.vocab_size if ids is None else len(ids)  # tokens it can draft
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> float32 logits [..., V]."""
@@ -186,6 +185,10 @@ def _rerank(scores: list[float], tokens: list[int], parents: list[int], keep: in
     return DraftTree(torch.tensor([tokens[n] for n in order], dtype=torch.long),
                      tuple(index[parents[n]] if parents[n] >= 0 else -1 for n in order),
                      torch.tensor([scores[n] for n in order]).exp())
+
+
+def _span(start: int, count: int) -> torch.Tensor:
+    return torch.arange(start, start + count)
 
 
 def _depth(parents: list[int], node: int) -> int:
