@@ -40,6 +40,7 @@ from specpipe.train.prompts import instructions
 from specpipe.train.eagle import EagleTrainer, Rows
 from specpipe.train.medusa import Examples, Trainer, label_subset
 
+
 @dataclass(frozen=True)
 class Kind:
     """What differs between head kinds; everything else in training is shared."""
@@ -103,7 +104,8 @@ def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
     tokenizer = load_tokenizer(source)
     seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens) if cfg.tokens else []
     starts = [0] * len(seqs)
-    key = {"format": 2, "model": cfg.model.name, "quantize": cfg.model.quantize, "sources": list(cfg.sources),
+    # format 3: distilled answers are to train/prompts.py's instructions (2: stdlib-only ones)
+    key = {"format": 3, "model": cfg.model.name, "quantize": cfg.model.quantize, "sources": list(cfg.sources),
            "seq_len": cfg.seq_len, "tokens": cfg.tokens, "distill": cfg.distill,
            "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens}
     model = quantize_model(load_model(source), cfg.model.quantize)
