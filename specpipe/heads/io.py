@@ -108,8 +108,9 @@ def read_config(folder: Path | str, kind: str) -> dict:
                             f"written by `specpipe train proposer={kind}`.") from None
     found = config.get("specpipe", {}).get("kind", config.get("model_type"))
     if found != kind:
-        raise SpecpipeError(f"proposer.heads={folder} holds {found!r} heads, not {kind} heads: use "
-                            f"proposer={found}, or point proposer.heads at {kind} heads.")
+        other = f"use proposer={found}, or " if found in ("medusa", "eagle") else ""
+        raise SpecpipeError(f"proposer.heads={folder} holds {found!r} heads, not {kind} heads: {other}point "
+                            f"proposer.heads at {kind} heads written by `specpipe train proposer={kind}`.")
     return config
 
 
