@@ -38,7 +38,7 @@ from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features
 from specpipe.train.prompts import instructions
 from specpipe.train.eagle import EagleTrainer, Rows
-from specpipe.train.medusa import Examples, Trainer, label_subset
+from specpipe.train.medusa import Examples, Trainer
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,13 @@ KINDS = {
     "medusa": Kind(
         fresh=lambda cfg, config, lm: MedusaHeads(lm.shape[1], lm.shape[0], cfg.num_heads, cfg.layers),
         load=load_medusa, save=save_medusa, data=lambda seqs, cfg: Examples(seqs, cfg.num_heads),
-        trainer=lambda m, w, train, cfg: Trainer(m, w.lm, label_subset(train, cfg.vocab_subset), cfg.lr)),
+        trainer=lambda m, w, train, cfg: Trainer(m, w.lm, features.frequent_labels(train.argmax, cfg.vocab_subset), cfg.lr)),
     "eagle": Kind(
         fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
         load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs),
-        trainer=lambda m, w, train, cfg: EagleTrainer(m, w.embed, w.lm, _frequent(train.seqs, cfg.vocab_subset), cfg.lr,
-                                                     unroll=cfg.unroll)),
+        trainer=lambda m, w, train, cfg: EagleTrainer(
+            m, w.embed, w.lm, features.frequent_labels(torch.cat([s["argmax"] for s in train.seqs]), cfg.vocab_subset),
+            cfg.lr, unroll=cfg.unroll)),
 }
 
 
@@ -153,12 +154,6 @@ def _target_weights(source) -> TargetWeights:
     model = load_model(source)
     return TargetWeights(model.get_input_embeddings().weight.detach().float(),
                          model.get_output_embeddings().weight.detach().float(), model.config)
-
-
-def _frequent(seqs: list[dict], size: int) -> torch.Tensor:
-    """The `size` most frequent target predictions (sorted ids): the cross-entropy's columns."""
-    counts = torch.bincount(torch.cat([s["argmax"] for s in seqs]).long())
-    return counts.topk(min(size, int((counts > 0).sum()))).indices.sort().values
 
 
 def _progress(console: Console) -> Progress:

@@ -66,6 +66,13 @@ def _write_shard(model, tap: FeatureTap, shard: list[list[int]], starts: list[in
     os.replace(tmp, path)
 
 
+def frequent_labels(labels: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` most frequent target predictions among `labels` (sorted ids): the columns a
+    head's cross-entropy scores (and an EAGLE head's draft vocabulary)."""
+    counts = torch.bincount(labels.long())
+    return counts.topk(min(size, int((counts > 0).sum()))).indices.sort().values
+
+
 def load(folder: Path) -> list[dict]:
     """Per sequence: features [n, H] fp16, argmax [n], tokens [n], start (first counted position)."""
     out = []

@@ -40,12 +40,6 @@ class Examples:
         return list(self.positions[torch.randperm(len(self), generator=generator)].split(size))
 
 
-def label_subset(examples: Examples, size: int) -> torch.Tensor:
-    """The `size` most frequent labels (sorted ids)."""
-    counts = torch.bincount(examples.argmax)
-    return counts.topk(min(size, int((counts > 0).sum()))).indices.sort().values
-
-
 class Trainer:
     def __init__(self, heads: MedusaHeads, lm_weight: torch.Tensor, subset: torch.Tensor, lr: float):
         self.heads = heads.float().train()
