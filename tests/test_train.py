@@ -143,3 +143,36 @@ def test_tune_tries_the_trained_heads_beside_its_recipe(setup, tmp_path, monkeyp
     if recipe.measured["winner"] == "medusa":  # the heads travel with the recipe, by relative path
         assert recipe.artifacts == {"heads": "medusa"} and recipe.strategy["proposer.heads"] == "artifact:heads"
     compose([f"recipe={recipe.path}"])  # whichever won, the recipe loads
+
+
+def test_distilled_answers_are_batched_by_length_and_read_back_in_prompt_order(tmp_path):
+    from specpipe.train import distill
+
+    model, tokenizer = tiny_model(0, dtype=torch.float32), tiny_tokenizer()
+    rng = random.Random(1)
+    prompts = [" ".join(f"w{rng.randrange(2, 64)}" for _ in range(rng.randrange(1, 12))) for _ in range(7)]
+    path = tmp_path / "answers.jsonl"
+    got = distill.answers(model, tokenizer, prompts, 6, path, batch=2)
+    alone = [distill.generate(model, tokenizer, [p], 6)[0] for p in prompts]
+    assert got == alone  # each row is its own prompt's answer, whatever batch it was made in
+    written = [json.loads(line)["index"] for line in path.read_text().splitlines()]
+    assert sorted(written) == list(range(7)) and written != list(range(7))  # shortest prompts went first
+    # an older file (lines in prompt order, no index) whose last line an interruption cut
+    lines = [json.dumps({"ids": ids, "start": start}) for ids, start in got[:3]]
+    path.write_text("\n".join(lines) + '\n{"ids": [5, 6')
+    assert distill.answers(model, tokenizer, prompts, 6, path, batch=2) == got
+    assert len(path.read_text().splitlines()) == 7  # 3 kept, the cut line dropped, 4 generated
+
+
+def test_a_growing_sequence_list_reuses_its_feature_shards(setup, tmp_path, monkeypatch):
+    monkeypatch.setattr(features, "SHARD", 4)
+    target = tiny_model(0, dtype=torch.float32)
+    seqs = data.sequences(tiny_tokenizer(), [str(setup / "corpus.txt")], 16, 16 * 16)
+    folder = features.compute(target, seqs[:10], tmp_path / "features")  # shards of 4, 4 and 2
+    before = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*")}
+    features.compute(target, seqs, folder)  # 16: shards 0-1 kept, shard 2 completed, shard 3 new
+    after = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*")}
+    assert [after[n] == before.get(n) for n in sorted(after)] == [True, True, False, False]
+    grown = features.load(folder, 16)
+    assert [s["tokens"].tolist() for s in grown] == seqs
+    assert len(features.load(folder, 10)) == 10  # a shorter run reads only its own sequences

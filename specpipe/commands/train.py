@@ -101,21 +101,29 @@ def run(cfg: DictConfig) -> int:
 
 
 def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
-    """The target's features over corpus text and its own answers: computed once, cached."""
+    """The target's features over corpus text and its own answers: computed once, cached.
+
+    The two parts have their own folders: a run with more `distill=` answers reuses the corpus
+    features whole and the answers' earlier shards (the instructions are a fixed sequence)."""
     tokenizer = load_tokenizer(source)
-    seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens) if cfg.tokens else []
-    starts = [0] * len(seqs)
-    # format 3: distilled answers are to train/prompts.py's instructions (2: stdlib-only ones)
-    key = {"format": 3, "model": cfg.model.name, "quantize": cfg.model.quantize, "sources": list(cfg.sources),
-           "seq_len": cfg.seq_len, "tokens": cfg.tokens, "distill": cfg.distill,
-           "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens}
     model = quantize_model(load_model(source), cfg.model.quantize)
+    target = {"format": 4, "model": cfg.model.name, "quantize": cfg.model.quantize}
+    parts = []
+    if cfg.tokens:
+        seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens)
+        key = {**target, "sources": list(cfg.sources), "seq_len": cfg.seq_len, "tokens": cfg.tokens}
+        parts.append((key, seqs, [0] * len(seqs)))
     if cfg.distill:
-        for ids, start in _distilled(cfg, model, tokenizer, err):
-            seqs.append(ids)
-            starts.append(start)
+        answers = _distilled(cfg, model, tokenizer, err)
+        key = {**target, "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens,
+               "seed": cfg.seed}
+        parts.append((key, [ids for ids, _ in answers], [start for _, start in answers]))
+    out = []
     with _progress(err) as progress:
-        return features.load(features.compute(model, seqs, features.feature_dir(key), progress, starts))
+        for key, seqs, starts in parts:
+            folder = features.compute(model, seqs, features.feature_dir(key), progress, starts)
+            out += features.load(folder, len(seqs))
+    return out
 
 
 def _distilled(cfg: DictConfig, model, tokenizer, err: Console) -> list[tuple[list[int], int]]:

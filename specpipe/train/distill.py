@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
 
 from specpipe.models.zoo import cache_root
+
+WINDOW = 8  # batches whose prompts are sorted by length together
 
 
 def cache_file(key: dict) -> Path:
@@ -25,18 +28,46 @@ def cache_file(key: dict) -> Path:
 def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Path, batch: int = 32,
             on_batch=None) -> list[tuple[list[int], int]]:
     """(prompt + answer ids, the position of the last prompt token: the first whose prediction
-    belongs to the answer) for every prompt, reading finished ones from `path`."""
+    belongs to the answer) for every prompt, reading finished ones from `path`.
+
+    A batch is left-padded to its longest prompt, and the prefill is most of the cost, so prompts
+    are batched by length within windows of WINDOW batches (measured on SmolLM2: 48 -> 86 answer
+    tokens/s). Each line records its prompt's index, so the file is read back in prompt order."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    done = [d for d in done if "ids" in d]  # a line cut by an interruption is dropped
-    for start in range(len(done), len(prompts), batch):
-        rows = generate(model, tokenizer, prompts[start : start + batch], max_new_tokens)
-        with path.open("a") as f:
-            f.write("".join(json.dumps({"ids": ids, "start": first}) + "\n" for ids, first in rows))
-        done += [{"ids": ids, "start": first} for ids, first in rows]
-        if on_batch:
-            on_batch(len(rows))
-    return [(d["ids"], d["start"]) for d in done[: len(prompts)]]
+    _drop_cut_line(path)
+    done = _read(path)
+    todo = [i for i in range(len(prompts)) if i not in done]
+    for window in range(0, len(todo), batch * WINDOW):
+        group = sorted(todo[window : window + batch * WINDOW], key=lambda i: len(prompts[i]))
+        for start in range(0, len(group), batch):
+            indices = group[start : start + batch]
+            rows = generate(model, tokenizer, [prompts[i] for i in indices], max_new_tokens)
+            with path.open("a") as f:
+                f.write("".join(json.dumps({"index": i, "ids": ids, "start": first}) + "\n"
+                                for i, (ids, first) in zip(indices, rows)))
+            done.update({i: (ids, first) for i, (ids, first) in zip(indices, rows)})
+            if on_batch:
+                on_batch(len(rows))
+    return [done[i] for i in range(len(prompts))]
+
+
+def _drop_cut_line(path: Path) -> None:
+    """An interruption can leave a last line without its newline; the next append would join it."""
+    text = path.read_text() if path.exists() else ""
+    if text and not text.endswith("\n"):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text[: text.rfind("\n") + 1])
+        os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict[int, tuple[list[int], int]]:
+    """Finished answers by prompt index. Lines without an index (written before batching by
+    length) are in prompt order."""
+    done: dict[int, tuple[list[int], int]] = {}
+    for n, line in enumerate(path.read_text().splitlines() if path.exists() else []):
+        d = json.loads(line)
+        done[d.get("index", n)] = (d["ids"], d["start"])
+    return done
 
 
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], int]]:

@@ -2,11 +2,13 @@
 
 For every token of every sequence: the target's feature (its LM head's input, fp16 on disk)
 and the target's own greedy prediction there (int32); per sequence, the first position that
-counts (a self-distilled answer's prompt is context, not something to learn or score). Heads learn to predict the target's
-predictions (self-distillation on teacher-forced text), so their guesses are what greedy
-verification will accept. Shards of `SHARD` sequences are written atomically and skipped
-when present, so an interrupted run resumes; a new setting (model, text, precision) gets a
-new folder.
+counts (a self-distilled answer's prompt is context, not something to learn or score). Heads
+learn to predict the target's predictions (self-distillation on teacher-forced text), so their
+guesses are what greedy verification will accept. Shards of `SHARD` sequences are written
+atomically and skipped when present, so an interrupted run resumes; a new setting (model,
+text, precision) gets a new folder. A list that only grows (self-distilled answers: `distill=`
+counts instructions from a fixed sequence) keeps one folder, so a longer run reuses a shorter
+one's shards.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import torch
 from rich.progress import Progress
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specpipe.models.zoo import cache_root
@@ -44,11 +47,18 @@ def compute(model: torch.nn.Module, seqs: list[list[int]], folder: Path, progres
     task = progress.add_task("target features", total=len(seqs)) if progress else None
     for index, (shard, first) in enumerate(shards):
         path = folder / f"shard-{index:05d}.safetensors"
-        if not path.exists():
+        if not _holds(path, len(shard)):  # a shorter run's last shard is rewritten when a run grows
             _write_shard(model, tap, shard, first, path)
         if progress:
             progress.advance(task, len(shard))
     return folder
+
+
+def _holds(path: Path, count: int) -> bool:
+    if not path.exists():
+        return False
+    with safe_open(str(path), "pt") as f:
+        return f.get_slice("lengths").get_shape()[0] == count
 
 
 def _write_shard(model, tap: FeatureTap, shard: list[list[int]], starts: list[int], path: Path) -> None:
@@ -73,8 +83,9 @@ def frequent_labels(labels: torch.Tensor, size: int) -> torch.Tensor:
     return counts.topk(min(size, int((counts > 0).sum()))).indices.sort().values
 
 
-def load(folder: Path) -> list[dict]:
-    """Per sequence: features [n, H] fp16, argmax [n], tokens [n], start (first counted position)."""
+def load(folder: Path, count: int | None = None) -> list[dict]:
+    """Per sequence (the first `count`): features [n, H] fp16, argmax [n], tokens [n], start
+    (first counted position)."""
     out = []
     for path in sorted(folder.glob("shard-*.safetensors")):
         shard = load_file(str(path))
@@ -84,4 +95,4 @@ def load(folder: Path) -> list[dict]:
         for end, first in zip(offsets, firsts):
             out.append({**{k: shard[k][start:end] for k in ("features", "argmax", "tokens")}, "start": first})
             start = end
-    return out
+    return out[:count]
