@@ -17,6 +17,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, EagleShape, HeadCache
 from specpipe.heads.io import load_eagle, save_eagle
 from specpipe.heads.tap import FeatureTap
+from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.eagle import EagleProposer, TreeShape, _rerank
 from specpipe.sampling import SamplingParams
@@ -93,6 +94,20 @@ def test_a_draft_vocabulary_keeps_greedy_equal_to_plain(tree):
     assert outs[0].token_ids == plain.token_ids and outs[0].stats.drafted > 0
     logits = proposer.lm(torch.randn(5, 32, dtype=torch.float64))
     assert torch.isinf(logits[:, 1::2]).all() and torch.isfinite(logits[:, ::2]).all()
+
+
+@pytest.mark.parametrize("quantize", ["fp16", "int8"])
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 8)])
+def test_a_quantized_head_keeps_greedy_equal_to_plain(quantize, tree):
+    """proposer.quantize packs the head's Linear layers and its draft LM-head rows (fbgemm):
+    drafts change, the output must not."""
+    target = tiny_target(dtype=torch.float32)
+    head = quantize_model(copy_head().float(), quantize)
+    head.draft_vocab = torch.arange(0, VOCAB, 2)
+    proposer = EagleProposer(head, target.model, GREEDY, tree, quantize)
+    assert not any(isinstance(m, torch.nn.Linear) for m in head.modules())
+    plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(3))
+    assert outs[0].token_ids == plain.token_ids and outs[0].stats.accepted > 0
 
 
 def test_the_copy_head_gets_drafts_accepted():

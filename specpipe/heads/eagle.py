@@ -160,5 +160,6 @@ class EagleHead(nn.Module):
 
         cache (decoding, B = 1): the rows are appended to it and attend to all of it, or as
         `mask` [1, n, cache + n] allows (a draft tree)."""
-        x = self.fc(torch.cat([embeds, features], -1).to(self.fc.weight.dtype))
+        dtype = self.layers[0].post_attention_layernorm.weight.dtype  # a norm: never swapped for a packed kernel
+        x = self.fc(torch.cat([embeds, features], -1).to(dtype))
         return self.layers[0](x, positions, mask, cache)

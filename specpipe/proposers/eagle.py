@@ -23,7 +23,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
 from specpipe.heads.tap import FeatureTap, lm_logits
-from specpipe.models.quantize import dense_weight
+from specpipe.models.quantize import check_mode, dense_weight, quantize_model
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
@@ -43,12 +43,12 @@ class TreeShape:
 
 class EagleProposer(Proposer):
     def __init__(self, head: EagleHead, target: torch.nn.Module, sampling: SamplingParams,
-                 tree: TreeShape | None = None):
+                 tree: TreeShape | None = None, quantize: str = "none"):
         self.head = head
         self.target = target
         self.sampling = sampling
         self.tree = tree
-        self.lm = DraftLM(target, head.draft_vocab)
+        self.lm = DraftLM(target, head.draft_vocab, quantize)
         self.tap = FeatureTap(target)
         self.tap.attach()  # now, before the target's prefill: its features start the head's cache
         self.cache = HeadCache()
@@ -152,13 +152,13 @@ class EagleProposer(Proposer):
 
 class DraftLM:
     """The target's LM head for drafting: all of it, or only the rows of the head's draft
-    vocabulary (the tokens it was trained to guess). Other tokens get -inf: never drafted, and
-    verified by the target as always, so nothing is lost but a guess the head could not make."""
+    vocabulary (the tokens it was trained to guess), in the head's precision. Other tokens get
+    -inf: never drafted, and verified by the target as always, so nothing is lost but a guess
+    the head could not make."""
 
-    def __init__(self, target: torch.nn.Module, ids: torch.Tensor | None):
+    def __init__(self, target: torch.nn.Module, ids: torch.Tensor | None, quantize: str = "none"):
         self.target, self.ids = target, ids
-        head = target.get_output_embeddings()
-        self.rows = None if ids is None else dense_weight(head)[ids]  # [K, H] float32
+        self.rows = None if ids is None else _rows_linear(dense_weight(target.get_output_embeddings())[ids], quantize)
         self.vocab_size = target.config.vocab_size
         self.size = self.vocab_size if ids is None else len(ids)  # tokens it can draft
 
@@ -166,10 +166,17 @@ class DraftLM:
         """[..., H] -> float32 logits [..., V]."""
         if self.ids is None:
             return lm_logits(self.target, hidden)
-        sub = hidden.float() @ self.rows.T  # [..., K]
+        sub = self.rows(hidden.float())  # [..., K]
         logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         logits[..., self.ids] = sub
         return logits
+
+
+def _rows_linear(rows: torch.Tensor, quantize: str) -> torch.nn.Module:
+    """[K, H] LM-head rows as a Linear H -> K in the `quantize` kernel."""
+    linear = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False)
+    linear.weight = torch.nn.Parameter(rows, requires_grad=False)
+    return quantize_model(torch.nn.Sequential(linear), quantize)[0]
 
 
 def _rerank(scores: list[float], tokens: list[int], parents: list[int], keep: int) -> DraftTree:
@@ -198,10 +205,13 @@ def _depth(parents: list[int], node: int) -> int:
     return depth
 
 
-def build(*, context, heads: str, tree: dict | None = None) -> EagleProposer:
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16") -> EagleProposer:
     """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
-    before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a chain."""
+    before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a
+    chain; quantize: the head's precision (drafts may use any: the target verifies them)."""
+    check_mode(quantize, "proposer.quantize")
     shape = None if tree is None else TreeShape(**dict(tree))
-    # float32 whatever the file holds: plain half-precision Linear layers are slow on CPUs without
-    # native half arithmetic (this one has none)
-    return EagleProposer(load_eagle(heads).float(), context.target.model, context.sampling, shape)
+    # float32 first whatever the file holds: plain half-precision Linear layers are slow on CPUs
+    # without native half arithmetic (this one has none); fbgemm's kernels read fp16 and compute in fp32
+    head = quantize_model(load_eagle(heads).float(), quantize)
+    return EagleProposer(head, context.target.model, context.sampling, shape, quantize)
