@@ -84,7 +84,7 @@ class TrainConfig:
     seq_len: int = 256
     epochs: int = 3
     batch: int = 256  # training rows per optimizer step
-    lr: float = 1e-3
+    lr: float = 1e-3  # peak learning rate: a short warmup, then a cosine decay to zero
     vocab_subset: int = 8192  # the most frequent labels get a cross-entropy column
     held_out: float = 0.05  # share of sequences kept for the accuracy figures
     dtype: str = "float32"  # the stored heads' precision (trained in float32; they decode in float32)

@@ -176,3 +176,10 @@ def test_a_growing_sequence_list_reuses_its_feature_shards(setup, tmp_path, monk
     grown = features.load(folder, 16)
     assert [s["tokens"].tolist() for s in grown] == seqs
     assert len(features.load(folder, 10)) == 10  # a shorter run reads only its own sequences
+
+
+def test_the_learning_rate_warms_up_then_decays_to_zero():
+    factors = [train_command._cosine(p / 100) for p in range(101)]
+    peak = factors.index(max(factors))
+    assert 0 < factors[0] < 0.1 and 0.99 < max(factors) <= 1 and peak <= 3
+    assert factors[peak:] == sorted(factors[peak:], reverse=True) and factors[-1] < 1e-9

@@ -3,7 +3,8 @@
 1. Text from offline sources (`sources=[stdlib,docs]`), `tokens=` in all, in `seq_len` pieces,
    and the target's own answers to `distill=` offline instructions (cached, resumable).
 2. The target's features over it, computed once and cached (specpipe/train/features.py).
-3. Epochs over the cached features (the target never runs again), a progress bar with the
+3. Epochs over the cached features (the target never runs again; the learning rate warms up
+   briefly, then decays to zero on a cosine over all epochs), a progress bar with the
    loss and the held-out top-1 accuracy per head (Medusa) or per draft position (EAGLE); a
    checkpoint after every epoch, written atomically; run the same command again after an
    interruption and it resumes.
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -196,7 +198,8 @@ def _epochs(cfg, kind: Kind, module, trainer, train, held, first: int, checkpoin
             batches = train.batches(cfg.batch, generator)
             task = progress.add_task(f"epoch {epoch + 1}/{cfg.epochs}", total=len(batches))
             losses = []
-            for batch in batches:
+            for i, batch in enumerate(batches):
+                _set_lr(trainer.optimizer, cfg.lr * _cosine((epoch + i / len(batches)) / cfg.epochs))
                 losses.append(trainer.step(train, batch))
                 progress.update(task, advance=1, description=f"epoch {epoch + 1}/{cfg.epochs} loss "
                                 f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
@@ -205,6 +208,20 @@ def _epochs(cfg, kind: Kind, module, trainer, train, held, first: int, checkpoin
                             f"held-out top-1 per position {' '.join(f'{a:.2f}' for a in accuracy)}")
             _checkpoint(kind, module, trainer, checkpoint, epoch, cfg)
     return accuracy
+
+
+def _cosine(progress: float, warmup: float = 0.02) -> float:
+    """The learning rate's factor at `progress` (0 to 1) through training: a short linear warmup,
+    then a cosine decay to zero. It is a function of the position alone, so a resumed run picks
+    up the schedule where the interrupted one stopped."""
+    if progress < warmup:
+        return (progress + 1e-3) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (progress - warmup) / (1 - warmup)))
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: DictConfig) -> None:
