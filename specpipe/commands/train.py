@@ -52,19 +52,23 @@ class Kind:
     save: Callable  # (module, folder, target=, extra=) -> folder
     data: Callable  # (cached sequences, cfg) -> training data with .batches(size, generator)
     trainer: Callable  # (module, target weights, training data, cfg) -> trainer with .step, .accuracy
+    figure: str  # the recipe's name for what .accuracy measures
 
 
 KINDS = {
     "medusa": Kind(
         fresh=lambda cfg, config, lm: MedusaHeads(lm.shape[1], lm.shape[0], cfg.num_heads, cfg.layers),
         load=load_medusa, save=save_medusa, data=lambda seqs, cfg: Examples(seqs, cfg.num_heads),
-        trainer=lambda m, w, train, cfg: Trainer(m, w.lm, features.frequent_labels(train.argmax, cfg.vocab_subset), cfg.lr)),
+        trainer=lambda m, w, train, cfg: Trainer(m, w.lm, features.frequent_labels(train.argmax, cfg.vocab_subset), cfg.lr),
+        figure="held_out_top1_per_head"),  # each head alone
+
     "eagle": Kind(
         fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
         load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs),
         trainer=lambda m, w, train, cfg: EagleTrainer(
             m, w.embed, w.lm, features.frequent_labels(torch.cat([s["argmax"] for s in train.seqs]), cfg.vocab_subset),
-            cfg.lr, unroll=cfg.unroll)),
+            cfg.lr, unroll=cfg.unroll),
+        figure="held_out_top1_per_position"),  # draft tokens 1..k all right, drafted as the proposer does
 }
 
 
@@ -97,7 +101,7 @@ def run(cfg: DictConfig) -> int:
     kind.save(stored, heads_dir, target=cfg.model.name, extra={"held_out_top1": accuracy})
     shutil.rmtree(checkpoint, ignore_errors=True)  # finished: nothing left to resume
     recipe = write_recipe(folder / f"{name}.yaml",
-                          _recipe(cfg, name, accuracy, len(train), time.perf_counter() - started))
+                          _recipe(cfg, name, {kind.figure: accuracy}, len(train), time.perf_counter() - started))
     err.print(f"heads: {heads_dir}\nrecipe: {recipe}  (use it: specpipe generate recipe={recipe})")
     return 0
 
@@ -231,7 +235,7 @@ def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: Dict
     os.replace(tmp, folder / "trainer.pt")
 
 
-def _recipe(cfg: DictConfig, name: str, accuracy: list[float], examples: int, seconds: float) -> dict:
+def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], examples: int, seconds: float) -> dict:
     return {
         "specpipe_recipe": RECIPE_VERSION,
         "about": f"{name} heads trained by specpipe train, {now()}",
@@ -239,7 +243,7 @@ def _recipe(cfg: DictConfig, name: str, accuracy: list[float], examples: int, se
         "strategy": {"proposer": name, "proposer.heads": "artifact:heads", "verifier": "greedy",
                      "controller": "fixed", "gamma": cfg.num_heads},
         "artifacts": {"heads": name},
-        "measured": {"held_out_top1_per_position": [round(a, 4) for a in accuracy], "train_positions": examples,
+        "measured": {**{k: [round(a, 4) for a in v] for k, v in figures.items()}, "train_positions": examples,
                      "tokens": cfg.tokens, "sources": list(cfg.sources), "distill": cfg.distill,
                      "distill_tokens": cfg.distill_tokens, "epochs": cfg.epochs,
                      "cpu_seconds_wall": round(seconds, 1), "machine": {k: v for k, v in environment().items()
