@@ -61,7 +61,6 @@ KINDS = {
         load=load_medusa, save=save_medusa, data=lambda seqs, cfg: Examples(seqs, cfg.num_heads),
         trainer=lambda m, w, train, cfg: Trainer(m, w.lm, features.frequent_labels(train.argmax, cfg.vocab_subset), cfg.lr),
         figure="held_out_top1_per_head"),  # each head alone
-
     "eagle": Kind(
         fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
         load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs),

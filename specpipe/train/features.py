@@ -88,6 +88,8 @@ def load(folder: Path, count: int | None = None) -> list[dict]:
     (first counted position)."""
     out = []
     for path in sorted(folder.glob("shard-*.safetensors")):
+        if count is not None and len(out) >= count:
+            break  # a longer run's shards: not this run's sequences
         shard = load_file(str(path))
         offsets = torch.cumsum(shard["lengths"].long(), 0).tolist()
         firsts = shard["starts"].tolist()
