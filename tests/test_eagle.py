@@ -94,6 +94,9 @@ def test_a_draft_vocabulary_keeps_greedy_equal_to_plain(tree):
     assert outs[0].token_ids == plain.token_ids and outs[0].stats.drafted > 0
     logits = proposer.lm(torch.randn(5, 32, dtype=torch.float64))
     assert torch.isinf(logits[:, 1::2]).all() and torch.isfinite(logits[:, ::2]).all()
+    values, ids = proposer.lm.top(hidden := torch.randn(5, 32, dtype=torch.float64), 3)  # drafting's shortcut
+    full = torch.log_softmax(proposer.lm(hidden), -1).topk(3)
+    assert torch.equal(ids, full.indices) and torch.allclose(values, full.values)
 
 
 @pytest.mark.parametrize("quantize", ["fp16", "int8"])

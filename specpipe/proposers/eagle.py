@@ -89,11 +89,11 @@ class EagleProposer(Proposer):
     def _chain(self, hidden: torch.Tensor, gamma: int, state: DecodeState) -> DraftBlock:
         tokens, probs, confidence = [], [], []
         for i in range(gamma):
-            logits = self.lm(hidden)  # [V]
             if self.sampling.greedy:
-                token, top = int(logits.argmax()), float(torch.softmax(logits, -1).max())
+                logp, ids = self.lm.top(hidden, 1)
+                token, top = int(ids[0]), float(logp[0].exp())
             else:
-                p = self.sampling.probs(logits)  # [V] float32, the target's transform
+                p = self.sampling.probs(self.lm(hidden))  # [V] float32, the target's transform
                 token, top = int(sample(p, state.rng)), float(p.max())
                 probs.append(p)
             tokens.append(token)
@@ -107,9 +107,8 @@ class EagleProposer(Proposer):
     def _tree(self, root: torch.Tensor, depth: int) -> DraftTree:
         k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
         scores, tokens, parents = [], [], []  # every node made: cumulative log-prob, token, parent node
-        logp = torch.log_softmax(self.lm(root), -1).topk(k)
-        frontier = [self._add(scores, tokens, parents, float(s), int(t), -1)
-                    for s, t in zip(logp.values, logp.indices)]
+        values, ids = self.lm.top(root, k)
+        frontier = [self._add(scores, tokens, parents, float(s), int(t), -1) for s, t in zip(values, ids)]
         made_by = {node: root for node in frontier}  # node -> the guessed feature that predicted it
         rows: dict[int, int] = {}  # node -> its head cache row, once fed
         for d in range(1, depth):
@@ -118,11 +117,11 @@ class EagleProposer(Proposer):
                                 torch.full((len(expand),), self.committed + d - 1),  # one depth, one position
                                 self._tree_mask(expand, parents, rows))
             start = self.cache.length - len(expand)
-            logp = torch.log_softmax(self.lm(hidden), -1).topk(k)  # [e, k]
+            values, ids = self.lm.top(hidden, k)  # [e, k]
             frontier = []
             for i, node in enumerate(expand):
                 rows[node] = start + i
-                for s, t in zip(logp.values[i], logp.indices[i]):
+                for s, t in zip(values[i], ids[i]):
                     child = self._add(scores, tokens, parents, scores[node] + float(s), int(t), node)
                     made_by[child] = hidden[i]
                     frontier.append(child)
@@ -163,13 +162,22 @@ class DraftLM:
         self.size = self.vocab_size if ids is None else len(ids)  # tokens it can draft
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> float32 logits [..., V]."""
+        """[..., H] -> float32 logits [..., V] (a full distribution, for sampling)."""
         if self.ids is None:
             return lm_logits(self.target, hidden)
         sub = self.rows(hidden.float())  # [..., K]
         logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         logits[..., self.ids] = sub
         return logits
+
+    def top(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., H] -> the k best (log-probabilities, token ids) [..., k]. Greedy drafting and
+        trees need no more, so a draft vocabulary is never spread over the full vocabulary
+        (a scatter, argmax and softmax over 49k entries per draft token on SmolLM2)."""
+        if self.ids is None:
+            return torch.log_softmax(lm_logits(self.target, hidden), -1).topk(k)
+        best = torch.log_softmax(self.rows(hidden.float()), -1).topk(k)
+        return best.values, self.ids[best.indices]
 
 
 def _rows_linear(rows: torch.Tensor, quantize: str) -> torch.nn.Module:
