@@ -69,7 +69,7 @@ def _block(first, pipelines, order, ids, prompt_id, category, tokens, rows) -> N
     drift = abs(plain.stats.tokens_per_s - again.stats.tokens_per_s) / plain_tps
     rows[category, "(plain vs plain)"].append((again.stats.tokens_per_s / plain.stats.tokens_per_s, None, None))
     for name, gen in runs.items():
-        div = first_divergence(first.target.model, ids, gen.token_ids, plain.token_ids)
+        div = first_divergence(first.runner, ids, gen.token_ids, plain.token_ids)
         speedup = gen.stats.tokens_per_s / plain_tps
         rows[category, name].append((speedup, gen.stats, div))
         print(f"{prompt_id:14s} {name:11s} x{speedup:.2f} τ={gen.stats.mean_accepted_length:.2f} "

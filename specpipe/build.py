@@ -17,7 +17,7 @@ from specpipe.checks import Check, lora_paths, refuse_if_any, run_checks
 from specpipe.errors import SpecpipeError
 from specpipe.models.adapters import apply_early_exit, apply_lora
 from specpipe.models.loader import LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve
-from specpipe.models.quantize import quantize_model
+from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline
 from specpipe.sampling import SamplingParams
 
@@ -32,7 +32,15 @@ class BuildContext:
     sampling: SamplingParams
     lora: list[str] = field(default_factory=list)
     early_exit: int | None = None
+    engine: str = "auto"  # for the target and any model a proposer loads (draft, twin)
+    device: str = "cpu"
+    cache_len: int = 4096
     _target: LoadedModel | None = field(default=None, repr=False)
+
+    def runner(self, model, precision: str):
+        """A runner for a model of this pipeline (target or draft) on the configured engine."""
+        return make_runner(model, engine=self.engine, precision=precision, cache_len=self.cache_len,
+                           device=self.device)
 
     @property
     def target(self) -> LoadedModel:
@@ -49,7 +57,7 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     source = resolve(cfg.model.name)
     context = BuildContext(cfg.model.name, source, load_tokenizer(source), sampling,
-                           lora_paths(cfg), cfg.model.get("early_exit"))
+                           lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len)
     checks = run_checks(cfg, lambda: context.tokenizer, lambda: load_tokenizer(resolve(cfg.proposer.model)),
                         lambda: load_config(source))
     return context, checks
@@ -62,8 +70,8 @@ def build_pipeline(cfg: DictConfig) -> Pipeline:
     controller = call_target(cfg.controller, "controller", context)
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     target = context.target
-    quantize_model(target.model, cfg.model.quantize)
-    pipeline = Pipeline(target, proposer, verifier, controller, context.sampling, chat=cfg.model.chat)
+    runner = context.runner(target.model, cfg.model.quantize)
+    pipeline = Pipeline(target, proposer, verifier, controller, context.sampling, chat=cfg.model.chat, runner=runner)
     pipeline.warnings = [c for c in checks if c.status == "warn"]
     return pipeline
 

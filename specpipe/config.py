@@ -39,6 +39,9 @@ class DecodeConfig:
     seed: int = 0
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
+    engine: str = "auto"  # native (own forward: Llama, Qwen2 families) | hf (any transformers model) | auto
+    device: str = "cpu"  # cpu | cuda (native engine)
+    cache_len: int = 4096  # native KV cache slots per sequence (at most the model's max_position_embeddings)
 
 
 @dataclass
@@ -90,6 +93,7 @@ class TrainConfig:
     dtype: str = "float32"  # the stored heads' precision (trained in float32; they decode in float32)
     seed: int = 0
     resume: bool = True  # continue an interrupted run from its last checkpoint
+    engine: str = "auto"  # the target's engine for feature extraction (see DecodeConfig)
     out: str = "recipes"  # heads go to <out>/<model>/<proposer>/, the recipe to <out>/<model>/<proposer>.yaml
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.models.runner import LMRunner
+from specpipe.engine import Runner
 
 NEAR_TIE = 1e-3  # logits; fp32-accumulated kernels differ by ~1e-5..1e-4 between block sizes
 
@@ -28,13 +28,14 @@ class Divergence:
         return self.top2_gap < NEAR_TIE
 
 
-def first_divergence(model, prompt: list[int], speculative: list[int], plain: list[int]) -> Divergence | None:
-    """None if equal; else where they part and how close the target's choice was."""
+def first_divergence(target: Runner, prompt: list[int], speculative: list[int], plain: list[int]) -> Divergence | None:
+    """None if equal; else where they part and how close the target's choice was (measured on
+    the target's own runner, whose cache this resets)."""
     if speculative == plain:
         return None
     i = next((j for j, (a, b) in enumerate(zip(speculative, plain)) if a != b), min(len(speculative), len(plain)))
-    runner = LMRunner(model)
-    logits = runner.forward(prompt + plain[:i], last_only=True)[-1]
+    target.reset()
+    logits = target.forward(prompt + plain[:i], last_only=True).logits[0, -1]
     top2 = torch.topk(logits.float(), 2).values
     return Divergence(
         index=i,

@@ -14,9 +14,9 @@ from typing import Iterator
 import torch
 
 from specpipe.controllers.base import Controller
+from specpipe.engine import Runner, make_runner
 from specpipe.metrics import Stats
 from specpipe.models.loader import LoadedModel
-from specpipe.models.runner import LMRunner
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams
 from specpipe.state import DecodeState
@@ -51,14 +51,20 @@ class Pipeline:
         controller: Controller | None,
         sampling: SamplingParams = SamplingParams(),
         chat: bool | None = None,
+        runner: Runner | None = None,
+        engine: str = "auto",
     ):
+        """runner: the target's (built from `target.model` on `engine` at its own precision if None)."""
         self.target = target
         self.proposer = proposer
         self.verifier = verifier
         self.controller = controller
         self.sampling = sampling
         self.chat = bool(target.tokenizer.chat_template) if chat is None else chat
-        self.runner = LMRunner(target.model)
+        self.runner = runner if runner is not None else make_runner(target.model, engine=engine)
+        if proposer is not None:
+            proposer.bind(self.runner)  # heads read the target's LM head and embeddings through it
+        self.hidden = tuple(proposer.hidden_layers) if proposer is not None else ()
         self.eos_ids = eos_ids_of(target.model, target.tokenizer)
         self.warnings: list = []  # compatibility warnings from the build (checks.Check)
 
@@ -96,9 +102,10 @@ class Pipeline:
         rule = StopRule(self.target.tokenizer, self.eos_ids, list(stop), max_new_tokens)
         stats = Stats()
         started = time.perf_counter()
-        state.prefill()
+        hidden = self.hidden if proposer is not None else ()
+        out = state.prefill(hidden)
         if proposer is not None:
-            proposer.prefill(state)
+            proposer.prefill(state, out)
         stats.prefill_s = time.perf_counter() - started
         out: list[int] = []
         text = ""
@@ -119,12 +126,13 @@ class Pipeline:
         gamma = min(self.controller.gamma(), budget - 1) if proposer else 0  # 1. a step emits ≤ γ+1
         draft = proposer.propose(state, gamma) if gamma > 0 else DraftBlock.empty()  # 2.
         t1 = time.perf_counter()
-        logits = state.target.forward([state.tokens[-1], *draft.tokens.tolist()], ancestry=draft.ancestry())  # 3.
-        verdict = self.verifier.verify(draft, logits, state.rng)  # 4.
+        out = state.target.forward([state.tokens[-1], *draft.tokens.tolist()], ancestry=draft.ancestry(),
+                                   hidden=self.hidden if proposer else ())  # 3.
+        verdict = self.verifier.verify(draft, out.logits[0], state.rng)  # 4.
         t2 = time.perf_counter()
         state.commit(verdict)  # 5. roll the target cache back to the accepted prefix
         if proposer is not None:
-            proposer.commit(verdict)  # also after γ = 0: feature-based proposers read this step
+            proposer.commit(verdict, out)  # also after γ = 0: feature-based proposers read this step
         timing = StepTiming(t1 - t0, t2 - t1)
         if proposer is not None:
             self.controller.update(verdict, timing)  # 6.

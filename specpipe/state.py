@@ -11,12 +11,12 @@ from typing import Callable
 
 import torch
 
-from specpipe.models.runner import LMRunner
+from specpipe.engine import Runner, TargetOutput
 from specpipe.types import Verdict
 
 
 class DecodeState:
-    def __init__(self, target: LMRunner, prompt_ids: list[int], rng: torch.Generator):
+    def __init__(self, target: Runner, prompt_ids: list[int], rng: torch.Generator):
         if not prompt_ids:
             raise ValueError("a prompt needs at least one token")
         self.target = target
@@ -26,10 +26,12 @@ class DecodeState:
         # the controller's early-stop rule for drafters: (position, confidence) -> stop?
         self.early_stop: Callable[[int, float], bool] | None = None
 
-    def prefill(self) -> None:
+    def prefill(self, hidden: tuple[int, ...] = ()) -> TargetOutput | None:
+        """Cache prompt[:-1] (None for a one-token prompt: nothing to cache)."""
         self.target.reset()
         if self.prompt_len > 1:
-            self.target.forward(self.tokens[:-1], last_only=True)
+            return self.target.forward(self.tokens[:-1], last_only=True, hidden=hidden)
+        return None
 
     @property
     def generated(self) -> list[int]:

@@ -16,7 +16,7 @@ from specpipe.controllers.fixed import FixedGamma
 from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, EagleShape, HeadCache
 from specpipe.heads.io import load_eagle, save_eagle
-from specpipe.heads.tap import FeatureTap
+from specpipe.engine import FINAL, make_runner
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.eagle import EagleProposer, TreeShape, _rerank
@@ -65,7 +65,7 @@ def run_both(target, proposer, verifier, controller, tokens: int = 40):
 def test_chain_greedy_equals_plain(verifier, gamma, head):
     target = tiny_target()
     made = random_head(1) if head == "random" else copy_head()
-    plain, outs = run_both(target, EagleProposer(made, target.model, GREEDY), verifier(), FixedGamma(gamma))
+    plain, outs = run_both(target, EagleProposer(made, GREEDY), verifier(), FixedGamma(gamma))
     for out in outs:
         assert out.token_ids == plain.token_ids
         assert out.stats.drafted > 0 and max(out.stats.gamma_trace) == gamma
@@ -77,7 +77,7 @@ def test_chain_greedy_equals_plain(verifier, gamma, head):
 def test_tree_greedy_equals_plain(verifier, shape, head):
     target = tiny_target()
     made = random_head(2) if head == "random" else copy_head()
-    proposer = EagleProposer(made, target.model, GREEDY, TreeShape(*shape))
+    proposer = EagleProposer(made, GREEDY, TreeShape(*shape))
     plain, outs = run_both(target, proposer, verifier(), FixedGamma(4))
     for out in outs:
         assert out.token_ids == plain.token_ids and out.stats.drafted > 0
@@ -89,7 +89,7 @@ def test_a_draft_vocabulary_keeps_greedy_equal_to_plain(tree):
     target = tiny_target()
     head = copy_head()
     head.draft_vocab = torch.arange(0, VOCAB, 2)  # even ids only
-    proposer = EagleProposer(head, target.model, GREEDY, tree)
+    proposer = EagleProposer(head, GREEDY, tree)
     plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(3))
     assert outs[0].token_ids == plain.token_ids and outs[0].stats.drafted > 0
     logits = proposer.lm(torch.randn(5, 32, dtype=torch.float64))
@@ -107,7 +107,7 @@ def test_a_quantized_head_keeps_greedy_equal_to_plain(quantize, tree):
     target = tiny_target(dtype=torch.float32)
     head = quantize_model(copy_head().float(), quantize)
     head.draft_vocab = torch.arange(0, VOCAB, 2)
-    proposer = EagleProposer(head, target.model, GREEDY, tree, quantize)
+    proposer = EagleProposer(head, GREEDY, tree, quantize)
     assert not any(isinstance(m, torch.nn.Linear) for m in head.modules())
     plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(3))
     assert outs[0].token_ids == plain.token_ids and outs[0].stats.accepted > 0
@@ -117,13 +117,13 @@ def test_the_copy_head_gets_drafts_accepted():
     """Acceptance is really exercised by these tests: the copy head guesses the last token
     again, which the target confirms wherever it repeats a token."""
     target = tiny_target()
-    _, outs = run_both(target, EagleProposer(copy_head(), target.model, GREEDY), GreedyVerifier(), FixedGamma(3))
+    _, outs = run_both(target, EagleProposer(copy_head(), GREEDY), GreedyVerifier(), FixedGamma(3))
     assert outs[0].stats.accepted >= 3 and max(outs[0].stats.emitted_trace) == 4
 
 
 def test_with_the_cost_controller_greedy_equals_plain():
     target = tiny_target()
-    proposer = EagleProposer(random_head(3), target.model, GREEDY)
+    proposer = EagleProposer(random_head(3), GREEDY)
     plain, outs = run_both(target, proposer, GreedyVerifier(), CostModelGamma(3, gamma_min=0, gamma_max=5))
     assert outs[0].token_ids == plain.token_ids
 
@@ -133,13 +133,10 @@ def test_head_cache_holds_exactly_the_committed_rows(tree):
     """After a generation the head's cache equals one pass of the head over (true feature of
     token i, token i+1) for every committed pair: drafted rows were all rolled back."""
     target = tiny_target()
-    proposer = EagleProposer(random_head(4), target.model, GREEDY, tree)
+    proposer = EagleProposer(random_head(4), GREEDY, tree)
     out = Pipeline(target, proposer, GreedyVerifier(), FixedGamma(3)).run(PROMPT, max_new_tokens=30)
     tokens = PROMPT + out.token_ids
-    tap = FeatureTap(target.model)
-    tap.attach()
-    target.model(input_ids=torch.tensor([tokens]))
-    features = tap.rows  # the decoder's output over the whole text: what the LM head reads
+    features = make_runner(target.model).forward(tokens, hidden=(FINAL,)).hidden[FINAL][0]  # what the LM head reads
     n = proposer.committed
     assert 0 < n < len(tokens) - 1
     fresh = HeadCache()

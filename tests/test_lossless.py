@@ -17,7 +17,6 @@ from specpipe.controllers.confidence import ConfidenceGamma
 from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.controllers.heuristic import HeuristicGamma
-from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
@@ -31,12 +30,15 @@ REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]  # gives the ngram proposer matches
 EOS = 1
 
 
-def drafters(target):
-    """name -> factory of a proposer for `target` (fresh per pipeline)."""
+ENGINES = ["native", "hf"]
+
+
+def drafters(target, engine: str = "native"):
+    """name -> factory of a proposer for `target` (fresh per pipeline), drafting on `engine`."""
     return {
-        "draft-perfect": lambda: ModelDrafter(target.model, GREEDY),
-        "draft-unrelated": lambda: ModelDrafter(tiny_model(seed=7, layers=1), GREEDY),
-        "twin-int8": lambda: ModelDrafter(quantize_model(tiny_model(seed=0), "int8"), GREEDY),
+        "draft-perfect": lambda: ModelDrafter(target.model, GREEDY, engine=engine),
+        "draft-unrelated": lambda: ModelDrafter(tiny_model(seed=7, layers=1), GREEDY, engine=engine),
+        "twin-int8": lambda: ModelDrafter(tiny_model(seed=0), GREEDY, engine=engine, precision="int8"),
         "ngram": lambda: NgramProposer(ngram_max=4, ngram_min=1),
     }
 
@@ -46,27 +48,29 @@ VERIFIERS = {"greedy": GreedyVerifier, "rejection": lambda: RejectionVerifier(GR
              "typical": lambda: TypicalVerifier(GREEDY)}
 
 
-def plain(target, prompt, max_new_tokens):
-    return Pipeline(target, None, GreedyVerifier(), None).run(
+def plain(target, prompt, max_new_tokens, engine: str = "native"):
+    return Pipeline(target, None, GreedyVerifier(), None, engine=engine).run(
         prompt, max_new_tokens=max_new_tokens, speculative=False
     )
 
 
 @functools.lru_cache(maxsize=None)
-def plain_reference(prompt: tuple[int, ...], max_new_tokens: int):
-    """Plain greedy output of the default tiny target (computed once per prompt and length)."""
-    return plain(tiny_target(seed=0, eos=EOS), list(prompt), max_new_tokens)
+def plain_reference(prompt: tuple[int, ...], max_new_tokens: int, engine: str = "native"):
+    """Plain greedy output of the default tiny target (computed once per prompt, length and engine)."""
+    return plain(tiny_target(seed=0, eos=EOS), list(prompt), max_new_tokens, engine)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("verifier", VERIFIERS)
 @pytest.mark.parametrize("proposer", ["draft-perfect", "draft-unrelated", "twin-int8", "ngram"])
 @pytest.mark.parametrize("gamma", [1, 3, 8])
-def test_greedy_equals_plain(proposer, verifier, gamma):
+def test_greedy_equals_plain(proposer, verifier, gamma, engine):
     target = tiny_target(seed=0, eos=EOS)
-    pipe = Pipeline(target, drafters(target)[proposer](), VERIFIERS[verifier](), FixedGamma(gamma))
+    pipe = Pipeline(target, drafters(target, engine)[proposer](), VERIFIERS[verifier](), FixedGamma(gamma),
+                    engine=engine)
     for prompt in (PROMPT, [3, 60, 22], [44], REPEATING):
         for max_new in (1, 2, 7, 40):
-            expected = plain_reference(tuple(prompt), max_new)
+            expected = plain_reference(tuple(prompt), max_new, engine)
             got = pipe.run(prompt, max_new_tokens=max_new)
             assert got.token_ids == expected.token_ids, (prompt, max_new)
             assert got.finish_reason == expected.finish_reason
@@ -126,15 +130,17 @@ CONTROLLERS = {
 }
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("proposer", ["draft-perfect", "draft-unrelated", "ngram"])
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_adaptive_controllers_keep_greedy_output(controller, proposer):
+def test_adaptive_controllers_keep_greedy_output(controller, proposer, engine):
     """γ changing every step (down to 0 for the cost model) never changes the output."""
     target = tiny_target(seed=0, eos=EOS)
-    pipe = Pipeline(target, drafters(target)[proposer](), GreedyVerifier(), CONTROLLERS[controller]())
+    pipe = Pipeline(target, drafters(target, engine)[proposer](), GreedyVerifier(), CONTROLLERS[controller](),
+                    engine=engine)
     traces = []
     for prompt in (PROMPT, REPEATING):
         got = pipe.run(prompt, max_new_tokens=40)
-        assert got.token_ids == plain_reference(tuple(prompt), 40).token_ids
+        assert got.token_ids == plain_reference(tuple(prompt), 40, engine).token_ids
         traces += got.stats.gamma_trace
     assert len(set(traces)) > 1 or proposer == "draft-perfect"  # γ really moved

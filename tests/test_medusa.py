@@ -12,6 +12,7 @@ from specpipe.controllers.fixed import FixedGamma
 from specpipe.errors import SpecpipeError
 from specpipe.heads.io import load_medusa, save_medusa
 from specpipe.heads.medusa import MedusaHeads
+from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.sampling import SamplingParams
@@ -32,15 +33,17 @@ def random_heads(seed: int, hidden: int = 32, num_heads: int = 4, shared: bool =
     return heads.double()
 
 
+@pytest.mark.parametrize("engine", ["native", "hf"])
 @pytest.mark.parametrize("verifier", [GreedyVerifier, lambda: RejectionVerifier(GREEDY), lambda: TypicalVerifier(GREEDY)])
 @pytest.mark.parametrize("gamma", [1, 3, 4, 6])
 @pytest.mark.parametrize("heads", ["zero", "random", "own-lm-heads"])
-def test_greedy_equals_plain(verifier, gamma, heads):
+def test_greedy_equals_plain(verifier, gamma, heads, engine):
     target = tiny_target()
     made = {"zero": lambda: MedusaHeads(32, VOCAB, 4).double(), "random": lambda: random_heads(1),
             "own-lm-heads": lambda: random_heads(2, shared=False)}[heads]()
-    plain = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=40, speculative=False)
-    spec = Pipeline(target, MedusaProposer(made, target.model, GREEDY), verifier(), FixedGamma(gamma))
+    plain = Pipeline(target, None, GreedyVerifier(), None, engine=engine).run(PROMPT, max_new_tokens=40,
+                                                                              speculative=False)
+    spec = Pipeline(target, MedusaProposer(made, GREEDY), verifier(), FixedGamma(gamma), engine=engine)
     for _ in range(2):  # twice: a proposer's state must not leak from one generation to the next
         out = spec.run(PROMPT, max_new_tokens=40)
         assert out.token_ids == plain.token_ids
@@ -53,14 +56,15 @@ def test_zero_heads_repeat_the_next_token_guess():
     target = tiny_target()
     heads = MedusaHeads(32, VOCAB, 3).double()
     feature = torch.randn(1, 32, dtype=torch.float64)
-    logits = heads(feature, target.model)
-    assert torch.equal(logits[0], logits[2]) and torch.equal(logits[0], target.model.lm_head(feature).float())
+    logits = heads(feature, make_runner(target.model).lm_head)
+    assert torch.equal(logits[0], logits[2])
+    torch.testing.assert_close(logits[0], target.model.lm_head(feature).detach(), rtol=0, atol=1e-12)
 
 
 def test_with_the_cost_controller_greedy_equals_plain():
     target = tiny_target()
     plain = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=40, speculative=False)
-    pipe = Pipeline(target, MedusaProposer(random_heads(3), target.model, GREEDY), GreedyVerifier(),
+    pipe = Pipeline(target, MedusaProposer(random_heads(3), GREEDY), GreedyVerifier(),
                     CostModelGamma(3, gamma_min=0, gamma_max=4))
     assert pipe.run(PROMPT, max_new_tokens=40).token_ids == plain.token_ids
 

@@ -42,7 +42,7 @@ def test_smollm2_greedy_equals_plain(proposer, controller, prompts):
         ids = pipeline.encode(prompt["messages"])
         spec = pipeline.run(ids, max_new_tokens=48)
         plain = pipeline.run(ids, max_new_tokens=48, speculative=False)
-        divergence = first_divergence(pipeline.target.model, ids, spec.token_ids, plain.token_ids)
+        divergence = first_divergence(pipeline.runner, ids, spec.token_ids, plain.token_ids)
         if divergence is not None:
             print(f"{prompt['id']} {proposer}: {divergence}")
             assert divergence.near_tie, f"{prompt['id']}: {divergence}"

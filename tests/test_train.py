@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
+from specpipe.engine import make_runner
 from specpipe.commands import train as train_command
 from specpipe.config import compose
 from specpipe.heads.eagle import EagleHead, EagleShape
@@ -48,7 +49,7 @@ def test_training_loss_decreases_within_a_few_steps(setup, tmp_path, monkeypatch
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
     target = tiny_model(0, dtype=torch.float32)
     seqs = data.sequences(tiny_tokenizer(), [str(setup / "corpus.txt")], 64, 2048)
-    folder = features.compute(target, seqs, tmp_path / "features")
+    folder = features.compute(make_runner(target), seqs, tmp_path / "features")
     cached = features.load(folder)
     assert len(cached) == len(seqs) and cached[0]["features"].shape == (64, 32)
     ex = Examples(cached, 3)
@@ -99,7 +100,7 @@ def test_train_writes_heads_and_a_recipe_and_resumes(setup, tmp_path, monkeypatc
 def test_eagle_training_loss_decreases_within_a_few_steps(setup, tmp_path):
     target = tiny_model(0, dtype=torch.float32)
     seqs = data.sequences(tiny_tokenizer(), [str(setup / "corpus.txt")], 64, 2048)
-    rows = Rows(features.load(features.compute(target, seqs, tmp_path / "features")))
+    rows = Rows(features.load(features.compute(make_runner(target), seqs, tmp_path / "features")))
     head = EagleHead(EagleShape.of_target(target.config))
     trainer = EagleTrainer(head, target.get_input_embeddings().weight.detach(),
                            target.get_output_embeddings().weight.detach(), torch.arange(64), lr=0.003)
@@ -168,9 +169,9 @@ def test_a_growing_sequence_list_reuses_its_feature_shards(setup, tmp_path, monk
     monkeypatch.setattr(features, "SHARD", 4)
     target = tiny_model(0, dtype=torch.float32)
     seqs = data.sequences(tiny_tokenizer(), [str(setup / "corpus.txt")], 16, 16 * 16)
-    folder = features.compute(target, seqs[:10], tmp_path / "features")  # shards of 4, 4 and 2
+    folder = features.compute(make_runner(target), seqs[:10], tmp_path / "features")  # shards of 4, 4 and 2
     before = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*")}
-    features.compute(target, seqs, folder)  # 16: shards 0-1 kept, shard 2 completed, shard 3 new
+    features.compute(make_runner(target), seqs, folder)  # 16: shards 0-1 kept, shard 2 completed, shard 3 new
     after = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*")}
     assert [after[n] == before.get(n) for n in sorted(after)] == [True, True, False, False]
     grown = features.load(folder, 16)

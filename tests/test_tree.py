@@ -9,7 +9,7 @@ import torch
 from conftest import PROMPT, tiny_target
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.errors import SpecpipeError
-from specpipe.models.runner import LMRunner
+from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.medusa import MedusaProposer, check_tree
 from specpipe.sampling import SamplingParams
@@ -45,36 +45,56 @@ def test_depths_leaf_paths_and_mask():
     assert torch.equal(tree.ancestry(), expected)
 
 
-def test_one_tree_forward_equals_sequential_forwards_along_each_path():
+ENGINES = ["native", "hf"]
+
+
+def logits_of(runner, ids, **kwargs):
+    return runner.forward(ids, **kwargs).logits[0]  # [n, V]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_tree_forward_equals_sequential_forwards_along_each_path(engine):
     target = tiny_target()
-    runner = LMRunner(target.model)
+    runner = make_runner(target.model, engine=engine)
     runner.forward(PROMPT[:-1])
     tree = hand_tree()
-    logits = runner.forward([PROMPT[-1], *TOKENS], ancestry=tree.ancestry())  # [6, V]
+    logits = logits_of(runner, [PROMPT[-1], *TOKENS], ancestry=tree.ancestry())  # [6, V]
     for path in tree.leaf_paths():
-        fresh = LMRunner(target.model).forward(PROMPT + [TOKENS[n] for n in path])[len(PROMPT) - 1:]
+        fresh = logits_of(make_runner(target.model, engine=engine), PROMPT + [TOKENS[n] for n in path])[len(PROMPT) - 1:]
         rows = [0] + [n + 1 for n in path]
         assert torch.allclose(logits[rows], fresh, atol=1e-10), path
 
 
-def test_greedy_walk_and_kv_rollback_to_the_accepted_path():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_greedy_walk_and_kv_rollback_to_the_accepted_path(engine):
     target = tiny_target()
-    plain = LMRunner(target.model)
-    first = int(plain.forward(PROMPT)[-1].argmax())
-    second = int(plain.forward([first])[-1].argmax())
+    plain = make_runner(target.model, engine=engine)
+    first = int(logits_of(plain, PROMPT)[-1].argmax())
+    second = int(logits_of(plain, [first])[-1].argmax())
     # a tree whose deep branch is the target's own greedy continuation (node 1 -> node 4)
     tree = DraftTree(torch.tensor([(first + 1) % 64, first, (second + 3) % 64, second]), (-1, -1, 1, 1))
-    state = DecodeState(LMRunner(target.model), PROMPT, torch.Generator())
+    state = DecodeState(make_runner(target.model, engine=engine), PROMPT, torch.Generator())
     state.prefill()
-    logits = state.target.forward([PROMPT[-1], *tree.tokens.tolist()], ancestry=tree.ancestry())
+    logits = logits_of(state.target, [PROMPT[-1], *tree.tokens.tolist()], ancestry=tree.ancestry())
     verdict = GreedyVerifier().verify(tree, logits, state.rng)
     assert verdict.accepted_tokens == (first, second) and verdict.path == (2, 4) and verdict.last_row == 4
     state.commit(verdict)
-    fresh = LMRunner(target.model)
+    fresh = make_runner(target.model, engine=engine)
     fresh.forward(state.tokens[:-1])
     assert state.target.length == fresh.length == len(state.tokens) - 1
-    for kept, ref in zip(state.target.cache.layers, fresh.cache.layers):
-        assert torch.allclose(kept.keys, ref.keys, atol=1e-10) and torch.allclose(kept.values, ref.values, atol=1e-10)
+    for kept, ref in zip(cached(state.target), cached(fresh)):
+        assert torch.allclose(kept, ref, atol=1e-10)
+    # and the next forward after the rollback computes what a fresh forward does
+    torch.testing.assert_close(logits_of(state.target, [state.tokens[-1]]), logits_of(fresh, [state.tokens[-1]]),
+                               rtol=0, atol=1e-10)
+
+
+def cached(runner) -> list[torch.Tensor]:
+    """Every key and value tensor of the runner's cache, cut to its length."""
+    n = runner.length
+    if runner.engine == "native":  # [layers, B, kv heads, capacity, D]
+        return [runner.cache.k[:, 0, :, :n], runner.cache.v[:, 0, :, :n]]
+    return [t[:, :, :n] for layer in runner.cache.layers for t in (layer.keys, layer.values)]
 
 
 TREES = {
@@ -91,7 +111,7 @@ def test_medusa_tree_greedy_equals_plain(tree, verifier, gamma, heads):
     target = tiny_target()
     made = random_heads(heads, scale=0.5) if heads else random_heads(0, scale=0.0)
     plain = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=40, speculative=False)
-    spec = Pipeline(target, MedusaProposer(made, target.model, GREEDY, TREES[tree]), verifier(), FixedGamma(gamma))
+    spec = Pipeline(target, MedusaProposer(made, GREEDY, TREES[tree]), verifier(), FixedGamma(gamma))
     for _ in range(2):
         out = spec.run(PROMPT, max_new_tokens=40)
         assert out.token_ids == plain.token_ids
@@ -101,7 +121,7 @@ def test_medusa_tree_greedy_equals_plain(tree, verifier, gamma, heads):
 def test_zero_heads_in_a_tree_accept_their_top_path():
     """Zero blocks make every head repeat the target's next-token guess; the tree still runs."""
     target = tiny_target()
-    spec = Pipeline(target, MedusaProposer(random_heads(0, scale=0.0), target.model, GREEDY, TREES["small"]),
+    spec = Pipeline(target, MedusaProposer(random_heads(0, scale=0.0), GREEDY, TREES["small"]),
                     GreedyVerifier(), FixedGamma(3))
     out = spec.run(PROMPT, max_new_tokens=30)
     assert out.stats.accepted > 0

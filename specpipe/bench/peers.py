@@ -7,7 +7,9 @@ baselines in the bench table.
   (max_matching_ngram_size from `proposer.ngram_max` when the proposer is ngram).
 - `auto`: the counterpart of the proposer (draft, twin: hf-assisted; ngram: hf-prompt-lookup).
 
-Both run on the pipeline's target object, so precision and kernels are the same as specpipe's.
+Both run transformers' own model objects at the precision specpipe uses (with the native engine,
+the transformers model the native weights came from, quantized the same way), so they measure
+transformers' decoding, not specpipe's engine.
 Their tokens/s counts the whole `generate` call (it has no separate prefill timer), which
 slightly favours specpipe on long prompts; the table says so.
 """
@@ -23,6 +25,7 @@ import torch
 from specpipe.bench.records import Measured
 from specpipe.checks import proposer_kind
 from specpipe.errors import SpecpipeError
+from specpipe.models.quantize import quantize_model
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
 
@@ -58,8 +61,14 @@ def make_peers(names: list[str], pipeline, cfg) -> list[Peer]:
     return [_MAKERS[name](pipeline, cfg) for name in names]
 
 
+def hf_model(runner) -> torch.nn.Module:
+    """The transformers model behind a runner, at the runner's precision (the native engine
+    copied its weights from a dense model: quantize that one in place, once)."""
+    return quantize_model(runner.model, runner.precision) if runner.engine == "native" else runner.model
+
+
 def _hf_generate(pipeline, **options) -> Callable[..., list[int]]:
-    model, sampling = pipeline.target.model, pipeline.sampling
+    model, sampling = hf_model(pipeline.runner), pipeline.sampling
     sample = {"do_sample": False} if sampling.greedy else {
         "do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
         "top_p": sampling.top_p,
@@ -83,7 +92,7 @@ def _assisted(pipeline, cfg) -> Peer:
             f"peer=hf-assisted needs a draft model, and proposer={proposer_kind(cfg)} has none. Use "
             "proposer=draft or proposer=twin with it, or peer=hf-prompt-lookup."
         )
-    return Peer("hf-assisted", _hf_generate(pipeline, assistant_model=runner.model))
+    return Peer("hf-assisted", _hf_generate(pipeline, assistant_model=hf_model(runner)))
 
 
 def _prompt_lookup(pipeline, cfg) -> Peer:

@@ -71,7 +71,7 @@ def _compare(pipeline: Pipeline, prompt: dict, ids: list[int], runs: dict) -> Pr
         return result  # sampled outputs differ by design; the distribution is tested statistically
     result.exact = speculative.token_ids == baseline.token_ids
     if not result.exact:
-        div = first_divergence(pipeline.target.model, ids, speculative.token_ids, baseline.token_ids)
+        div = first_divergence(pipeline.runner, ids, speculative.token_ids, baseline.token_ids)
         result.divergence = {**asdict(div), "near_tie": div.near_tie}
     result.peers_exact = {name: run.token_ids == baseline.token_ids for name, run in runs.items()}
     return result

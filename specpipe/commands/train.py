@@ -35,6 +35,7 @@ from specpipe.heads.eagle import EagleHead, EagleShape
 from specpipe.heads.io import load_eagle, load_medusa, save_eagle, save_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.loader import load_model, load_tokenizer, resolve
+from specpipe.engine import make_runner, pick_engine
 from specpipe.models.quantize import quantize_model
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features
@@ -111,8 +112,10 @@ def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
     The two parts have their own folders: a run with more `distill=` answers reuses the corpus
     features whole and the answers' earlier shards (the instructions are a fixed sequence)."""
     tokenizer = load_tokenizer(source)
-    model = quantize_model(load_model(source), cfg.model.quantize)
-    target = {"format": 4, "model": cfg.model.name, "quantize": cfg.model.quantize}
+    model = quantize_model(load_model(source), cfg.model.quantize)  # distillation decodes with transformers
+    engine = pick_engine(model, cfg.engine, cfg.model.quantize)
+    target = {"format": 4, "model": cfg.model.name, "quantize": cfg.model.quantize,
+              **({"engine": engine} if engine != "hf" else {})}  # hf: the key older caches were written with
     parts = []
     if cfg.tokens:
         seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens)
@@ -124,9 +127,12 @@ def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
                "seed": cfg.seed}
         parts.append((key, [ids for ids, _ in answers], [start for _, start in answers]))
     out = []
+    longest = max(len(ids) for _, seqs, _ in parts for ids in seqs)
+    # the native engine reads the (packed) weights back at the same precision: the same values
+    runner = make_runner(model, engine=engine, precision=cfg.model.quantize, cache_len=longest)
     with _progress(err) as progress:
         for key, seqs, starts in parts:
-            folder = features.compute(model, seqs, features.feature_dir(key), progress, starts)
+            folder = features.compute(runner, seqs, features.feature_dir(key), progress, starts)
             out += features.load(folder, len(seqs))
     return out
 

@@ -10,10 +10,10 @@ repeats the target's next-token guess. Parameter names follow vLLM's Medusa layo
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
-
-from specpipe.heads.tap import lm_logits
 
 
 class MedusaBlock(nn.Module):
@@ -44,13 +44,14 @@ class MedusaHeads(nn.Module):
     def shared_lm_head(self) -> bool:
         return self.lm_heads is None
 
-    def forward(self, features: torch.Tensor, target: nn.Module | None = None, heads: int | None = None) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                heads: int | None = None) -> torch.Tensor:
         """features [N, H] -> logits [K, N, V] of the first `heads` heads (all by default);
-        target: the model whose LM head is shared."""
+        lm_head: the target's LM head ([..., H] -> [..., V]; a runner's `lm_head`), when shared."""
         count = heads or self.num_heads
         dtype = self.blocks[0].layers[0].weight.dtype
         hidden = torch.stack([self.blocks[h](features.to(dtype)) for h in range(count)])  # [K, N, H]
         if self.lm_heads is None:  # one call of the shared head for all K: a K·N-row matmul
-            return lm_logits(target, hidden)
+            return lm_head(hidden)
         return torch.stack([self.lm_heads[h](hidden[h]) for h in range(count)]).float()
 

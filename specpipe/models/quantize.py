@@ -9,8 +9,13 @@ Modes (measured on this project's 2-core AVX2 CPU, README "Precision"):
   `linear_dynamic`). Fastest, but the activation scale depends on every row of the block, so a
   verify forward is not computed like a one-token forward: use it for drafts and twins, never
   for a target whose output must be preserved (the pipeline refuses that).
-int4 is not offered: torch's CPU int4/int8 weight-only kernels (`_weight_int4pack_mm_for_cpu`,
-`_weight_int8pack_mm`) are 5-20x slower than fp32 on this CPU, so they never pay.
+- `bf16`: bf16 weights and bf16 activations (`F.linear`), native engine only. Every row of a
+  k-row block is bitwise equal to a one-row call on this CPU: the `exact` guarantee.
+- `w8a16`: int8 per-channel weights, bf16 activations (`_weight_int8pack_mm`, its AVX2 kernel is
+  bf16-only: with fp32 activations it falls back to a scalar loop 7-20x slower), native engine
+  only. Each output is one fixed-order loop over K: `exact` too, at half bf16's weight bytes.
+int4 is not offered: torch's CPU int4 weight-only kernel has no fast path for this CPU's
+activations, and fbgemm has no int4 kernel.
 """
 
 from __future__ import annotations
@@ -22,27 +27,45 @@ from torch import nn
 
 from specpipe.errors import SpecpipeError
 
-MODES = ("none", "fp16", "int8")
-TARGET_SAFE = ("none", "fp16")  # batch-invariant: verify rows equal one-token rows
+MODES = ("none", "fp16", "int8", "bf16", "w8a16")
+TARGET_SAFE = ("none", "fp16", "bf16", "w8a16")  # verify rows equal one-token rows (within tolerance or bitwise)
+EXACT = ("bf16", "w8a16")  # bitwise: a k-row block's rows equal one-row calls (native engine)
+NATIVE_ONLY = EXACT  # they need bf16 activations end to end, which only the native forward keeps
+GUARANTEE = {"none": "tolerance", "fp16": "tolerance", "int8": "draft only", "bf16": "exact", "w8a16": "exact"}
+
+
+def activation_dtype(mode: str, model_dtype: torch.dtype = torch.float32) -> torch.dtype:
+    """The dtype activations flow in between layers of a native forward in `mode` (`none`
+    keeps the model's own float dtype: float64 tiny models in tests stay float64)."""
+    if mode in EXACT:
+        return torch.bfloat16
+    return model_dtype if mode == "none" else torch.float32
 
 
 class _PackedLinear(nn.Module):
-    """A Linear whose weight lives in an fbgemm packed form; forward is [*, in] -> [*, out]."""
+    """A Linear whose weight lives in a packed form; forward is [*, in] -> [*, out] in x's dtype.
+    Built from a weight [out, in] and a bias [out] or None (`of(linear)` from an nn.Linear)."""
 
-    def __init__(self, linear: nn.Linear):
+    compute_dtype = torch.float32  # what the kernel reads
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "_PackedLinear":
+        return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._matmul(x.reshape(-1, self.in_features).float().contiguous())
+        y = self._matmul(x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous())
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 class Fp16Linear(_PackedLinear):
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        bias = None if bias is None else bias.float()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), bias)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
@@ -52,17 +75,16 @@ class Fp16Linear(_PackedLinear):
 
 
 class Int8Linear(_PackedLinear):
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
-        weight = linear.weight.detach().float()
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        weight = weight.float()
         scales = (weight.abs().amax(1) / 127.0).clamp_min(1e-8).double()  # per output channel
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # quantized tensor constructors warn of deprecation
             qweight = torch.quantize_per_channel(
                 weight, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
             )
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.float())
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         # reduce_range: 7-bit activations avoid int16 overflow in AVX2's vpmaddubsw
@@ -72,13 +94,105 @@ class Int8Linear(_PackedLinear):
         return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize()
 
 
-_KERNELS = {"fp16": Fp16Linear, "int8": Int8Linear}
+class Bf16Linear(_PackedLinear):
+    compute_dtype = torch.bfloat16
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        self.weight = weight.to(torch.bfloat16).contiguous()
+        self.bias = None if bias is None else bias.to(torch.bfloat16)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.weight.float()
 
 
-def dense_weight(module: nn.Module) -> torch.Tensor:
-    """A Linear's weight [out, in] as float32, whether plain or packed here."""
+class W8A16Linear(_PackedLinear):
+    """int8 per-output-channel weights, bf16 activations and scales."""
+
+    compute_dtype = torch.bfloat16
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        weight = weight.float()
+        scales = (weight.abs().amax(1) / 127.0).clamp_min(1e-8)  # [out]
+        self.qweight = (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.scales = scales.to(torch.bfloat16)
+        self.bias = None if bias is None else bias.to(torch.bfloat16)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(x, self.qweight, self.scales)
+        return y if self.bias is None else y + self.bias
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
+
+
+_KERNELS = {"fp16": Fp16Linear, "int8": Int8Linear, "bf16": Bf16Linear, "w8a16": W8A16Linear}
+
+
+def linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+                  dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A Linear [*, in] -> [*, out] with `weight` [out, in] in the `mode` kernel (none: dense
+    in `dtype`)."""
+    if mode == "none":
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        linear.weight = nn.Parameter(weight.to(dtype).contiguous(), requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
+        return linear
+    return _KERNELS[mode](weight.detach(), None if bias is None else bias.detach())
+
+
+def module_bytes(module: nn.Module) -> int:
+    """Bytes of a module's weights, packed kernels included (fbgemm packs report their size
+    through the unpacked tensor they hold, at the precision they store)."""
+    total = sum(t.numel() * t.element_size() for t in module.parameters())
+    total += sum(t.numel() * t.element_size() for t in module.buffers())
+    for sub in module.modules():
+        total += _packed_bytes(sub)
+    return total
+
+
+def _packed_bytes(module: nn.Module) -> int:
+    if isinstance(module, Fp16Linear):
+        return module.in_features * module.out_features * 2 + module.out_features * 4
+    if isinstance(module, Int8Linear):
+        return module.in_features * module.out_features + module.out_features * 8
+    if isinstance(module, (Bf16Linear, W8A16Linear)):
+        return sum(t.numel() * t.element_size() for t in vars(module).values() if isinstance(t, torch.Tensor))
+    return 0
+
+
+def dense_bias(module: nn.Module) -> torch.Tensor | None:
+    """A Linear's bias [out] (float32), or None, whether plain or packed here."""
+    if isinstance(module, Fp16Linear):
+        bias = torch.ops.quantized.linear_unpack_fp16(module.packed)[1]
+    elif isinstance(module, Int8Linear):
+        bias = torch.ops.quantized.linear_unpack(module.packed)[1]
+    else:
+        bias = getattr(module, "bias", None)
+    return None if bias is None else bias.detach()
+
+
+def move_kernel(module: nn.Module, device: torch.device) -> nn.Module:
+    """A kernel on another device: fp32 and bf16 move; fbgemm's packed kernels are CPU-only."""
+    if isinstance(module, nn.Linear):
+        return module.to(device)
+    if isinstance(module, Bf16Linear):
+        module.weight = module.weight.to(device)
+        module.bias = None if module.bias is None else module.bias.to(device)
+        return module
+    raise SpecpipeError(f"precision {type(module).__name__} runs on the CPU only (fbgemm / CPU int8 kernels); "
+                        f"on {device} use model.quantize=bf16 or none.")
+
+
+def dense_weight(module: nn.Module, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A Linear's weight [out, in] (float32 unless asked), whether plain or packed here."""
     weight = module.dense_weight() if isinstance(module, _PackedLinear) else module.weight
-    return weight.detach().float()
+    return weight.detach().to(dtype)
 
 
 def check_mode(mode: str, what: str) -> str:
@@ -98,5 +212,5 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, kernel(child))
+                setattr(parent, name, kernel.of(child))
     return model

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specpipe.models.loader import load_model, resolve
-from specpipe.models.quantize import check_mode, quantize_model
+from specpipe.models.quantize import check_mode
 from specpipe.proposers.model_drafter import ModelDrafter
 
 
@@ -11,5 +11,4 @@ def build(*, context, model: str, quantize: str = "int8") -> ModelDrafter:
     """Load the draft model named `model` (zoo name, GGUF, directory or hub id)."""
     check_mode(quantize, "proposer.quantize")
     # the tokenizer check ran before any weights loaded (specpipe/checks.py)
-    draft = quantize_model(load_model(resolve(model)), quantize)
-    return ModelDrafter(draft, context.sampling)
+    return ModelDrafter.on(context, load_model(resolve(model)), quantize)

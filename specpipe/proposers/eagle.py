@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from specpipe.errors import SpecpipeError
+from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
-from specpipe.heads.tap import FeatureTap, lm_logits
-from specpipe.models.quantize import check_mode, dense_weight, quantize_model
+from specpipe.models.quantize import check_mode, quantize_model
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
@@ -42,23 +42,28 @@ class TreeShape:
 
 
 class EagleProposer(Proposer):
-    def __init__(self, head: EagleHead, target: torch.nn.Module, sampling: SamplingParams,
-                 tree: TreeShape | None = None, quantize: str = "none"):
+    hidden_layers = (FINAL,)
+
+    def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
+                 quantize: str = "none"):
         self.head = head
-        self.target = target
         self.sampling = sampling
         self.tree = tree
-        self.lm = DraftLM(target, head.draft_vocab, quantize)
-        self.tap = FeatureTap(target)
-        self.tap.attach()  # now, before the target's prefill: its features start the head's cache
+        self.quantize = quantize
+        self.target: Runner | None = None
+        self.lm: DraftLM | None = None
         self.cache = HeadCache()
         self.committed = 0  # head cache rows computed from true target features
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # (features [m, H], tokens [m]) not fed yet
 
-    def prefill(self, state: DecodeState) -> None:
+    def bind(self, target: Runner) -> None:
+        self.target = target
+        self.lm = DraftLM(target, self.head.draft_vocab, self.quantize)
+
+    def prefill(self, state: DecodeState, out: TargetOutput | None) -> None:
         self.cache, self.committed = HeadCache(), 0
         # the target's prefill saw prompt[:-1]: rows (f_i, prompt[i+1])
-        self.pending = (self.tap.rows, state.tokens[1:]) if state.prompt_len > 1 else None
+        self.pending = (out.hidden[FINAL][0], state.tokens[1:]) if out is not None else None
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, gamma: int) -> DraftBlock | DraftTree:
@@ -72,18 +77,18 @@ class EagleProposer(Proposer):
             return self._tree(root, gamma)
         return self._chain(root, gamma, state)
 
-    def commit(self, verdict: Verdict) -> None:
+    def commit(self, verdict: Verdict, out: TargetOutput) -> None:
         # rows of the verify block on the accepted path: the features of the last committed
         # token and of each accepted draft token, each paired with the token that followed it
         rows = [0, *verdict.path] if verdict.path else list(range(verdict.n_accepted + 1))
         self.cache.crop(self.committed)
-        self.pending = (self.tap.rows[rows], [*verdict.accepted_tokens, verdict.next_token])
+        self.pending = (out.hidden[FINAL][0, rows], [*verdict.accepted_tokens, verdict.next_token])
 
     def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor,
               mask: torch.Tensor | None = None) -> torch.Tensor:
         """Rows (features [n, H], tokens, positions [n]) appended to the head cache -> guessed
         next features [n, H]; mask [1, n, cache + n] (None: causal)."""
-        embeds = self.target.get_input_embeddings()(torch.tensor(tokens, dtype=torch.long))
+        embeds = self.target.embed(torch.tensor(tokens, dtype=torch.long))
         return self.head(embeds[None], features[None], positions[None], mask, self.cache)[0]
 
     def _chain(self, hidden: torch.Tensor, gamma: int, state: DecodeState) -> DraftBlock:
@@ -155,16 +160,16 @@ class DraftLM:
     -inf: never drafted, and verified by the target as always, so nothing is lost but a guess
     the head could not make."""
 
-    def __init__(self, target: torch.nn.Module, ids: torch.Tensor | None, quantize: str = "none"):
+    def __init__(self, target: Runner, ids: torch.Tensor | None, quantize: str = "none"):
         self.target, self.ids = target, ids
-        self.rows = None if ids is None else _rows_linear(dense_weight(target.get_output_embeddings())[ids], quantize)
-        self.vocab_size = target.config.vocab_size
+        self.rows = None if ids is None else _rows_linear(target.lm_head_weight()[ids], quantize)
+        self.vocab_size = target.vocab_size
         self.size = self.vocab_size if ids is None else len(ids)  # tokens it can draft
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> float32 logits [..., V] (a full distribution, for sampling)."""
         if self.ids is None:
-            return lm_logits(self.target, hidden)
+            return self.target.lm_head(hidden)
         sub = self.rows(hidden.float())  # [..., K]
         logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         logits[..., self.ids] = sub
@@ -175,7 +180,7 @@ class DraftLM:
         trees need no more, so a draft vocabulary is never spread over the full vocabulary
         (a scatter, argmax and softmax over 49k entries per draft token on SmolLM2)."""
         if self.ids is None:
-            return torch.log_softmax(lm_logits(self.target, hidden), -1).topk(k)
+            return torch.log_softmax(self.target.lm_head(hidden), -1).topk(k)
         best = torch.log_softmax(self.rows(hidden.float()), -1).topk(k)
         return best.values, self.ids[best.indices]
 
@@ -222,4 +227,4 @@ def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp1
     # float32 first whatever the file holds: plain half-precision Linear layers are slow on CPUs
     # without native half arithmetic (this one has none); fbgemm's kernels read fp16 and compute in fp32
     head = quantize_model(load_eagle(heads).float(), quantize)
-    return EagleProposer(head, context.target.model, context.sampling, shape, quantize)
+    return EagleProposer(head, context.sampling, shape, quantize)

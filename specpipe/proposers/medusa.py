@@ -1,8 +1,8 @@
 """`proposer=medusa`: K heads on the target's last hidden state guess the next K tokens at once.
 
 No second model and no draft forward passes: after each verdict the feature of the token that
-produced the next token (the target's LM-head input, captured by a hook during the verify
-forward) feeds every head once. The first step of a generation has no feature yet and drafts
+produced the next token (the target's LM-head input, which the verify forward hands over)
+feeds every head once. The first step of a generation has no feature yet and drafts
 nothing. With sampling the heads' distributions go to the verifier as draft_probs, so the
 rejection verifier stays lossless; `verifier=typical` is Medusa's own (lossy) acceptance.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from specpipe.errors import SpecpipeError
+from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
-from specpipe.heads.tap import FeatureTap
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
@@ -22,17 +22,19 @@ from specpipe.types import DraftBlock, DraftTree, Verdict
 
 
 class MedusaProposer(Proposer):
-    def __init__(self, heads: MedusaHeads, target: torch.nn.Module, sampling: SamplingParams,
-                 tree: list[list[int]] | None = None):
+    hidden_layers = (FINAL,)
+
+    def __init__(self, heads: MedusaHeads, sampling: SamplingParams, tree: list[list[int]] | None = None):
         self.heads = heads
-        self.target = target
         self.sampling = sampling
         self.tree = None if tree is None else check_tree(tree, heads.num_heads)
-        self.tap = FeatureTap(target)
+        self.target: Runner | None = None
         self.feature: torch.Tensor | None = None  # [H] of the last committed token's predecessor row
 
-    def prefill(self, state: DecodeState) -> None:
-        self.tap.attach()
+    def bind(self, target: Runner) -> None:
+        self.target = target
+
+    def prefill(self, state: DecodeState, out: TargetOutput | None) -> None:
         self.feature = None
 
     @torch.inference_mode()
@@ -40,7 +42,7 @@ class MedusaProposer(Proposer):
         if self.feature is None:
             return DraftBlock.empty()
         gamma = min(gamma, self.heads.num_heads)
-        logits = self.heads(self.feature[None], self.target, heads=gamma)[:, 0]  # [γ, V]
+        logits = self.heads(self.feature[None], self.target.lm_head, heads=gamma)[:, 0]  # [γ, V]
         if self.tree is not None:
             return self._tree(logits)
         if self.sampling.greedy:
@@ -59,9 +61,9 @@ class MedusaProposer(Proposer):
         parents = tuple(index[tuple(c[:-1])] if len(c) > 1 else -1 for c in choices)
         return DraftTree(tokens, parents)
 
-    def commit(self, verdict: Verdict) -> None:
+    def commit(self, verdict: Verdict, out: TargetOutput) -> None:
         # the verify row that predicted the token just emitted: its feature drafts the next ones
-        self.feature = self.tap.rows[verdict.last_row]
+        self.feature = out.hidden[FINAL][0, verdict.last_row]
 
 
 def check_tree(tree: list[list[int]], num_heads: int) -> list[list[int]]:
@@ -84,4 +86,4 @@ def build(*, context, heads: str, num_heads: int | None = None, tree: list | Non
     loaded = load_medusa(heads)
     if num_heads is not None:
         loaded.num_heads = max(1, min(num_heads, loaded.num_heads))
-    return MedusaProposer(loaded, context.target.model, context.sampling, tree)
+    return MedusaProposer(loaded, context.sampling, tree)

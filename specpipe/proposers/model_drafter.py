@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.models.runner import LMRunner
+from specpipe.engine import make_runner
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
@@ -19,12 +19,20 @@ from specpipe.types import DraftBlock, Verdict
 
 
 class ModelDrafter(Proposer):
-    def __init__(self, model: torch.nn.Module, sampling: SamplingParams):
-        self.runner = LMRunner(model)
+    def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, engine: str = "auto",
+                 precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
+        """model: the draft's weights (the hf engine quantizes them in place to `precision`)."""
+        self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device)
         self.sampling = sampling
         self._base = 0  # committed length when the last draft was proposed
 
-    def prefill(self, state: DecodeState) -> None:
+    @classmethod
+    def on(cls, context, model: torch.nn.Module, precision: str) -> "ModelDrafter":
+        """A drafter on the pipeline's engine, device and cache length (a build context's)."""
+        return cls(model, context.sampling, engine=context.engine, precision=precision,
+                   cache_len=context.cache_len, device=context.device)
+
+    def prefill(self, state: DecodeState, out=None) -> None:
         self.runner.reset()
         if state.prompt_len > 1:
             self.runner.forward(state.tokens[:-1], last_only=True)
@@ -34,7 +42,7 @@ class ModelDrafter(Proposer):
         feed = state.tokens[self.runner.length :]  # committed tokens the draft cache lacks
         tokens, probs, confidence = [], [], []
         for i in range(gamma):
-            logits = self.runner.forward(feed, last_only=True)[-1]  # [V]
+            logits = self.runner.forward(feed, last_only=True).logits[0, -1]  # [V]
             if self.sampling.greedy:
                 token = int(logits.argmax())
                 top = float(torch.softmax(logits.float(), -1)[token])
@@ -54,7 +62,7 @@ class ModelDrafter(Proposer):
             torch.tensor(confidence),
         )
 
-    def commit(self, verdict: Verdict) -> None:
+    def commit(self, verdict: Verdict, out=None) -> None:
         if verdict.gamma == 0:
             return  # nothing was drafted: the cache is as the last propose left it
         # the cache holds committed[:base] + draft[:γ-1]; draft[:n] survived the verdict

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import copy
 
-from specpipe.models.quantize import check_mode, quantize_model
+from specpipe.engine import pick_engine
+from specpipe.models.quantize import check_mode
 from specpipe.proposers.model_drafter import ModelDrafter
 
 
 def build(*, context, quantize: str = "int8") -> ModelDrafter:
-    """Copy the target before the pipeline sets its precision (so LoRA merges carry over)."""
+    """Built before the pipeline sets the target's precision (so LoRA merges carry over). The
+    native engine copies the weights it needs; the hf engine quantizes in place, so it gets a copy."""
     check_mode(quantize, "proposer.quantize")
-    twin = quantize_model(copy.deepcopy(context.target.model), quantize)
-    return ModelDrafter(twin, context.sampling)
+    model = context.target.model
+    if pick_engine(model, context.engine, quantize) == "hf":
+        model = copy.deepcopy(model)
+    return ModelDrafter.on(context, model, quantize)

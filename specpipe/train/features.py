@@ -23,8 +23,8 @@ from rich.progress import Progress
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from specpipe.engine import FINAL, Runner
 from specpipe.models.zoo import cache_root
-from specpipe.heads.tap import FeatureTap
 
 SHARD = 32  # sequences per file
 
@@ -36,19 +36,19 @@ def feature_dir(key: dict) -> Path:
 
 
 @torch.inference_mode()
-def compute(model: torch.nn.Module, seqs: list[list[int]], folder: Path, progress: Progress | None = None,
+def compute(target: Runner, seqs: list[list[int]], folder: Path, progress: Progress | None = None,
             starts: list[int] | None = None) -> Path:
-    """starts: per sequence, the first position whose prediction is learned (default 0)."""
+    """The target's features (its LM-head input) and argmax over each sequence, one forward per
+    sequence on the target's runner. starts: per sequence, the first position whose prediction
+    is learned (default 0)."""
     folder.mkdir(parents=True, exist_ok=True)
     starts = starts or [0] * len(seqs)
-    tap = FeatureTap(model)
-    tap.attach()
     shards = [(seqs[i : i + SHARD], starts[i : i + SHARD]) for i in range(0, len(seqs), SHARD)]
     task = progress.add_task("target features", total=len(seqs)) if progress else None
     for index, (shard, first) in enumerate(shards):
         path = folder / f"shard-{index:05d}.safetensors"
         if not _holds(path, len(shard)):  # a shorter run's last shard is rewritten when a run grows
-            _write_shard(model, tap, shard, first, path)
+            _write_shard(target, shard, first, path)
         if progress:
             progress.advance(task, len(shard))
     return folder
@@ -61,12 +61,13 @@ def _holds(path: Path, count: int) -> bool:
         return f.get_slice("lengths").get_shape()[0] == count
 
 
-def _write_shard(model, tap: FeatureTap, shard: list[list[int]], starts: list[int], path: Path) -> None:
+def _write_shard(target: Runner, shard: list[list[int]], starts: list[int], path: Path) -> None:
     features, argmax = [], []
     for ids in shard:
-        logits = model(input_ids=torch.tensor([ids])).logits[0]  # [n, V]
-        features.append(tap.rows.to(torch.float16))  # [n, H]
-        argmax.append(logits.argmax(-1).to(torch.int32))
+        target.reset()
+        out = target.forward(ids, hidden=(FINAL,))
+        features.append(out.hidden[FINAL][0].to(torch.float16))  # [n, H]
+        argmax.append(out.logits[0].argmax(-1).to(torch.int32))  # [n]
     tensors = {"features": torch.cat(features), "argmax": torch.cat(argmax),
                "lengths": torch.tensor([len(ids) for ids in shard], dtype=torch.int32),
                "starts": torch.tensor(starts, dtype=torch.int32),

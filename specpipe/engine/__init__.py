@@ -1,0 +1,55 @@
+"""Runners: one model and its KV cache behind one interface (base.py), two engines.
+
+`make_runner(model, engine=..., precision=...)` is the only place that picks one: `native`
+(native.py, Llama and Qwen2 families), `hf` (hf.py, any transformers model), or `auto`
+(native where the architecture is supported, hf otherwise).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpipe.engine.base import FINAL, Memory, Runner, TargetOutput
+from specpipe.errors import SpecpipeError
+
+ENGINES = ("auto", "native", "hf")
+DEVICES = ("cpu", "cuda")
+
+__all__ = ["ENGINES", "FINAL", "Memory", "Runner", "TargetOutput", "make_runner", "pick_engine"]
+
+
+def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "none") -> str:
+    """The engine `engine=` means for this model ('native' or 'hf'), or a SpecpipeError."""
+    from specpipe.engine.native_model import unsupported_reason
+    from specpipe.models.quantize import NATIVE_ONLY
+
+    if engine not in ENGINES:
+        raise SpecpipeError(f"engine={engine!r} is not an engine. Use one of: {', '.join(ENGINES)}.")
+    reason = unsupported_reason(model)
+    if engine == "native" and reason is not None:
+        raise SpecpipeError(f"engine=native cannot run this model: {reason}. Use engine=hf (or auto).")
+    chosen = "native" if engine == "native" or (engine == "auto" and reason is None) else "hf"
+    if chosen == "hf" and precision in NATIVE_ONLY:
+        raise SpecpipeError(f"precision {precision} needs the native engine (bf16 activations end to end), which "
+                            f"{'was not chosen' if reason is None else 'cannot run this model: ' + reason}. Use "
+                            "fp16 or none, or engine=native.")
+    return chosen
+
+
+def make_runner(model: torch.nn.Module, *, engine: str = "auto", precision: str = "none",
+                cache_len: int | None = None, device: str = "cpu") -> Runner:
+    """A runner for `model` at `precision` (a mode of models/quantize.py). The hf engine swaps
+    the model's Linear layers in place; the native engine copies the weights it needs."""
+    if device not in DEVICES:
+        raise SpecpipeError(f"device={device!r} is not supported. Use one of: {', '.join(DEVICES)}.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecpipeError("device=cuda was asked for but torch sees no CUDA GPU here. Use device=cpu.")
+    if pick_engine(model, engine, precision) == "native":
+        from specpipe.engine.native import DEFAULT_CACHE_LEN, NativeRunner
+
+        return NativeRunner(model, precision, cache_len or DEFAULT_CACHE_LEN, device)
+    if device != "cpu":
+        raise SpecpipeError("device=cuda needs the native engine (Llama / Qwen2 families); engine=hf runs on the CPU.")
+    from specpipe.engine.hf import HFRunner
+
+    return HFRunner(model, precision)

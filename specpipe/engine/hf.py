@@ -1,0 +1,93 @@
+"""`engine=hf`: any transformers causal LM, eager, on a `DynamicCache`.
+
+The fallback for architectures the native engine does not cover (and the reference the native
+engine is tested against). Its precision is set by swapping the model's Linear layers in place
+(specpipe/models/quantize.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from specpipe.engine.base import FINAL, Memory, Runner, TargetOutput, tree_depths, wide
+from specpipe.errors import SpecpipeError
+from specpipe.models.quantize import dense_weight, module_bytes, quantize_model
+
+
+class HFRunner(Runner):
+    engine = "hf"
+
+    def __init__(self, model: torch.nn.Module, precision: str = "none"):
+        self.model = quantize_model(model, precision)
+        self.precision = precision
+        config = model.config
+        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
+        self.num_layers = len(model.get_decoder().layers)
+        self.cache = DynamicCache(config=config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int], *, last_only: bool = False, ancestry: torch.Tensor | None = None,
+                hidden: tuple[int, ...] = ()) -> TargetOutput:
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        tree = {} if ancestry is None else self._tree_inputs(ancestry)
+        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0, output_hidden_states=bool(hidden), **tree)
+        return TargetOutput(wide(out.logits), {key: self._hidden(out.hidden_states, key) for key in hidden})
+
+    def _hidden(self, states: tuple[torch.Tensor, ...], key: int) -> torch.Tensor:
+        # transformers' hidden_states: [embeddings, layer 0, ..., layer L-2, final norm(layer L-1)]
+        if key == FINAL:
+            return wide(states[-1])
+        if not 0 <= key < self.num_layers - 1:
+            raise SpecpipeError(f"engine=hf exposes the outputs of layers 0..{self.num_layers - 2} and the final "
+                                f"norm, not layer {key}; use engine=native or another layer.")
+        return wide(states[key + 1])
+
+    def _tree_inputs(self, ancestry: torch.Tensor) -> dict:
+        past, n = self.length, ancestry.shape[0]
+        allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), ancestry], 1)  # [n, past + n]
+        dtype = next(p.dtype for p in self.model.parameters() if p.is_floating_point())
+        mask = torch.zeros(1, 1, n, past + n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        return {"attention_mask": mask, "position_ids": (past + tree_depths(ancestry))[None]}
+
+    @torch.inference_mode()
+    def keep(self, start: int, slots: list[int]) -> None:
+        if not slots:
+            return
+        index = torch.tensor(slots)
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)  # [batch, kv heads, length, head dim]
+                tensor[:, :, start : start + len(slots)] = tensor[:, :, index]
+
+    def crop(self, length: int) -> None:
+        drop = self.length - length
+        if drop > 0:
+            self.cache.crop(-drop)  # transformers 5 takes the number of tokens to drop, negated
+
+    @torch.inference_mode()
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.model.get_output_embeddings()
+        weight = getattr(head, "weight", None)
+        dtype = weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+        return wide(head(hidden.to(dtype)))
+
+    @torch.inference_mode()
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return wide(self.model.get_input_embeddings()(ids))
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return dense_weight(self.model.get_output_embeddings())
+
+    def memory(self) -> Memory:
+        cache = sum(t.numel() * t.element_size() for layer in self.cache.layers
+                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
+        return Memory(module_bytes(self.model), cache)

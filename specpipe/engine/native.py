@@ -1,0 +1,111 @@
+"""`engine=native`: specpipe's own forward (native_model.py) behind the runner interface.
+
+The runner drives batch row 0 of a `NativeLM` and its preallocated `KVCache`: the cache length
+is an integer, so `crop` is an assignment and `keep` (a tree's accepted path) is one gather per
+cache tensor. Batched decoding drives the same model through `forward_batch` with a length per
+row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpipe.engine.base import Memory, Runner, TargetOutput, tree_depths, wide
+from specpipe.engine.native_model import NativeLM
+from specpipe.errors import SpecpipeError
+from specpipe.models.quantize import module_bytes
+
+DEFAULT_CACHE_LEN = 4096  # tokens per sequence (prompt + output + one draft block), `cache_len=`
+
+
+class NativeRunner(Runner):
+    engine = "native"
+
+    def __init__(self, model: torch.nn.Module, precision: str = "none", cache_len: int = DEFAULT_CACHE_LEN,
+                 device: str = "cpu", batch: int = 1):
+        limit = getattr(model.config, "max_position_embeddings", cache_len) or cache_len
+        self.lm = NativeLM(model, precision, min(cache_len, limit), device)
+        self.model = model  # the transformers model the weights came from (peers decode with it)
+        self.precision = precision
+        self.vocab_size, self.hidden_size, self.num_layers = self.lm.vocab_size, self.lm.hidden_size, self.lm.num_layers
+        self.cache = self.lm.new_cache(batch, self.lm.max_len)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=self.lm.device)  # [B] cached tokens per row
+        self._length = 0  # row 0's, as a Python int (the single-sequence path never syncs a tensor)
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0
+        self.lengths.zero_()
+
+    def forward(self, ids: list[int], *, last_only: bool = False, ancestry: torch.Tensor | None = None,
+                hidden: tuple[int, ...] = ()) -> TargetOutput:
+        n, start = len(ids), self._length
+        self._check_room(start + n)
+        device = self.lm.device
+        offsets = torch.arange(n) if ancestry is None else tree_depths(ancestry)
+        logits, states = self.lm.forward(torch.tensor([ids], device=device), torch.tensor([start], device=device),
+                                         (start + offsets)[None].to(device), self.cache, ancestry, hidden, last_only)
+        self._length = start + n
+        return TargetOutput(logits, states)
+
+    def forward_batch(self, ids: torch.Tensor, *, last_only: bool = False, hidden: tuple[int, ...] = (),
+                      ancestry: torch.Tensor | None = None) -> TargetOutput:
+        """ids [B, n] appended to each row at that row's own length (rows may differ)."""
+        start = self.lengths.clone()
+        self._check_room(int(start.max()) + ids.shape[1])
+        offsets = torch.arange(ids.shape[1]) if ancestry is None else tree_depths(ancestry)
+        positions = start[:, None] + offsets.to(start.device)[None]
+        logits, states = self.lm.forward(ids.to(start.device), start, positions, self.cache, ancestry, hidden,
+                                         last_only)
+        self.lengths += ids.shape[1]
+        self._length = int(self.lengths[0])
+        return TargetOutput(logits, states)
+
+    def crop_rows(self, lengths: torch.Tensor) -> None:
+        """Row b keeps its first lengths[b] tokens (ragged rollback after a batched verdict)."""
+        self.lengths = torch.minimum(self.lengths, lengths.to(self.lengths.device))
+        self._length = int(self.lengths[0])
+
+    def _check_room(self, needed: int) -> None:
+        if needed > self.cache.capacity:
+            raise SpecpipeError(
+                f"The sequence needs {needed} cache slots but the native engine's KV cache holds "
+                f"{self.cache.capacity} (cache_len, at most the model's max_position_embeddings). Pass a larger "
+                "cache_len=, a shorter prompt or fewer max_new_tokens."
+            )
+
+    @torch.inference_mode()
+    def keep(self, start: int, slots: list[int]) -> None:
+        if not slots:
+            return
+        index = torch.tensor(slots, device=self.lm.device)
+        for tensor in (self.cache.k, self.cache.v):  # [layers, B, kv heads, capacity, D]
+            tensor[:, 0, :, start : start + len(slots)] = tensor[:, 0, :, index]
+
+    def crop(self, length: int) -> None:
+        self._length = min(self._length, length)
+        self.lengths[0] = self._length
+
+    @torch.inference_mode()
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(hidden.to(self.lm.device))
+
+    @torch.inference_mode()
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return wide(self.lm.embed(ids.to(self.lm.device)))
+
+    def lm_head_weight(self) -> torch.Tensor:
+        from specpipe.models.quantize import dense_weight
+
+        return dense_weight(self.lm.head)
+
+    def memory(self) -> Memory:
+        lm = self.lm
+        weights = module_bytes(lm.head) + sum(module_bytes(m) for layer in lm.layers
+                                              for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
+        small = [lm.embedding, lm.norm, lm.cos, lm.sin] + [t for layer in lm.layers for t in (layer.norm1, layer.norm2)]
+        weights += sum(t.numel() * t.element_size() for t in small)
+        return Memory(weights, self.cache.bytes)
