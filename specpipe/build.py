@@ -34,13 +34,14 @@ class BuildContext:
     early_exit: int | None = None
     engine: str = "auto"  # for the target and any model a proposer loads (draft, twin)
     device: str = "cpu"
-    cache_len: int = 4096
+    cache_len: int = 2048
+    compile: bool = False  # the target's stack only: a draft's steps are many and small, its graphs another compile
     _target: LoadedModel | None = field(default=None, repr=False)
 
-    def runner(self, model, precision: str):
+    def runner(self, model, precision: str, compile: bool = False):
         """A runner for a model of this pipeline (target or draft) on the configured engine."""
         return make_runner(model, engine=self.engine, precision=precision, cache_len=self.cache_len,
-                           device=self.device)
+                           device=self.device, compile=compile)
 
     @property
     def target(self) -> LoadedModel:
@@ -57,9 +58,10 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     source = resolve(cfg.model.name)
     context = BuildContext(cfg.model.name, source, load_tokenizer(source), sampling,
-                           lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len)
+                           lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len,
+                           cfg.compile)
     checks = run_checks(cfg, lambda: context.tokenizer, lambda: load_tokenizer(resolve(cfg.proposer.model)),
-                        lambda: load_config(source))
+                        lambda: load_config(source), lambda: load_config(resolve(cfg.proposer.model)))
     return context, checks
 
 
@@ -70,7 +72,7 @@ def build_pipeline(cfg: DictConfig) -> Pipeline:
     controller = call_target(cfg.controller, "controller", context)
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     target = context.target
-    runner = context.runner(target.model, cfg.model.quantize)
+    runner = context.runner(target.model, cfg.model.quantize, compile=context.compile)
     pipeline = Pipeline(target, proposer, verifier, controller, context.sampling, chat=cfg.model.chat, runner=runner)
     pipeline.warnings = [c for c in checks if c.status == "warn"]
     return pipeline

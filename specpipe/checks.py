@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from specpipe.errors import SpecpipeError
-from specpipe.models.quantize import MODES, TARGET_SAFE
+from specpipe.models.quantize import GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def check_precision(cfg: DictConfig) -> list[Check]:
         why = (f"model.quantize={mode} computes a verify block differently from one-token steps (one "
                "activation scale per call): speculative output would drift from plain decoding")
     else:
-        status, why = "ok", f"target weights {mode}: batch-invariant, verify rows equal one-token rows"
+        status, why = "ok", f"target weights {mode} ({GUARANTEE[mode]}): verify rows equal one-token rows"
     checks.append(Check("target precision", status, why, f"use one of {', '.join(TARGET_SAFE)}"))
     draft_mode = cfg.proposer.get("quantize")
     if draft_mode is not None:
@@ -122,12 +122,64 @@ def check_tokenizer(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_lo
     return Check("tokenizer", "ok", "draft and target share vocabulary, token strings and EOS")
 
 
-def stack_notes(cfg: DictConfig) -> list[Check]:
-    return [
-        Check("attention", "ok", "SDPA (transformers' default); FlashAttention kernels are CUDA-only"),
-        Check("KV cache", "ok", "DynamicCache, cropped to the accepted prefix after each verdict"),
-        Check("continuous batching", "n/a", "this engine decodes one sequence at a time"),
-    ]
+def check_engine(cfg: DictConfig, target_config) -> list[Check]:
+    """Which engine runs the target, the guarantee its precision gives, and the device."""
+    from specpipe.engine import DEVICES, ENGINES
+    from specpipe.engine.native_model import config_unsupported_reason
+
+    engine, mode = cfg.engine, cfg.model.quantize
+    if engine not in ENGINES:
+        return [Check("engine", "refuse", f"engine={engine} is not an engine", f"use one of {', '.join(ENGINES)}")]
+    reason = config_unsupported_reason(target_config) if target_config is not None else "its config is unknown"
+    if len(lora_paths(cfg)) > 1:
+        reason = "adapters switched per request need the peft model"
+    if engine == "native" and reason:
+        return [Check("engine", "refuse", f"engine=native cannot run {cfg.model.name}: {reason}", "use engine=auto or hf")]
+    native = engine == "native" or (engine == "auto" and not reason)
+    if not native and mode in NATIVE_ONLY:
+        return [Check("engine", "refuse", f"model.quantize={mode} needs the native engine (bf16 activations end to "
+                      f"end); {cfg.model.name} runs on hf: {reason or 'engine=hf was asked for'}",
+                      "use model.quantize=fp16 or none")]
+    checks = [Check("engine", "ok", (
+        f"native: own forward (fused projections, preallocated KV cache of {cfg.cache_len} slots indexed by "
+        f"position){', decoder stack compiled' if cfg.get('compile') else ''}" if native
+        else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
+    guarantee = GUARANTEE.get(mode, "")
+    if mode in TARGET_SAFE:
+        checks.append(Check("verify guarantee", "ok", {
+            "exact": f"{mode}: every row of a verify block is bitwise equal to a one-token forward (greedy "
+                     "speculative output = plain output, bit for bit)",
+            "tolerance": f"{mode}: verify rows equal one-token rows to ~1e-6; a near-tie (top-2 logits within "
+                         "~1e-4) can flip"}[guarantee]))
+    if cfg.device not in DEVICES:
+        checks.append(Check("device", "refuse", f"device={cfg.device} is not supported", f"use {' or '.join(DEVICES)}"))
+    elif cfg.device == "cuda":
+        import torch
+
+        ok = torch.cuda.is_available() and native and mode in ("none", "bf16")
+        checks.append(Check("device", "ok" if ok else "refuse", "cuda: native engine, dense kernels" if ok else
+                            "device=cuda needs a visible CUDA GPU, the native engine and model.quantize=bf16 or none "
+                            "(fbgemm kernels are CPU-only)", "use device=cpu, or model.quantize=bf16"))
+    return checks
+
+
+def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
+    """What the target, a draft model and their KV caches will take (estimated from configs)."""
+    from specpipe.engine.footprint import cache_bytes, mib, weight_bytes
+
+    if target_config is None:
+        return Check("memory", "n/a", "the target's config is unknown")
+    tokens = cfg.cache_len
+    parts = [f"target {mib(weight_bytes(target_config, cfg.model.quantize))} + KV cache "
+             f"{mib(cache_bytes(target_config, cfg.model.quantize, tokens))} ({tokens} slots)"]
+    kind = proposer_kind(cfg)
+    draft_mode = cfg.proposer.get("quantize", "none")
+    draft = draft_config_loader() if kind == "draft" else target_config if kind == "twin" else None
+    if draft is not None:
+        parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache {mib(cache_bytes(draft, draft_mode, tokens))}")
+    elif kind in HEAD_PROPOSERS:
+        parts.append(f"{kind} heads: see bench's measured figures (their size is in the heads folder)")
+    return Check("memory", "ok", "estimated: " + "; ".join(parts), "lower cache_len= to shrink the caches")
 
 
 def check_heads(cfg: DictConfig, target_config_loader) -> Check:
@@ -185,15 +237,17 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 
 def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
-               target_config_loader=lambda: None) -> list[Check]:
+               target_config_loader=lambda: None, draft_config_loader=lambda: None) -> list[Check]:
+    target_config = target_config_loader()
     return [
         check_early_exit(cfg),
         check_lora(cfg),
         *check_precision(cfg),
         check_sampling(cfg),
         check_tokenizer(cfg, target_tokenizer_loader, draft_tokenizer_loader),
-        check_heads(cfg, target_config_loader),
-        *stack_notes(cfg),
+        check_heads(cfg, lambda: target_config),
+        *check_engine(cfg, target_config),
+        check_memory(cfg, target_config, draft_config_loader),
     ]
 
 

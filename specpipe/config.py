@@ -41,7 +41,8 @@ class DecodeConfig:
     stop: list[str] = field(default_factory=list)
     engine: str = "auto"  # native (own forward: Llama, Qwen2 families) | hf (any transformers model) | auto
     device: str = "cpu"  # cpu | cuda (native engine)
-    cache_len: int = 4096  # native KV cache slots per sequence (at most the model's max_position_embeddings)
+    cache_len: int = 2048  # native KV cache slots per sequence (at most the model's max_position_embeddings)
+    compile: bool = False  # native engine: torch.compile the target's decoder stack (README "Engine": what it buys)
 
 
 @dataclass

@@ -68,6 +68,12 @@ class Pipeline:
         self.eos_ids = eos_ids_of(target.model, target.tokenizer)
         self.warnings: list = []  # compatibility warnings from the build (checks.Check)
 
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by part: the target's weights and KV cache, then the proposer's parts."""
+        target = self.runner.memory()
+        parts = {"target weights": target.weights, "target KV cache": target.cache}
+        return {**parts, **(self.proposer.memory() if self.proposer is not None else {})}
+
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
         from specpipe.build import build_pipeline
@@ -76,13 +82,7 @@ class Pipeline:
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt text (or chat messages) -> token ids, through the chat template when on."""
-        tok = self.target.tokenizer
-        if self.chat:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return tok(text, add_special_tokens=False)["input_ids"]
-        text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
-        return tok(text)["input_ids"]
+        return encode(self.target.tokenizer, prompt, self.chat)
 
     def generate(
         self,
@@ -146,6 +146,16 @@ class Pipeline:
             tokens.extend(event.tokens)
             text += event.text
         return Generation(tokens, text, event.finish_reason, event.stats)
+
+
+def encode(tok, prompt: str | list[dict], chat: bool) -> list[int]:
+    """Prompt text (or chat messages) -> token ids, through the chat template when `chat`."""
+    if chat:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
+    text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
+    return tok(text)["input_ids"]
 
 
 def _is_ids(prompt) -> bool:

@@ -92,8 +92,8 @@ def test_greedy_walk_and_kv_rollback_to_the_accepted_path(engine):
 def cached(runner) -> list[torch.Tensor]:
     """Every key and value tensor of the runner's cache, cut to its length."""
     n = runner.length
-    if runner.engine == "native":  # [layers, B, kv heads, capacity, D]
-        return [runner.cache.k[:, 0, :, :n], runner.cache.v[:, 0, :, :n]]
+    if runner.engine == "native":  # per layer [B, kv heads, capacity, D]
+        return [t[:, :, :n] for t in runner.cache.keys + runner.cache.values]
     return [t[:, :, :n] for layer in runner.cache.layers for t in (layer.keys, layer.values)]
 
 

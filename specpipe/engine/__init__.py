@@ -37,9 +37,10 @@ def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "
 
 
 def make_runner(model: torch.nn.Module, *, engine: str = "auto", precision: str = "none",
-                cache_len: int | None = None, device: str = "cpu") -> Runner:
+                cache_len: int | None = None, device: str = "cpu", compile: bool = False) -> Runner:
     """A runner for `model` at `precision` (a mode of models/quantize.py). The hf engine swaps
-    the model's Linear layers in place; the native engine copies the weights it needs."""
+    the model's Linear layers in place; the native engine copies the weights it needs and, with
+    `compile`, runs its decoder stack under torch.compile (engine/compile.py)."""
     if device not in DEVICES:
         raise SpecpipeError(f"device={device!r} is not supported. Use one of: {', '.join(DEVICES)}.")
     if device == "cuda" and not torch.cuda.is_available():
@@ -47,7 +48,10 @@ def make_runner(model: torch.nn.Module, *, engine: str = "auto", precision: str 
     if pick_engine(model, engine, precision) == "native":
         from specpipe.engine.native import DEFAULT_CACHE_LEN, NativeRunner
 
-        return NativeRunner(model, precision, cache_len or DEFAULT_CACHE_LEN, device)
+        return NativeRunner(model, precision, cache_len or DEFAULT_CACHE_LEN, device, compile=compile)
+    if compile:
+        raise SpecpipeError("compile=true needs the native engine (Llama / Qwen2 families); use engine=native or "
+                            "drop compile.")
     if device != "cpu":
         raise SpecpipeError("device=cuda needs the native engine (Llama / Qwen2 families); engine=hf runs on the CPU.")
     from specpipe.engine.hf import HFRunner

@@ -23,7 +23,7 @@ class HFRunner(Runner):
         self.precision = precision
         config = model.config
         self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
-        self.num_layers = len(model.get_decoder().layers)
+        self.num_layers = config.num_hidden_layers
         self.cache = DynamicCache(config=config)
 
     @property

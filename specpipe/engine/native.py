@@ -15,16 +15,20 @@ from specpipe.engine.native_model import NativeLM
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import module_bytes
 
-DEFAULT_CACHE_LEN = 4096  # tokens per sequence (prompt + output + one draft block), `cache_len=`
+DEFAULT_CACHE_LEN = 2048  # tokens per sequence (prompt + output + one draft block), `cache_len=`
 
 
 class NativeRunner(Runner):
     engine = "native"
 
     def __init__(self, model: torch.nn.Module, precision: str = "none", cache_len: int = DEFAULT_CACHE_LEN,
-                 device: str = "cpu", batch: int = 1):
+                 device: str = "cpu", batch: int = 1, compile: bool = False):
         limit = getattr(model.config, "max_position_embeddings", cache_len) or cache_len
         self.lm = NativeLM(model, precision, min(cache_len, limit), device)
+        if compile:
+            from specpipe.engine.compile import CompiledStack
+
+            self.lm.stack = CompiledStack(self.lm.stack)
         self.model = model  # the transformers model the weights came from (peers decode with it)
         self.precision = precision
         self.vocab_size, self.hidden_size, self.num_layers = self.lm.vocab_size, self.lm.hidden_size, self.lm.num_layers
@@ -47,7 +51,8 @@ class NativeRunner(Runner):
         device = self.lm.device
         offsets = torch.arange(n) if ancestry is None else tree_depths(ancestry)
         logits, states = self.lm.forward(torch.tensor([ids], device=device), torch.tensor([start], device=device),
-                                         (start + offsets)[None].to(device), self.cache, ancestry, hidden, last_only)
+                                         (start + offsets)[None].to(device), self.cache, ancestry, hidden, last_only,
+                                         width=start + n)
         self._length = start + n
         return TargetOutput(logits, states)
 
@@ -82,8 +87,8 @@ class NativeRunner(Runner):
         if not slots:
             return
         index = torch.tensor(slots, device=self.lm.device)
-        for tensor in (self.cache.k, self.cache.v):  # [layers, B, kv heads, capacity, D]
-            tensor[:, 0, :, start : start + len(slots)] = tensor[:, 0, :, index]
+        for tensor in self.cache.keys + self.cache.values:  # [B, kv heads, capacity, D]
+            tensor[0, :, start : start + len(slots)] = tensor[0, :, index]
 
     def crop(self, length: int) -> None:
         self._length = min(self._length, length)

@@ -19,41 +19,48 @@ import torch
 import torch.nn.functional as F
 
 from specpipe.engine.base import FINAL, wide
-from specpipe.models.quantize import activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel
+from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel
 
-STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # tables that do not depend on the sequence length
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+EXACT_BLOCK = 32  # exact precisions attend row by row in blocks up to this size (verify blocks; a long prefill is batched)  # tables that do not depend on the sequence length
 FAMILIES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the native engine cannot run `model`, or None if it can."""
-    name = type(model).__name__
+    return config_unsupported_reason(model.config, type(model).__name__)
+
+
+def config_unsupported_reason(config, architecture: str | None = None) -> str | None:
+    """The same from a model's config alone (`specpipe check` loads no weights)."""
+    name = architecture or (getattr(config, "architectures", None) or ["unknown"])[0]
     if name not in FAMILIES:
         return f"{name} is not a native architecture (native: {', '.join(FAMILIES)})"
-    config = model.config
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act} (native: silu)"
     if getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
-    rope = getattr(model.get_decoder().rotary_emb, "rope_type", "default")
+    rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    rope = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
     if rope not in STATIC_ROPE:
         return f"rope scaling {rope!r} depends on the sequence length (native: {', '.join(STATIC_ROPE)})"
     return None
 
 
 class KVCache:
-    """Keys and values of every layer, preallocated: [layers, B, kv heads, capacity, head dim]."""
+    """Keys and values, preallocated: per layer one [B, kv heads, capacity, head dim] tensor each
+    (separate tensors, not views of one: a compiled graph then writes them in place)."""
 
     def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device):
-        shape = (layers, batch, kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (batch, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.capacity = capacity
 
     @property
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
 class _Layer:
@@ -108,48 +115,76 @@ class NativeLM:
         return self.embedding[ids].to(self.dtype)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> logits [..., V] (float32 or wider)."""
         return wide(self.head(hidden.to(self.dtype)))
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                ancestry: torch.Tensor | None = None, hidden: tuple[int, ...] = (),
-                last_only: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                ancestry: torch.Tensor | None = None, hidden: tuple[int, ...] = (), last_only: bool = False,
+                width: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """ids [B, n] written at cache slots start[b] + 0..n-1, rotary positions [B, n];
-        ancestry [n, n] bool (None: causal). -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
+        ancestry [n, n] bool (None: causal); width: max(start) + n if the caller knows it (no
+        device sync). -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
         batch, n = ids.shape
-        slots = start[:, None] + torch.arange(n, device=ids.device)  # [B, n]
-        width = int(start.max()) + n  # slots any row may see
-        mask = _mask(start, n, width, ancestry)  # [B, 1, n, width] bool
+        width = int(start.max()) + n if width is None else width  # slots any row may see
         group = self.heads // self.kv_heads
-        mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, width]: queries grouped per kv head
-        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [B, n, 1, D]
-        rows = torch.arange(batch, device=ids.device)[:, None]
-        x = self.embed(ids)  # [B, n, H]
+        # [B, 1, group * n, width] additive: queries grouped per kv head, built once for all layers
+        mask = _mask(start, n, width, ancestry).repeat(1, 1, group, 1)
+        bias = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, float("-inf"))
+        slots = start[:, None] + torch.arange(n, device=ids.device)  # [B, n]
+        cos, sin = self.cos[positions].view(batch * n, 1, -1), self.sin[positions].view(batch * n, 1, -1)
+        x = self.embed(ids.view(-1))  # [T = B·n, H]: every Linear sees all rows at once
+        row_keys = _row_keys(start, n, ancestry) if self.mode in EXACT and n <= EXACT_BLOCK else None
+        x, out = self.stack(x, cos, sin, bias, slots, cache.keys, cache.values, hidden, row_keys)
+        x = x.view(batch, n, -1)
+        last = x[:, -1] if last_only else x.reshape(batch * n, -1)
+        return wide(self.head.matmul(last.contiguous())).view(batch, 1 if last_only else n, -1), out
+
+    def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor,
+              keys: list[torch.Tensor], values: list[torch.Tensor], hidden: tuple[int, ...],
+              row_keys: list[list[torch.Tensor | int]] | None = None):
+        """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).
+        Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
+        row_keys: per batch row and block row, the cache slots it attends to (an int w: slots 0..w-1;
+        a tensor: those slots), for attention computed one query row at a time (exact modes)."""
+        batch, n = slots.shape
+        group = self.heads // self.kv_heads
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        rows = torch.arange(batch, device=x.device)[:, None]
         out: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (self.hidden_size,), layer.norm1, self.eps)
-            qkv = layer.wqkv(h)  # [B, n, (heads + 2 kv heads) * D]
-            qk, v = qkv.split([(self.heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim], -1)
-            qk = _rotate(qk.view(batch, n, self.heads + self.kv_heads, self.head_dim), cos, sin).to(self.dtype)
-            q, k = qk.split([self.heads, self.kv_heads], 2)  # [B, n, heads, D], [B, n, kv heads, D]
-            cache.k[index][rows, :, slots] = k
-            cache.v[index][rows, :, slots] = v.view(batch, n, self.kv_heads, self.head_dim)
+            qkv = layer.wqkv.matmul(h)  # [T, (heads + 2 kv heads) * D]
+            qk = _rotate(qkv[:, : q_width + kv_width].view(batch * n, self.heads + self.kv_heads, self.head_dim),
+                         cos, sin).to(self.dtype)  # [T, heads + kv heads, D]
+            k_cache, v_cache = keys[index], values[index]  # [B, kv heads, capacity, D]
+            k = qk[:, self.heads :].view(batch, n, self.kv_heads, self.head_dim)
+            v = qkv[:, q_width + kv_width :].view(batch, n, self.kv_heads, self.head_dim)
+            if batch == 1:  # one run of slots: a copy along the slot axis
+                k_cache.index_copy_(2, slots[0], k.transpose(1, 2))
+                v_cache.index_copy_(2, slots[0], v.transpose(1, 2))
+            else:
+                k_cache[rows, :, slots] = k
+                v_cache[rows, :, slots] = v
             # [B, kv heads, group * n, D]: every query head of one kv head attends in one call
-            q = q.view(batch, n, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
-            q = q.reshape(batch, self.kv_heads, group * n, self.head_dim)
-            att = F.scaled_dot_product_attention(q, cache.k[index][:, :, :width], cache.v[index][:, :, :width],
-                                                 attn_mask=mask)
-            att = att.view(batch, self.kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
-            x = x + layer.wo(att.reshape(batch, n, self.heads * self.head_dim))
+            q = qk[:, : self.heads].reshape(batch, n, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
+            if row_keys is None:
+                width = bias.shape[-1]
+                att = F.scaled_dot_product_attention(q.reshape(batch, self.kv_heads, group * n, self.head_dim),
+                                                     k_cache[:, :, :width], v_cache[:, :, :width], attn_mask=bias)
+                att = att.view(batch, self.kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
+            else:
+                att = _attend_rows(q, k_cache, v_cache, row_keys)  # [B, n, kv heads, group, D]
+            x = x + layer.wo.matmul(att.reshape(batch * n, q_width))
             h = F.rms_norm(x, (self.hidden_size,), layer.norm2, self.eps)
-            gate, up = layer.w_gate_up(h).chunk(2, -1)
-            x = x + layer.w_down(F.silu(gate) * up)
+            gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
+            x = x + layer.w_down.matmul(F.silu(gate) * up)
             if index in hidden:
-                out[index] = wide(x)
+                out[index] = wide(x).view(batch, n, -1)
         x = F.rms_norm(x, (self.hidden_size,), self.norm, self.eps)
         if FINAL in hidden:
-            out[FINAL] = wide(x)
-        return self.lm_head(x[:, -1:] if last_only else x), out
+            out[FINAL] = wide(x).view(batch, n, -1)
+        return x, out
 
     def _to_device(self) -> None:
         """Move every tensor and kernel to the device (fbgemm kernels are CPU-only: refused)."""
@@ -159,6 +194,37 @@ class NativeLM:
                     setattr(owner, name, value.to(self.device))
                 elif isinstance(value, torch.nn.Module):
                     setattr(owner, name, move_kernel(value, self.device))
+
+
+def _row_keys(start: torch.Tensor, n: int, ancestry: torch.Tensor | None) -> list[list[torch.Tensor | int]]:
+    """For each batch row and block row, the cache slots a one-token forward along that row's
+    path would attend to: its prefix and itself (a chain: slots 0..start+i), or its prefix and
+    its tree ancestors (gathered, in path order, so they sit as a sequential cache holds them)."""
+    out = []
+    for first in start.tolist():
+        if ancestry is None:
+            out.append([first + i + 1 for i in range(n)])
+        else:
+            prefix = torch.arange(first, device=start.device)
+            out.append([torch.cat([prefix, first + ancestry[i].nonzero()[:, 0].to(start.device)]) for i in range(n)])
+    return out
+
+
+def _attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 rows: list[list[torch.Tensor | int]]) -> torch.Tensor:
+    """Attention one query row at a time, each exactly as a one-token forward computes it (same
+    kernel, same shapes, no mask): CPU SDPA's reduction order depends on the number of queries,
+    the key width and the mask, so a batched block is not bitwise equal to one-token steps.
+    q [B, kv heads, group, n, D]; keys, values [B, kv heads, capacity, D] -> [B, n, kv heads, group, D]."""
+    out = []
+    for b, slots in enumerate(rows):
+        per_row = []
+        for i, seen in enumerate(slots):
+            k = keys[b : b + 1, :, :seen] if isinstance(seen, int) else keys[b : b + 1, :, seen]
+            v = values[b : b + 1, :, :seen] if isinstance(seen, int) else values[b : b + 1, :, seen]
+            per_row.append(F.scaled_dot_product_attention(q[b : b + 1, :, :, i].contiguous(), k, v))
+        out.append(torch.stack(per_row, 1))  # [1, n, kv heads, group, D]
+    return torch.cat(out)
 
 
 def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None) -> torch.Tensor:
@@ -172,7 +238,7 @@ def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form, in the tables' dtype: float32 or wider) of x [B, n, heads, D]."""
+    """Rotary embedding (rotate-half form, in the tables' dtype: float32 or wider) of x [T, heads, D]."""
     x = x.to(cos.dtype)
     x1, x2 = x.chunk(2, -1)
     return x * cos + torch.cat([-x2, x1], -1) * sin

@@ -20,7 +20,9 @@ activations, and fbgemm has no int4 kernel.
 
 from __future__ import annotations
 
+import itertools
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -57,15 +59,50 @@ class _PackedLinear(nn.Module):
         return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._matmul(x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous())
+        y = self.matmul(x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous())
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """[M, in] contiguous, in `compute_dtype` -> [M, out]: the bare kernel (native engine)."""
+        return self._matmul(x)
 
-class Fp16Linear(_PackedLinear):
+
+# fbgemm's packed weights are TorchScript objects, which torch.compile cannot trace as module
+# attributes; the native engine's compiled graph calls them through this opaque op instead,
+# naming each packed kernel by its index in _PACKED.
+_HANDLES = itertools.count()
+_PACKED: dict[int, "weakref.ref[_PackedLinear]"] = {}  # weak: a freed model's kernels leave
+
+
+@torch.library.custom_op("specpipe::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+    return _PACKED[handle]()._matmul(x)
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+class _Opaque:
+    """Mixin: `matmul` goes through `specpipe::packed_linear` (compilable)."""
+
+    def _register(self) -> None:
+        self.handle = next(_HANDLES)
+        _PACKED[self.handle] = weakref.ref(self, lambda _, h=self.handle: _PACKED.pop(h, None))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.handle, self.out_features)
+        return self._matmul(x)
+
+
+class Fp16Linear(_Opaque, _PackedLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(weight, bias)
         bias = None if bias is None else bias.float()
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), bias)
+        self._register()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
@@ -74,7 +111,7 @@ class Fp16Linear(_PackedLinear):
         return torch.ops.quantized.linear_unpack_fp16(self.packed)[0]
 
 
-class Int8Linear(_PackedLinear):
+class Int8Linear(_Opaque, _PackedLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(weight, bias)
         weight = weight.float()
@@ -85,6 +122,7 @@ class Int8Linear(_PackedLinear):
                 weight, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
             )
         self.packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.float())
+        self._register()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         # reduce_range: 7-bit activations avoid int16 overflow in AVX2's vpmaddubsw
@@ -94,20 +132,26 @@ class Int8Linear(_PackedLinear):
         return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize()
 
 
-class Bf16Linear(_PackedLinear):
-    compute_dtype = torch.bfloat16
+class DenseLinear(_PackedLinear):
+    """A plain `F.linear` in the weight's own dtype (the native engine's `none`: fp32, or the
+    float64 of tiny test models)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype = torch.float32):
         super().__init__(weight, bias)
-        self.weight = weight.to(torch.bfloat16).contiguous()
-        self.bias = None if bias is None else bias.to(torch.bfloat16)
+        self.compute_dtype = dtype
+        self.weight = weight.to(dtype).contiguous()
+        self.bias = None if bias is None else bias.to(dtype)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
     def dense_weight(self) -> torch.Tensor:
-        return self.weight.float()
+        return self.weight
 
+
+class Bf16Linear(DenseLinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias, torch.bfloat16)
 
 class W8A16Linear(_PackedLinear):
     """int8 per-output-channel weights, bf16 activations and scales."""
@@ -134,16 +178,13 @@ _KERNELS = {"fp16": Fp16Linear, "int8": Int8Linear, "bf16": Bf16Linear, "w8a16":
 
 
 def linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
-                  dtype: torch.dtype = torch.float32) -> nn.Module:
+                  dtype: torch.dtype = torch.float32) -> _PackedLinear:
     """A Linear [*, in] -> [*, out] with `weight` [out, in] in the `mode` kernel (none: dense
     in `dtype`)."""
+    bias = None if bias is None else bias.detach()
     if mode == "none":
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-        linear.weight = nn.Parameter(weight.to(dtype).contiguous(), requires_grad=False)
-        if bias is not None:
-            linear.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
-        return linear
-    return _KERNELS[mode](weight.detach(), None if bias is None else bias.detach())
+        return DenseLinear(weight.detach(), bias, dtype)
+    return _KERNELS[mode](weight.detach(), bias)
 
 
 def module_bytes(module: nn.Module) -> int:
@@ -161,7 +202,7 @@ def _packed_bytes(module: nn.Module) -> int:
         return module.in_features * module.out_features * 2 + module.out_features * 4
     if isinstance(module, Int8Linear):
         return module.in_features * module.out_features + module.out_features * 8
-    if isinstance(module, (Bf16Linear, W8A16Linear)):
+    if isinstance(module, (DenseLinear, W8A16Linear)):
         return sum(t.numel() * t.element_size() for t in vars(module).values() if isinstance(t, torch.Tensor))
     return 0
 
@@ -181,7 +222,7 @@ def move_kernel(module: nn.Module, device: torch.device) -> nn.Module:
     """A kernel on another device: fp32 and bf16 move; fbgemm's packed kernels are CPU-only."""
     if isinstance(module, nn.Linear):
         return module.to(device)
-    if isinstance(module, Bf16Linear):
+    if isinstance(module, DenseLinear):
         module.weight = module.weight.to(device)
         module.bias = None if module.bias is None else module.bias.to(device)
         return module

@@ -28,5 +28,10 @@ class Proposer(ABC):
     def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
         """Up to `gamma` draft tokens following `state.tokens`."""
 
+    def memory(self) -> dict[str, int]:
+        """Bytes this proposer holds, by part (e.g. {"draft weights": ..., "draft KV cache": ...}).
+        Default: nothing (model-free proposers)."""
+        return {}
+
     def commit(self, verdict: Verdict, out: TargetOutput) -> None:
         """Forget whatever followed the accepted prefix; `out` is the verify forward (default: nothing)."""

@@ -23,7 +23,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
-from specpipe.models.quantize import check_mode, quantize_model
+from specpipe.models.quantize import check_mode, module_bytes, quantize_model
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
@@ -76,6 +76,11 @@ class EagleProposer(Proposer):
         if self.tree is not None:
             return self._tree(root, gamma)
         return self._chain(root, gamma, state)
+
+    def memory(self) -> dict[str, int]:
+        rows = 0 if self.lm is None or self.lm.rows is None else module_bytes(self.lm.rows)
+        cache = sum(t.numel() * t.element_size() for t in (self.cache.keys, self.cache.values) if t is not None)
+        return {"heads": module_bytes(self.head) + rows, "head KV cache": cache}
 
     def commit(self, verdict: Verdict, out: TargetOutput) -> None:
         # rows of the verify block on the accepted path: the features of the last committed

@@ -15,6 +15,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
+from specpipe.models.quantize import module_bytes
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
@@ -60,6 +61,9 @@ class MedusaProposer(Proposer):
         tokens = torch.stack([ranked[len(c) - 1, c[-1]] for c in choices])
         parents = tuple(index[tuple(c[:-1])] if len(c) > 1 else -1 for c in choices)
         return DraftTree(tokens, parents)
+
+    def memory(self) -> dict[str, int]:
+        return {"heads": module_bytes(self.heads)}  # the shared LM head is the target's
 
     def commit(self, verdict: Verdict, out: TargetOutput) -> None:
         # the verify row that predicted the token just emitted: its feature drafts the next ones

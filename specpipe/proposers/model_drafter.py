@@ -62,6 +62,10 @@ class ModelDrafter(Proposer):
             torch.tensor(confidence),
         )
 
+    def memory(self) -> dict[str, int]:
+        used = self.runner.memory()
+        return {"draft weights": used.weights, "draft KV cache": used.cache}
+
     def commit(self, verdict: Verdict, out=None) -> None:
         if verdict.gamma == 0:
             return  # nothing was drafted: the cache is as the last propose left it

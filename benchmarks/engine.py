@@ -1,0 +1,156 @@
+"""The engine table of README "Engine": ms per forward and plain decode tok/s, per engine and
+precision, with llama.cpp's plain decoding of the same GGUF file as the absolute anchor.
+
+    python benchmarks/engine.py --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
+        --configs native:fp16 native:w8a16 native:bf16 hf:fp16 --prompts 3 --tokens 64 --llama-cpp
+
+Per model, one process, one thing at a time (never time with another heavy job running):
+- forward ms: a k-token forward (k = 1, 2, 5, 9) appended to a 64-token cache, median of reps;
+  "5/1" is the 5-token verify's cost over a 1-token step.
+- plain tok/s: `Pipeline.run(speculative=False)` over the first prompts of the dev set's code,
+  code-edit and chat categories, greedy: step time only (the figure specpipe's bench reports)
+  and wall time (the whole generate loop, stop rule and detokenization included).
+- llama.cpp (llama-cpp-python, 2 threads, the zoo's GGUF: Q4_1 / Q4 / Q4_K_M): decode tok/s
+  over the same prompt tokens, prompt evaluation excluded.
+Writes the table to stdout and the figures to --out (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import statistics
+import time
+
+import torch
+
+from specpipe.engine import make_runner
+from specpipe.models import zoo
+from specpipe.models.loader import load
+from specpipe.pipeline import Pipeline, encode
+from specpipe.prompts import load_prompts
+from specpipe.verifiers.greedy import GreedyVerifier
+
+BLOCKS = (1, 2, 5, 9)
+
+
+def forward_ms(runner, context: list[int], k: int, reps: int) -> float:
+    runner.reset()
+    runner.forward(context[:-1], last_only=True)
+    times = []
+    for _ in range(reps):
+        runner.crop(len(context) - 1)
+        started = time.perf_counter()
+        runner.forward(context[-1:] + list(range(100, 99 + k)))
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def plain_decode(target, runner, prompts: list[list[int]], tokens: int) -> tuple[float, float]:
+    """(step tok/s, wall tok/s), both pooled over the prompts."""
+    pipe = Pipeline(target, None, GreedyVerifier(), None, runner=runner)
+    pipe.run(prompts[0], max_new_tokens=4, speculative=False)  # warm-up
+    emitted = step_s = wall_s = 0.0
+    for ids in prompts:
+        started = time.perf_counter()
+        gen = pipe.run(ids, max_new_tokens=tokens, speculative=False)
+        wall_s += time.perf_counter() - started - gen.stats.prefill_s
+        emitted += gen.stats.emitted
+        step_s += gen.stats.decode_s
+    return emitted / step_s, emitted / wall_s
+
+
+def llama_cpp_decode(name: str, prompts: list[list[int]], tokens: int) -> float | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(zoo.fetch(name)), n_threads=2, n_ctx=2048, verbose=False)
+    emitted, seconds = 0, 0.0
+    for index, ids in enumerate([prompts[0], *prompts]):  # the first run warms up
+        llm.reset()
+        first = None
+        count = 0
+        for _ in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            count += 1
+            if first is None:
+                first = time.perf_counter()  # prompt evaluated, first token out
+            if count == tokens:
+                break
+        if index > 0:
+            seconds += time.perf_counter() - first
+            emitted += count - 1
+    return emitted / seconds
+
+
+def measure_model(name: str, configs: list[str], args) -> list[dict]:
+    target = load(name)
+    sets = [p for c in ("code", "code-edit", "chat") for p in load_prompts("dev", [c])[: args.prompts]]
+    prompts = [encode(target.tokenizer, p["messages"], bool(target.tokenizer.chat_template)) for p in sets]
+    context = (prompts[0] * 8)[:64]
+    rows = []
+    # native configurations first: they copy the weights, so the hf ones may quantize in place after
+    for config in sorted(configs, key=lambda c: c.startswith("hf")):
+        engine, _, precision = config.partition(":")
+        precision, _, extra = precision.partition("+")
+        model = target.model if engine == "native" else copy.deepcopy(target.model) if args.copy_hf else target.model
+        started = time.perf_counter()
+        runner = make_runner(model, engine=engine, precision=precision, compile=extra == "compile")
+        forward_ms(runner, context, 1, 1)  # first call: compile or cache load
+        first_call_s = time.perf_counter() - started
+        reps = 5 if "1.5b" in name else 9
+        ms = {k: forward_ms(runner, context, k, reps) for k in BLOCKS}
+        step_tps, wall_tps = plain_decode(target, runner, prompts, args.tokens)
+        memory = runner.memory()
+        rows.append({"model": name, "config": config, "ms": ms, "verify_5_over_1": ms[5] / ms[1],
+                     "plain_tok_s": step_tps, "plain_wall_tok_s": wall_tps, "first_call_s": first_call_s,
+                     "weights_mib": memory.weights / 2**20, "cache_mib": memory.cache / 2**20})
+        print(_line(rows[-1]), flush=True)
+        del runner
+        gc.collect()
+    if args.llama_cpp:
+        tps = llama_cpp_decode(name, prompts, args.tokens)
+        if tps is not None:
+            rows.append({"model": name, "config": "llama.cpp", "plain_tok_s": tps})
+            print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def _line(row: dict) -> str:
+    ms = row.get("ms")
+    cols = [row["model"], row["config"]]
+    cols += [f"{ms[k]:.1f}" for k in BLOCKS] if ms else ["-"] * len(BLOCKS)
+    cols += [f"{row['verify_5_over_1']:.2f}" if ms else "-", f"{row['plain_tok_s']:.1f}",
+             f"{row['plain_wall_tok_s']:.1f}" if ms else "-",
+             f"{row['weights_mib']:.0f} + {row['cache_mib']:.0f}" if ms else "-"]
+    return "| " + " | ".join(cols) + " |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m"])
+    parser.add_argument("--configs", nargs="+", default=["native:fp16", "hf:fp16"],
+                        help="engine:precision[+compile], e.g. native:fp16+compile")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per category (code, code-edit, chat)")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--llama-cpp", action="store_true", help="also llama.cpp's plain decode (peers extra)")
+    parser.add_argument("--copy-hf", action="store_true", help="give each hf configuration its own copy")
+    parser.add_argument("--out", default="bench-results/engine.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print("| model | engine:precision | ms k=1 | k=2 | k=5 | k=9 | 5/1 | plain tok/s | wall tok/s | MiB weights + cache |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name in args.models:
+        rows += measure_model(name, args.configs, args)
+        gc.collect()
+    from pathlib import Path
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

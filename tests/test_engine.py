@@ -1,0 +1,153 @@
+"""The native engine against transformers' own forward, and the properties speculation relies
+on: rollback by length, row independence in a batch, bitwise-exact precisions, no recompiles.
+
+Tiny random Llama and Qwen2 models (Qwen2 has q/k/v biases); no downloads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from conftest import PROMPT, VOCAB, tiny_model
+from specpipe.engine import FINAL, make_runner, pick_engine
+from specpipe.engine.footprint import cache_bytes, weight_bytes
+from specpipe.errors import SpecpipeError
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def tiny_qwen(seed: int = 0, dtype=torch.float64) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # non-zero biases, so that fusing them is tested
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+MODELS = {"llama": lambda: tiny_model(0), "qwen2": lambda: tiny_qwen(0)}
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_native_logits_and_features_equal_transformers(family):
+    model = MODELS[family]()
+    hf, native = make_runner(model, engine="hf"), make_runner(model, engine="native")
+    assert (hf.engine, native.engine) == ("hf", "native")
+    for ids in (PROMPT, [3, 60], [9]):  # a prefill, then two steps on the cache
+        a, b = hf.forward(ids, hidden=(0, FINAL)), native.forward(ids, hidden=(0, FINAL))
+        # transformers computes RMSNorm in float32 even for float64 models: agreement to ~1e-6
+        torch.testing.assert_close(b.logits, a.logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(b.hidden[FINAL], a.hidden[FINAL], rtol=0, atol=1e-5)
+        torch.testing.assert_close(b.hidden[0], a.hidden[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(native.lm_head(torch.ones(2, 32, dtype=torch.float64)),
+                               hf.lm_head(torch.ones(2, 32, dtype=torch.float64)), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_rollback_is_a_length(family):
+    """crop then forward == a fresh forward of the kept prefix plus the new tokens."""
+    model = MODELS[family]()
+    runner, fresh = make_runner(model, engine="native"), make_runner(model, engine="native")
+    runner.forward(PROMPT + [11, 12, 13, 14])
+    runner.crop(len(PROMPT) + 1)
+    got = runner.forward([40, 41]).logits
+    want = fresh.forward(PROMPT + [11, 40, 41]).logits[:, -2:]
+    assert runner.length == len(PROMPT) + 3
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_batch_rows_are_independent_and_ragged():
+    """Row b of a batch (its own length, its own tokens) equals that sequence decoded alone."""
+    from specpipe.engine.native import NativeRunner
+
+    model = tiny_qwen(1)
+    prefixes = torch.tensor([[5, 17, 33, 2, 9, 41], [7, 8, 9, 10, 11, 12], [60, 1, 2, 3, 4, 5]])
+    batch = NativeRunner(model, batch=3)
+    batch.forward_batch(prefixes)
+    lengths = torch.tensor([6, 4, 2])
+    batch.crop_rows(lengths)  # ragged: the rows now hold 6, 4 and 2 tokens
+    new = torch.tensor([[20, 21, 22], [30, 31, 32], [40, 41, 42]])
+    out = batch.forward_batch(new, hidden=(FINAL,))
+    assert batch.lengths.tolist() == [9, 7, 5]
+    for row in range(3):
+        alone = make_runner(model, engine="native")
+        ids = prefixes[row, : lengths[row]].tolist() + new[row].tolist()
+        want = alone.forward(ids, hidden=(FINAL,))
+        torch.testing.assert_close(out.logits[row], want.logits[0, -3:], rtol=0, atol=1e-10)
+        torch.testing.assert_close(out.hidden[FINAL][row], want.hidden[FINAL][0, -3:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "w8a16"])
+@pytest.mark.parametrize("family", MODELS)
+def test_exact_precisions_are_bitwise_across_block_sizes(family, precision):
+    """Every row of a 2-, 5- and 9-token block is bitwise equal to one-token forwards."""
+    model = MODELS[family]().float()
+    runner = make_runner(model, engine="native", precision=precision)
+    block = [20, 21, 22, 23, 24, 25, 26, 27, 28]
+    runner.forward(PROMPT)
+    singles = torch.cat([runner.forward([t]).logits[0] for t in block])  # [9, V]
+    for k in (2, 5, 9):
+        runner.crop(len(PROMPT))
+        rows = runner.forward(block[:k]).logits[0]
+        assert torch.equal(rows, singles[:k]), k
+
+
+def test_engine_choice_and_clear_refusals():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
+    assert pick_engine(tiny_model(0)) == "native" and pick_engine(gpt2) == "hf"
+    assert make_runner(gpt2).engine == "hf"  # auto falls back
+    with pytest.raises(SpecpipeError, match="engine=native cannot run"):
+        make_runner(gpt2, engine="native")
+    with pytest.raises(SpecpipeError, match="needs the native engine"):
+        make_runner(gpt2, precision="w8a16")
+    with pytest.raises(SpecpipeError, match="not an engine"):
+        make_runner(gpt2, engine="vllm")
+    small = make_runner(tiny_model(0), engine="native", cache_len=8)
+    with pytest.raises(SpecpipeError, match="cache_len"):
+        small.forward(list(range(9)))
+
+
+@pytest.mark.parametrize("precision", ["none", "fp16", "w8a16"])
+def test_memory_figures_match_the_estimate(precision):
+    config = Qwen2Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = Qwen2ForCausalLM(config).eval()
+    runner = make_runner(model, engine="native", precision=precision, cache_len=128)
+    used = runner.memory()
+    assert used.cache == cache_bytes(model.config, precision, 128)
+    assert abs(used.weights - weight_bytes(model.config, precision)) < 0.15 * used.weights
+
+
+def test_compiled_stack_equals_eager_and_never_recompiles():
+    """One compiled graph serves every block size and cache width of a generation."""
+    from specpipe.engine.compile import graphs_compiled
+
+    model = tiny_model(0, dtype=torch.float32)
+    eager, compiled = make_runner(model, engine="native"), make_runner(model, engine="native", compile=True)
+    compiled.forward(PROMPT[:3])  # the block graph (dynamic shapes) ...
+    compiled.forward([9])  # ... and the one-token graph (dynamo specialises size 1)
+    before = graphs_compiled()
+    eager.forward(PROMPT[:3]), eager.forward([9])
+    for ids in (PROMPT, [1], [2, 3, 4, 5, 6, 7, 8, 9, 10], [4, 4]):
+        torch.testing.assert_close(compiled.forward(ids).logits, eager.forward(ids).logits, rtol=1e-5, atol=1e-5)
+    compiled.crop(4)
+    eager.crop(4)
+    torch.testing.assert_close(compiled.forward([5, 6, 7]).logits, eager.forward([5, 6, 7]).logits,
+                               rtol=1e-5, atol=1e-5)
+    assert graphs_compiled() == before
+    assert compiled.lm.stack.compile_s is not None
+
+
+@CUDA
+@pytest.mark.parametrize("precision", ["none", "bf16"])
+def test_cuda_matches_cpu(precision):
+    model = tiny_model(0, dtype=torch.float32)
+    cpu, gpu = make_runner(model, precision=precision), make_runner(model, precision=precision, device="cuda")
+    for ids in (PROMPT, [3, 4]):
+        torch.testing.assert_close(gpu.forward(ids).logits.cpu(), cpu.forward(ids).logits, rtol=2e-2, atol=2e-2)
