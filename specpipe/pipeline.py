@@ -108,15 +108,14 @@ class Pipeline:
             proposer.prefill(state, out)
         stats.prefill_s = time.perf_counter() - started
         out: list[int] = []
-        text = ""
+        text = TextStream(self.target.tokenizer)
         while True:
             verdict, timing = self.step(state, proposer, max_new_tokens - len(out))
             keep, reason = rule.cut(out, verdict.emitted)
             out.extend(verdict.emitted[:keep])
             stats.record(verdict, timing, keep)
-            new_text = _stable_text(self.target.tokenizer, out, final=reason is not None)
-            yield StepEvent(verdict.emitted[:keep], new_text[len(text) :], verdict.gamma, stats, reason)
-            text = new_text
+            delta = text.push(verdict.emitted[:keep], final=reason is not None)
+            yield StepEvent(verdict.emitted[:keep], delta, verdict.gamma, stats, reason)
             if reason is not None:
                 return
 
@@ -162,7 +161,24 @@ def _is_ids(prompt) -> bool:
     return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], int)
 
 
-def _stable_text(tokenizer, ids: list[int], final: bool) -> str:
-    """Decoded text, holding back a trailing partial UTF-8 character until it completes."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    return text if final else text.rstrip("\ufffd")
+class TextStream:
+    """Incremental detokenization: each step decodes a short window of recent tokens, not the
+    whole output (which made the text of a long generation cost O(n²)). The window starts a few
+    tokens back so a token's text is decoded in context, and a trailing partial UTF-8 character
+    is held back until it completes (vLLM's and TGI's prefix/read offsets)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start: tokens before it are already text
+        self.read = 0  # tokens whose text has been emitted
+
+    def push(self, new: list[int], final: bool = False) -> str:
+        self.ids.extend(new)
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        done = decode(self.ids[self.prefix : self.read])
+        text = decode(self.ids[self.prefix :])
+        if not final and text.endswith("\ufffd"):
+            return ""  # a multi-byte character is still incomplete
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(done) :]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from specpipe.config import compose
@@ -80,3 +81,59 @@ def test_smollm2_bench_tune_and_export(tmp_path):
     assert recipe.target == "smollm2-135m" and "ngram-g4" in recipe.measured["candidates"]
     export = specpipe("export", "vllm", f"recipe={recipe.path}", f"out={tmp_path / 'spec.json'}")
     assert export.returncode == 0 and "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in export.stdout
+
+
+def test_smollm2_exact_precision_rows_are_bitwise():
+    """model.quantize=w8a16 (exact): every row of a 2-, 5- and 9-token block is bitwise equal
+    to one-token forwards, on the real model."""
+    pipeline = Pipeline.from_config(compose(["proposer=none", "model.quantize=w8a16"]))
+    runner = pipeline.runner
+    assert runner.engine == "native"
+    context = pipeline.encode("Write a function that reverses a linked list.")
+    block = pipeline.target.tokenizer("def reverse(head):\n    prev = None")["input_ids"][:9]
+    runner.reset()
+    runner.forward(context)
+    singles = [runner.forward([token]).logits[0, 0] for token in block]
+    for k in (2, 5, 9):
+        runner.crop(len(context))
+        rows = runner.forward(block[:k]).logits[0]
+        for i in range(k):
+            assert torch.equal(rows[i], singles[i]), (k, i)
+
+
+EXACT_SETS = {"ngram": ["proposer=ngram"], "twin": ["proposer=twin"], "eagle": SHIPPED["eagle"],
+              "eagle-tree": SHIPPED["eagle-tree"], "medusa": SHIPPED["medusa"]}
+
+
+@pytest.mark.parametrize("proposer", EXACT_SETS)
+def test_smollm2_exact_speculative_output_is_plain_bit_for_bit(proposer):
+    """On the exact precision no near-tie excuse is needed: 10 dev prompts, output identical."""
+    pipeline = Pipeline.from_config(compose([*EXACT_SETS[proposer], "model.quantize=w8a16", "gamma=4"]))
+    drafted = 0
+    for prompt in load_prompts("dev")[:10]:
+        ids = pipeline.encode(prompt["messages"])
+        spec = pipeline.run(ids, max_new_tokens=24)
+        plain = pipeline.run(ids, max_new_tokens=24, speculative=False)
+        assert spec.token_ids == plain.token_ids, prompt["id"]
+        drafted += spec.stats.drafted
+    assert drafted > 0
+
+
+def test_streamed_text_equals_the_whole_decode():
+    """Incremental detokenization (a window per step) gives exactly the text of decoding it all,
+    multi-byte characters split across steps included."""
+    import random
+
+    from specpipe.models.loader import load_tokenizer, resolve
+    from specpipe.pipeline import TextStream
+
+    tokenizer = load_tokenizer(resolve("smollm2-135m"))
+    ids = tokenizer("Héllo wörld, 你好世界! 🙂 def f(x):\n    return x ** 2  # ünïcode ✓\n" * 3)["input_ids"]
+    rng = random.Random(0)
+    for _ in range(20):
+        stream, text, i = TextStream(tokenizer), "", 0
+        while i < len(ids):
+            n = rng.randint(1, 5)
+            text += stream.push(ids[i : i + n], final=i + n >= len(ids))
+            i += n
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
