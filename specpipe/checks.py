@@ -149,7 +149,7 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
         checks.append(Check("verify guarantee", "ok", {
             "exact": f"{mode}: every row of a verify block is bitwise equal to a one-token forward (greedy "
                      "speculative output = plain output, bit for bit)",
-            "tolerance": f"{mode}: verify rows equal one-token rows to ~1e-6; a near-tie (top-2 logits within "
+            "tolerance": f"{mode}: verify rows equal one-token rows to ~1e-5; a near-tie (top-2 logits within "
                          "~1e-4) can flip"}[guarantee]))
     if cfg.device not in DEVICES:
         checks.append(Check("device", "refuse", f"device={cfg.device} is not supported", f"use {' or '.join(DEVICES)}"))
@@ -174,7 +174,10 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
              f"{mib(cache_bytes(target_config, cfg.model.quantize, tokens))} ({tokens} slots)"]
     kind = proposer_kind(cfg)
     draft_mode = cfg.proposer.get("quantize", "none")
-    draft = draft_config_loader() if kind == "draft" else target_config if kind == "twin" else None
+    try:
+        draft = draft_config_loader() if kind == "draft" else target_config if kind == "twin" else None
+    except SpecpipeError:  # an unreachable draft: the tokenizer check has said so already
+        draft = None
     if draft is not None:
         parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache {mib(cache_bytes(draft, draft_mode, tokens))}")
     elif kind in HEAD_PROPOSERS:

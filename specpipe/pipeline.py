@@ -163,9 +163,10 @@ def _is_ids(prompt) -> bool:
 
 class TextStream:
     """Incremental detokenization: each step decodes a short window of recent tokens, not the
-    whole output (which made the text of a long generation cost O(n²)). The window starts a few
-    tokens back so a token's text is decoded in context, and a trailing partial UTF-8 character
-    is held back until it completes (vLLM's and TGI's prefix/read offsets)."""
+    whole output (which made the text of a long generation cost O(n²)). The window starts at
+    the previous step's tokens, so the new ones are decoded in context (a leading space or a
+    byte sequence split across steps), and a trailing partial UTF-8 character is held back
+    until it completes (vLLM's and TGI's prefix/read offsets)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

@@ -54,6 +54,7 @@ class NativeRunner(Runner):
                                          (start + offsets)[None].to(device), self.cache, ancestry, hidden, last_only,
                                          width=start + n)
         self._length = start + n
+        self.lengths[0] = self._length
         return _on_cpu(TargetOutput(logits, states))
 
     def forward_batch(self, ids: torch.Tensor, *, last_only: bool = False, hidden: tuple[int, ...] = (),
