@@ -89,7 +89,10 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
                   f"{result.speculative.tokens_per_s:.1f} tok/s x{result.speedup:.2f} "
                   f"τ={result.speculative.stats['mean_accepted_length']:.2f}{exact}", highlight=False, soft_wrap=True)
 
-    err.print("memory: " + ", ".join(f"{part} {size / 2**20:.0f} MiB" for part, size in pipeline.memory().items()),
+    compiled = getattr(pipeline.runner, "compile_s", None)
+    err.print(f"engine: {pipeline.runner.engine} {pipeline.runner.precision}"
+              + (f", decoder stack compiled (first call {compiled:.0f} s)" if compiled else "")
+              + "; memory: " + ", ".join(f"{part} {size / 2**20:.0f} MiB" for part, size in pipeline.memory().items()),
               highlight=False)
     results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                             stop=list(cfg.stop), peers=peer_runs, on_result=show)
@@ -101,7 +104,8 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
                      "gamma": cfg.gamma, "lossless": pipeline.verifier.lossless},
         "config": OmegaConf.to_container(cfg, resolve=True),
         "environment": environment(),
-        "engine": {"target": pipeline.runner.engine, "precision": pipeline.runner.precision},
+        "engine": {"target": pipeline.runner.engine, "precision": pipeline.runner.precision,
+                   "compile_s": getattr(pipeline.runner, "compile_s", None)},
         "memory_bytes": pipeline.memory(),
         "prompts": [r.to_dict() for r in results],
         "summary": summarize(results),

@@ -40,6 +40,11 @@ class NativeRunner(Runner):
     def length(self) -> int:
         return self._length
 
+    @property
+    def compile_s(self) -> float | None:
+        """Wall time of the compiled stack's first call (compile or disk-cache load), if compiled."""
+        return getattr(self.lm.stack, "compile_s", None)
+
     def reset(self) -> None:
         self._length = 0
         self.lengths.zero_()
