@@ -115,7 +115,7 @@ def measure_model(name: str, configs: list[str], args) -> list[dict]:
     for config in sorted(configs, key=lambda c: c.startswith("hf")):
         engine, _, precision = config.partition(":")
         precision, _, extra = precision.partition("+")
-        model = target.model if engine == "native" else copy.deepcopy(target.model) if args.copy_hf else target.model
+        model = copy.deepcopy(target.model) if engine == "hf" and args.copy_hf else target.model
         started = time.perf_counter()
         runner = make_runner(model, engine=engine, precision=precision, compile=extra == "compile",
                              device=args.device)

@@ -38,10 +38,6 @@ class Memory:
     weights: int
     cache: int
 
-    @property
-    def total(self) -> int:
-        return self.weights + self.cache
-
 
 class Runner(ABC):
     engine: str  # "native" or "hf"

@@ -1,8 +1,8 @@
 """`compile=true`: the native engine's decoder stack under `torch.compile` (inductor).
 
 Two graphs serve every block size and cache width: dynamo compiles with dynamic shapes but
-specialises a dimension of size 1, so one-token steps get their own graph; `warm` compiles both
-before decoding starts, and decoding never compiles again (`graphs_compiled()` counts, a test
+specialises a dimension of size 1, so one-token steps get their own graph; a generation's
+prefill and first step compile both, and decoding never compiles again (`graphs_compiled()` counts, a test
 checks). Inductor's artefacts go to its on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, default under
 the specpipe cache), so a second process loads them instead of compiling. What it buys on this
 CPU is measured in README "Engine" (benchmarks/engine.py): it is off by default unless it pays.
@@ -19,13 +19,12 @@ from specpipe.models.zoo import cache_root
 
 
 class CompiledStack:
-    """Wraps `NativeLM.stack`: dynamic-shape compiled, with its first-call time and recompile
-    count kept for `specpipe check` / bench to report."""
+    """Wraps `NativeLM.stack`: dynamic-shape compiled, with its first-call time kept for bench
+    to report."""
 
     def __init__(self, stack, cpp_wrapper: bool = False):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
         import torch._inductor.config as inductor
-
         import torch.fx.experimental._config as fx_config
 
         inductor.cpp_wrapper = cpp_wrapper
@@ -35,7 +34,6 @@ class CompiledStack:
         self.eager = stack
         self.compiled = torch.compile(stack, dynamic=True, fullgraph=True)
         self.compile_s: float | None = None  # wall time of the first call (compile or cache load)
-        self.calls = 0
 
     def __call__(self, x, cos, sin, bias, slots, keys, values, hidden, row_keys=None):
         if row_keys is not None:  # exact precisions attend row by row over Python-int widths: eager
@@ -44,7 +42,6 @@ class CompiledStack:
         out = self.compiled(x, cos, sin, bias, slots, keys, values, hidden)
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - started
-        self.calls += 1
         return out
 
 

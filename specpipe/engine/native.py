@@ -13,7 +13,7 @@ import torch
 from specpipe.engine.base import Memory, Runner, TargetOutput, tree_depths, wide
 from specpipe.engine.native_model import NativeLM
 from specpipe.errors import SpecpipeError
-from specpipe.models.quantize import module_bytes
+from specpipe.models.quantize import dense_weight, module_bytes
 
 DEFAULT_CACHE_LEN = 2048  # tokens per sequence (prompt + output + one draft block), `cache_len=`
 
@@ -109,8 +109,6 @@ class NativeRunner(Runner):
         return wide(self.lm.embed(ids.to(self.lm.device))).cpu()
 
     def lm_head_weight(self) -> torch.Tensor:
-        from specpipe.models.quantize import dense_weight
-
         return dense_weight(self.lm.head)
 
     def memory(self) -> Memory:

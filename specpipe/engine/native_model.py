@@ -129,20 +129,22 @@ class NativeLM:
         device sync). -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
         batch, n = ids.shape
         width = int(start.max()) + n if width is None else width  # slots any row may see
-        group = self.heads // self.kv_heads
-        # [B, 1, group * n, width] additive: queries grouped per kv head, built once for all layers
-        mask = _mask(start, n, width, ancestry).repeat(1, 1, group, 1)
-        bias = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, float("-inf"))
+        row_keys = _row_keys(start, n, ancestry) if self.mode in EXACT and n <= EXACT_BLOCK else None
+        bias = None if row_keys is not None else self._bias(start, n, width, ancestry)
         slots = start[:, None] + torch.arange(n, device=ids.device)  # [B, n]
         cos, sin = self.cos[positions].view(batch * n, 1, -1), self.sin[positions].view(batch * n, 1, -1)
         x = self.embed(ids.view(-1))  # [T = B·n, H]: every Linear sees all rows at once
-        row_keys = _row_keys(start, n, ancestry) if self.mode in EXACT and n <= EXACT_BLOCK else None
         x, out = self.stack(x, cos, sin, bias, slots, cache.keys, cache.values, hidden, row_keys)
         x = x.view(batch, n, -1)
         last = x[:, -1] if last_only else x.reshape(batch * n, -1)
         return wide(self.head.matmul(last.contiguous())).view(batch, 1 if last_only else n, -1), out
 
-    def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor,
+    def _bias(self, start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None) -> torch.Tensor:
+        """[B, 1, group * n, width] additive mask, queries grouped per kv head, built once for all layers."""
+        mask = _mask(start, n, width, ancestry).repeat(1, 1, self.heads // self.kv_heads, 1)
+        return torch.zeros(mask.shape, dtype=self.dtype, device=start.device).masked_fill_(~mask, float("-inf"))
+
+    def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None, slots: torch.Tensor,
               keys: list[torch.Tensor], values: list[torch.Tensor], hidden: tuple[int, ...],
               row_keys: list[list[torch.Tensor | int]] | None = None):
         """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).

@@ -188,8 +188,8 @@ def linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
 
 
 def module_bytes(module: nn.Module) -> int:
-    """Bytes of a module's weights, packed kernels included (fbgemm packs report their size
-    through the unpacked tensor they hold, at the precision they store)."""
+    """Bytes of a module's weights, packed kernels included (an fbgemm pack hides its tensors:
+    its size is computed from its shape and the precision it stores)."""
     total = sum(t.numel() * t.element_size() for t in module.parameters())
     total += sum(t.numel() * t.element_size() for t in module.buffers())
     for sub in module.modules():
@@ -208,7 +208,7 @@ def _packed_bytes(module: nn.Module) -> int:
 
 
 def dense_bias(module: nn.Module) -> torch.Tensor | None:
-    """A Linear's bias [out] (float32), or None, whether plain or packed here."""
+    """A Linear's bias [out] in the dtype it is stored in, or None, whether plain or packed here."""
     if isinstance(module, Fp16Linear):
         bias = torch.ops.quantized.linear_unpack_fp16(module.packed)[1]
     elif isinstance(module, Int8Linear):
