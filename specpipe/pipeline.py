@@ -94,7 +94,7 @@ class Pipeline:
         speculative: bool = True,
     ) -> Iterator[StepEvent]:
         """Stream one generation; `speculative=False` decodes with the plain target."""
-        ids = prompt if _is_ids(prompt) else self.encode(prompt)
+        ids = prompt if is_ids(prompt) else self.encode(prompt)
         state = DecodeState(self.runner, ids, torch.Generator().manual_seed(seed))
         proposer = self.proposer if speculative else None
         if proposer is not None:
@@ -146,6 +146,37 @@ class Pipeline:
             text += event.text
         return Generation(tokens, text, event.finish_reason, event.stats)
 
+    def batch_refusal(self, proposer: Proposer | None = None) -> str | None:
+        """Why this pipeline decodes a batch one sequence at a time, or None (it batches)."""
+        if not hasattr(self.runner, "batched"):
+            return f"the target runs on the {self.runner.engine} engine, which has no batch rows (engine=native has)"
+        return proposer.batch_refusal if proposer is not None else None
+
+    def serve(self, requests, *, concurrency: int = 8, speculative: bool = True):
+        """Stream a sequence of `batch.Request`s through continuous batching, `concurrency` at a
+        time: `batch.RequestEvent`s of every request, in step order (see specpipe/batch.py)."""
+        from specpipe.batch import BatchDecoder
+
+        return BatchDecoder(self, concurrency, speculative).run(requests)
+
+    def generate_batch(self, prompts: list, *, max_new_tokens: int = 128, seed: int = 0, stop: list[str] = (),
+                       speculative: bool = True, concurrency: int | None = None) -> list[Generation]:
+        """Decode several prompts together (all at once unless `concurrency` is smaller); each is
+        seeded with `seed`, so each row is what `run(prompt, seed=seed)` returns."""
+        from specpipe.batch import Request
+
+        requests = [Request(p, max_new_tokens, seed, tuple(stop)) for p in prompts]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        texts = [""] * len(prompts)
+        done: dict[int, Generation] = {}
+        for event in self.serve(requests, concurrency=concurrency or len(prompts), speculative=speculative):
+            tokens[event.index].extend(event.tokens)
+            texts[event.index] += event.text
+            if event.finish_reason is not None:
+                done[event.index] = Generation(tokens[event.index], texts[event.index], event.finish_reason,
+                                               event.stats)
+        return [done[i] for i in range(len(prompts))]
+
 
 def encode(tok, prompt: str | list[dict], chat: bool) -> list[int]:
     """Prompt text (or chat messages) -> token ids, through the chat template when `chat`."""
@@ -157,7 +188,7 @@ def encode(tok, prompt: str | list[dict], chat: bool) -> list[int]:
     return tok(text)["input_ids"]
 
 
-def _is_ids(prompt) -> bool:
+def is_ids(prompt) -> bool:
     return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], int)
 
 

@@ -92,6 +92,6 @@ def test_cost_forgets_stale_verify_costs_of_block_sizes_it_stopped_trying():
         return c
 
     c = history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=32))
-    assert set(c.verify_at) == {2, 3}  # the 6-token samples are older than `memory` steps
+    assert set(c.verify_at()) == {2, 3}  # the 6-token samples are older than `memory` steps
     assert c.best_gamma() >= 6  # everything accepted, verifying barely grows: long drafts
     assert history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=1000)).best_gamma() <= 2  # never forgetting

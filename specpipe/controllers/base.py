@@ -1,8 +1,12 @@
-"""The controller interface: `gamma() -> int`, `update(verdict, timing)`.
+"""The controller interface: `gamma(batch) -> int`, `update(verdict, timing)`,
+`update_batch(verdicts, timing, batch)`.
 
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
-model) goes down to γ = 0, which makes the next step a plain decoding step.
+model) goes down to γ = 0, which makes the next step a plain decoding step. A batch takes one
+γ for all its rows per step (vLLM's rule: the verify block is one shape). A `schedule`
+(`batch_schedule=`, vLLM's γ per batch size) fixes γ at the batch sizes it covers, whatever the
+controller would pick: the entry of the largest batch size not above the batch's applies.
 """
 
 from __future__ import annotations
@@ -21,16 +25,28 @@ class Controller:
             )
         self.gamma_min, self.gamma_max = gamma_min, gamma_max
         self._gamma = self.clamp(gamma)
+        self.schedule: dict[int, int] = {}  # batch size -> γ (batch_schedule=)
 
     def clamp(self, gamma: int) -> int:
         return max(self.gamma_min, min(self.gamma_max, gamma))
 
-    def gamma(self) -> int:
-        """Draft tokens to propose in the next step."""
+    def gamma(self, batch: int = 1) -> int:
+        """Draft tokens to propose in the next step of a batch of `batch` sequences."""
+        covered = [size for size in self.schedule if size <= batch]
+        return self.schedule[max(covered)] if covered else self.choose(batch)
+
+    def choose(self, batch: int) -> int:
+        """The controller's own pick (default: its current γ, whatever the batch)."""
         return self._gamma
 
     def update(self, verdict: Verdict, timing: StepTiming) -> None:
         """Learn from the step just taken (default: nothing)."""
+
+    def update_batch(self, verdicts: list[Verdict], timing: StepTiming, batch: int) -> None:
+        """Learn from a batched step: every row's verdict, the step's shared timing (default:
+        each verdict as a step of its own; the cost model learns costs per batch size)."""
+        for verdict in verdicts:
+            self.update(verdict, timing)
 
     def early_stop(self, position: int, confidence: float) -> bool:
         """Should a drafter stop after draft token `position`, drafted with this top probability?"""
@@ -44,3 +60,19 @@ def check_gamma(gamma: int, what: str = "gamma") -> int:
             f"token per step: use {what}=1 or more (e.g. gamma=4), or proposer=none for plain decoding."
         )
     return gamma
+
+
+def check_schedule(schedule) -> dict[int, int]:
+    """batch_schedule={1: 4, 4: 2, 8: 0} -> {batch size: γ}, checked (γ = 0: plain decoding there)."""
+    if not schedule:
+        return {}
+    try:
+        items = {int(size): int(gamma) for size, gamma in dict(schedule).items()}
+    except (TypeError, ValueError):
+        items = None
+    if items is None or any(size < 1 or gamma < 0 for size, gamma in items.items()):
+        raise SpecpipeError(
+            f"batch_schedule={schedule!r} must map batch sizes (>= 1) to γ (>= 0; 0 is plain decoding), "
+            "e.g. batch_schedule='{1: 4, 4: 2, 8: 0}'."
+        )
+    return dict(sorted(items.items()))

@@ -15,10 +15,18 @@ the bounds,
 γ = 0 switches speculation off when it cannot pay. Every `probe_every` steps one step probes a
 γ one longer than the best (γ = 1 when off), so estimates of positions it stopped drafting stay
 fresh and the controller comes back when conditions improve.
+
+In a batch every cost is a function of the batch size too (the verify forward of B rows of k
+tokens, the draft steps of B rows): verify and propose samples are kept per batch size, and γ*
+is chosen for the batch size of the step at hand. At a large batch a verify block costs close
+to k one-token steps (the GEMMs turn compute-bound), so γ* falls, to 0 where speculation does
+not pay at that load. A batch size never measured borrows the nearest measured one's costs
+until its own samples arrive (probes measure it).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
@@ -34,32 +42,48 @@ class CostModelGamma(Controller):
         self.probe_every = probe_every
         self.alpha = [prior_acceptance] * max(gamma_max, 1)  # [position] conditional acceptance
         self._seen = [False] * max(gamma_max, 1)  # [position] judged by the target at least once
-        self._propose = deque(maxlen=window)  # seconds per draft token, recent steps
-        self._verify: dict[int, deque] = {}  # block size k -> recent (step, verify seconds)
+        self._propose: dict[int, deque] = {}  # batch size -> seconds per draft token, recent steps
+        self._verify: dict[tuple[int, int], deque] = {}  # (batch size, block size k) -> recent (step, seconds)
         self._window = window
         self._memory = memory  # steps after which a block size's verify costs are forgotten
         self._steps = 0
-        self._next = self._gamma  # what gamma() answers: the best γ, or a probe
+        self._next = self._gamma  # what gamma() answers at the last step's batch size: the best γ, or a probe
         self._since_probe = 0
+        self._last_batch = 1
 
-    @property
-    def propose_per_token(self) -> float | None:
-        return statistics.median(self._propose) if self._propose else None
+    def propose_per_token(self, batch: int = 1) -> float | None:
+        times = self._propose.get(self._measured(batch, {b for b in self._propose}))
+        return statistics.median(times) if times else None
 
-    @property
-    def verify_at(self) -> dict[int, float]:
-        """Median verify seconds per block size, over samples of the last `memory` steps only:
-        a size measured slow once and never tried since would otherwise pin γ below it."""
-        fresh = {k: [s for step, s in times if step > self._steps - self._memory] for k, times in self._verify.items()}
+    def verify_at(self, batch: int = 1) -> dict[int, float]:
+        """Median verify seconds per block size at this batch size, over samples of the last
+        `memory` steps only: a size measured slow once and never tried since would otherwise
+        pin γ below it."""
+        batch = self._measured(batch, {b for b, _ in self._verify})
+        fresh = {k: [s for step, s in times if step > self._steps - self._memory]
+                 for (b, k), times in self._verify.items() if b == batch}
         return {k: statistics.median(times) for k, times in fresh.items() if times}
 
-    def gamma(self) -> int:
-        return self._next
+    @staticmethod
+    def _measured(batch: int, sizes: set[int]) -> int:
+        """`batch` if it has samples, else the measured batch size nearest to it (by ratio)."""
+        if batch in sizes or not sizes:
+            return batch
+        return min(sizes, key=lambda b: (abs(math.log(b / batch)), b))
+
+    def choose(self, batch: int) -> int:
+        """The best γ (or a probe) at the last step's batch size; at another, the best estimate there."""
+        return self._next if batch == self._last_batch else self._pick(batch)
 
     def update(self, verdict: Verdict, timing: StepTiming) -> None:
-        self._observe(verdict, timing)
-        if self._propose and self._verify:
-            self._gamma = self.best_gamma()
+        self.update_batch([verdict], timing, 1)
+
+    def update_batch(self, verdicts: list[Verdict], timing: StepTiming, batch: int) -> None:
+        gamma = max(v.gamma for v in verdicts)  # the step's block was γ + 1 wide for every row
+        self._observe_cost(batch, gamma, timing)
+        for verdict in verdicts:
+            self._observe_acceptance(verdict)
+        self._gamma, self._last_batch = self._pick(batch), batch
         self._since_probe += 1
         if self._since_probe >= self.probe_every:
             self._since_probe = 0
@@ -67,13 +91,20 @@ class CostModelGamma(Controller):
         else:
             self._next = self._gamma
 
-    def _observe(self, verdict: Verdict, timing: StepTiming) -> None:
+    def _pick(self, batch: int) -> int:
+        if self.propose_per_token(batch) is None or not self.verify_at(batch):
+            return self._gamma  # nothing measured yet: the configured γ
+        return self.best_gamma(batch)
+
+    def _observe_cost(self, batch: int, gamma: int, timing: StepTiming) -> None:
         self._steps += 1
-        k = verdict.gamma + 1
-        self._verify.setdefault(k, deque(maxlen=self._window)).append((self._steps, timing.verify_s))
+        self._verify.setdefault((batch, gamma + 1), deque(maxlen=self._window)).append((self._steps, timing.verify_s))
+        if gamma > 0:
+            self._propose.setdefault(batch, deque(maxlen=self._window)).append(timing.propose_s / gamma)
+
+    def _observe_acceptance(self, verdict: Verdict) -> None:
         if verdict.gamma == 0:
             return
-        self._propose.append(timing.propose_s / verdict.gamma)
         reached = min(verdict.n_accepted + 1, verdict.gamma)  # positions the target judged
         for i in range(reached):
             if not self._seen[i] and i > 0:
@@ -94,9 +125,9 @@ class CostModelGamma(Controller):
             expected += survive
         return expected
 
-    def verify_cost(self, k: int, at: dict[int, float] | None = None) -> float:
+    def verify_cost(self, k: int, at: dict[int, float] | None = None, batch: int = 1) -> float:
         """Fit a + b·k to the block sizes seen (b >= 0); one size alone: assume +10% per token."""
-        at = self.verify_at if at is None else at
+        at = self.verify_at(batch) if at is None else at
         ks = sorted(at)
         if len(ks) == 1:
             return at[ks[0]] * (1 + 0.1 * (k - ks[0]))
@@ -105,8 +136,8 @@ class CostModelGamma(Controller):
         slope = sum((x - mean_k) * (at[x] - mean_t) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
         return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-9)
 
-    def best_gamma(self) -> int:
-        at, propose = self.verify_at, self.propose_per_token  # medians: compute once per step
+    def best_gamma(self, batch: int = 1) -> int:
+        at, propose = self.verify_at(batch), self.propose_per_token(batch)  # medians: compute once per step
 
         def throughput(g: int) -> float:
             return self.expected_tokens(g) / (propose * g + self.verify_cost(g + 1, at))

@@ -30,6 +30,10 @@ class TargetOutput:
     logits: torch.Tensor
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
+    def row(self, b: int) -> "TargetOutput":
+        """Batch row b alone, as a single-sequence forward returns it ([1, n, ...])."""
+        return TargetOutput(self.logits[b : b + 1], {key: value[b : b + 1] for key, value in self.hidden.items()})
+
 
 @dataclass(frozen=True)
 class Memory:

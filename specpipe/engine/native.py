@@ -8,6 +8,8 @@ row.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from specpipe.engine.base import Memory, Runner, TargetOutput, tree_depths, wide
@@ -64,21 +66,61 @@ class NativeRunner(Runner):
 
     def forward_batch(self, ids: torch.Tensor, *, last_only: bool = False, hidden: tuple[int, ...] = (),
                       ancestry: torch.Tensor | None = None) -> TargetOutput:
-        """ids [B, n] appended to each row at that row's own length (rows may differ)."""
-        start = self.lengths.clone()
+        """ids [k, n] appended to rows 0..k-1 (k <= B), each at that row's own length (rows may differ)."""
+        start = self.lengths[: ids.shape[0]].clone()
         self._check_room(int(start.max()) + ids.shape[1])
         offsets = torch.arange(ids.shape[1]) if ancestry is None else tree_depths(ancestry)
         positions = start[:, None] + offsets.to(start.device)[None]
-        logits, states = self.lm.forward(ids.to(start.device), start, positions, self.cache, ancestry, hidden,
+        cache = self.cache if ids.shape[0] == self.cache.batch else self.cache.rows(ids.shape[0])
+        logits, states = self.lm.forward(ids.to(start.device), start, positions, cache, ancestry, hidden,
                                          last_only)
-        self.lengths += ids.shape[1]
+        self.lengths[: ids.shape[0]] += ids.shape[1]
+        self._length = int(self.lengths[0])
+        return _on_cpu(TargetOutput(logits, states))
+
+    def batched(self, rows: int) -> "NativeRunner":
+        """A runner over the same weights (shared, not copied) with its own cache of `rows`
+        sequences: what a batch decodes on (specpipe/batch.py)."""
+        other = copy.copy(self)
+        other.cache = self.lm.new_cache(rows, self.lm.max_len)
+        other.lengths = torch.zeros(rows, dtype=torch.long, device=self.lm.device)
+        other._length = 0
+        return other
+
+    def forward_row(self, row: int, ids: list[int], *, last_only: bool = False,
+                    hidden: tuple[int, ...] = ()) -> TargetOutput:
+        """Append `ids` to batch row `row` alone (a request joining a running batch: its prefill).
+        The row's cache is a view, so this is exactly the single-sequence forward."""
+        n, start = len(ids), int(self.lengths[row])
+        self._check_room(start + n)
+        device = self.lm.device
+        logits, states = self.lm.forward(torch.tensor([ids], device=device), torch.tensor([start], device=device),
+                                         torch.arange(start, start + n, device=device)[None], self.cache.row(row),
+                                         None, hidden, last_only, width=start + n)
+        self.lengths[row] = start + n
         self._length = int(self.lengths[0])
         return _on_cpu(TargetOutput(logits, states))
 
     def crop_rows(self, lengths: torch.Tensor) -> None:
-        """Row b keeps its first lengths[b] tokens (ragged rollback after a batched verdict)."""
-        self.lengths = torch.minimum(self.lengths, lengths.to(self.lengths.device))
+        """Row b keeps its first lengths[b] tokens (ragged rollback after a batched verdict);
+        lengths [k] may cover the first k rows only."""
+        k = lengths.shape[0]
+        self.lengths[:k] = torch.minimum(self.lengths[:k], lengths.to(self.lengths.device))
         self._length = int(self.lengths[0])
+
+    def reset_row(self, row: int) -> None:
+        """Forget row `row`'s tokens (its request finished; the slot takes the next one)."""
+        self.lengths[row] = 0
+        self._length = int(self.lengths[0])
+
+    @torch.inference_mode()
+    def keep_row(self, row: int, start: int, slots: list[int]) -> None:
+        """`keep` for batch row `row`."""
+        if not slots:
+            return
+        index = torch.tensor(slots, device=self.lm.device)
+        for tensor in self.cache.keys + self.cache.values:  # [B, kv heads, capacity, D]
+            tensor[row, :, start : start + len(slots)] = tensor[row, :, index]
 
     def _check_room(self, needed: int) -> None:
         if needed > self.cache.capacity:
@@ -88,13 +130,8 @@ class NativeRunner(Runner):
                 "cache_len=, a shorter prompt or fewer max_new_tokens."
             )
 
-    @torch.inference_mode()
     def keep(self, start: int, slots: list[int]) -> None:
-        if not slots:
-            return
-        index = torch.tensor(slots, device=self.lm.device)
-        for tensor in self.cache.keys + self.cache.values:  # [B, kv heads, capacity, D]
-            tensor[0, :, start : start + len(slots)] = tensor[0, :, index]
+        self.keep_row(0, start, slots)
 
     def crop(self, length: int) -> None:
         self._length = min(self._length, length)

@@ -61,8 +61,23 @@ class KVCache:
         self.capacity = capacity
 
     @property
+    def batch(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    @property
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def rows(self, count: int, first: int = 0) -> "KVCache":
+        """Rows first..first+count-1 as a cache of their own: views, so writes land in this one."""
+        view = object.__new__(KVCache)
+        view.keys = [t[first : first + count] for t in self.keys]
+        view.values = [t[first : first + count] for t in self.values]
+        view.capacity = self.capacity
+        return view
+
+    def row(self, index: int) -> "KVCache":
+        return self.rows(1, index)
 
 
 class _Layer:

@@ -77,6 +77,12 @@ class EagleProposer(Proposer):
             return self._tree(root, gamma)
         return self._chain(root, gamma, state)
 
+    @property
+    def batch_refusal(self) -> str | None:
+        if self.tree is not None:
+            return "a tree draft's mask differs per row, which the batched forward does not take yet"
+        return None
+
     def memory(self) -> dict[str, int]:
         rows = 0 if self.lm is None or self.lm.rows is None else module_bytes(self.lm.rows)
         cache = sum(t.numel() * t.element_size() for t in (self.cache.keys, self.cache.values) if t is not None)

@@ -16,7 +16,7 @@ from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.quantize import module_bytes
-from specpipe.proposers.base import Proposer
+from specpipe.proposers.base import BatchProposer, Proposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
 from specpipe.types import DraftBlock, DraftTree, Verdict
@@ -46,11 +46,24 @@ class MedusaProposer(Proposer):
         logits = self.heads(self.feature[None], self.target.lm_head, heads=gamma)[:, 0]  # [γ, V]
         if self.tree is not None:
             return self._tree(logits)
+        return self.chain(logits, state.rng)
+
+    def chain(self, logits: torch.Tensor, rng: torch.Generator) -> DraftBlock:
+        """The heads' logits [γ, V] -> a chain draft: argmax, or sampled with the target's transform."""
         if self.sampling.greedy:
             tokens = logits.argmax(-1)
             return DraftBlock(tokens, None, torch.softmax(logits, -1).max(-1).values)
         probs = self.sampling.probs(logits)  # [γ, V] float32, the target's transform
-        return DraftBlock(sample(probs, state.rng), probs, probs.max(-1).values)
+        return DraftBlock(sample(probs, rng), probs, probs.max(-1).values)
+
+    @property
+    def batch_refusal(self) -> str | None:
+        if self.tree is not None:
+            return "a tree draft's mask differs per row, which the batched forward does not take yet"
+        return None
+
+    def batched(self, slots: int) -> "BatchMedusa":
+        return BatchMedusa(self, slots)
 
     def _tree(self, logits: torch.Tensor) -> DraftTree:
         """The configured candidate paths no deeper than γ: path [i, j] is head 1's i-th best
@@ -68,6 +81,37 @@ class MedusaProposer(Proposer):
     def commit(self, verdict: Verdict, out: TargetOutput) -> None:
         # the verify row that predicted the token just emitted: its feature drafts the next ones
         self.feature = out.hidden[FINAL][0, verdict.last_row]
+
+
+class BatchMedusa(BatchProposer):
+    """Medusa over a batch: one heads call (and one shared LM-head matmul) for every row."""
+
+    def __init__(self, medusa: MedusaProposer, slots: int):
+        self.medusa = medusa
+        self.features: list[torch.Tensor | None] = [None] * slots  # per slot, as MedusaProposer.feature
+
+    def prefill(self, slot: int, state: DecodeState, out: TargetOutput | None) -> None:
+        self.features[slot] = None
+
+    @torch.inference_mode()
+    def propose(self, slots: list[int], states: list[DecodeState], gammas: list[int]) -> list[DraftBlock]:
+        ready = [i for i, (s, g) in enumerate(zip(slots, gammas)) if g > 0 and self.features[s] is not None]
+        drafts = [DraftBlock.empty()] * len(slots)
+        if not ready:
+            return drafts
+        heads = min(max(gammas[i] for i in ready), self.medusa.heads.num_heads)
+        features = torch.stack([self.features[slots[i]] for i in ready])  # [m, H]
+        logits = self.medusa.heads(features, self.medusa.target.lm_head, heads=heads)  # [K, m, V]
+        for j, i in enumerate(ready):
+            drafts[i] = self.medusa.chain(logits[: min(gammas[i], heads), j], states[i].rng)
+        return drafts
+
+    def commit(self, slots: list[int], verdicts: list[Verdict], out: TargetOutput) -> None:
+        for s, verdict in zip(slots, verdicts):
+            self.features[s] = out.hidden[FINAL][s, verdict.last_row]
+
+    def memory(self) -> dict[str, int]:
+        return self.medusa.memory()
 
 
 def check_tree(tree: list[list[int]], num_heads: int) -> list[list[int]]:
