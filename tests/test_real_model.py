@@ -137,3 +137,22 @@ def test_streamed_text_equals_the_whole_decode():
             text += stream.push(ids[i : i + n], final=i + n >= len(ids))
             i += n
         assert text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("proposer", ["plain", "ngram", "twin", "eagle", "medusa"])
+def test_smollm2_exact_batched_rows_equal_each_prompt_alone(proposer):
+    """Batch > 1 on the exact precision: 6 dev prompts of different lengths, 4 slots (so two
+    join a running batch), each row bitwise the prompt decoded alone; rows end at different steps."""
+    from specpipe.batch import Request
+
+    settings = {"plain": ["proposer=none"], **EXACT_SETS}[proposer]
+    pipeline = Pipeline.from_config(compose([*settings, "model.quantize=w8a16", "gamma=4"]))
+    speculative = proposer != "plain"
+    ids = [pipeline.encode(p["messages"]) for p in load_prompts("dev")[:6]]
+    lengths = [24, 9, 17, 24, 5, 12]
+    alone = [pipeline.run(i, max_new_tokens=n, speculative=speculative).token_ids for i, n in zip(ids, lengths)]
+    batched: dict[int, list[int]] = {i: [] for i in range(len(ids))}
+    for event in pipeline.serve([Request(i, n) for i, n in zip(ids, lengths)], concurrency=4,
+                                speculative=speculative):
+        batched[event.index].extend(event.tokens)
+    assert [batched[i] for i in range(len(ids))] == alone
