@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe.controllers.base import check_schedule
 from specpipe.checks import Check, lora_paths, refuse_if_any, run_checks
 from specpipe.errors import SpecpipeError
 from specpipe.models.adapters import apply_early_exit, apply_lora
@@ -70,6 +71,8 @@ def build_pipeline(cfg: DictConfig) -> Pipeline:
     refuse_if_any(checks)
     verifier = call_target(cfg.verifier, "verifier", context)
     controller = call_target(cfg.controller, "controller", context)
+    if controller is not None:
+        controller.schedule = check_schedule(cfg.get("batch_schedule"))
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     target = context.target
     runner = context.runner(target.model, cfg.model.quantize, compile=context.compile)

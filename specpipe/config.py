@@ -43,6 +43,7 @@ class DecodeConfig:
     device: str = "cpu"  # cpu | cuda (native engine)
     cache_len: int = 2048  # native KV cache slots per sequence (at most the model's max_position_embeddings)
     compile: bool = False  # native engine: torch.compile the target's decoder stack (README "Engine": what it buys)
+    batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
 
 
 @dataclass
@@ -61,6 +62,8 @@ class BenchConfig(DecodeConfig):
     peer: Any = None  # hf-assisted | hf-prompt-lookup | a list | auto: transformers' own, as baselines
     plot: bool = False  # also write PNG plots beside results.json
     out: str = "bench-results"  # results.json goes here; a sweep puts one folder per job in it
+    requests: int = 0  # > 0: a request load of this many requests drawn from the prompt set (bench/load.py)
+    concurrency: int = 1  # a request load's batch: requests decoding at once (continuous batching)
 
 
 @dataclass

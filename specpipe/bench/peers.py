@@ -6,6 +6,8 @@ baselines in the bench table.
 - `hf-prompt-lookup`: `generate(prompt_lookup_num_tokens=γ)`, transformers' n-gram lookup
   (max_matching_ngram_size from `proposer.ngram_max` when the proposer is ngram).
 - `auto`: the counterpart of the proposer (draft, twin: hf-assisted; ngram: hf-prompt-lookup).
+- `hf-batched` (a request load, `requests=`): transformers' plain batched `generate`, static
+  batches of `concurrency` requests, left-padded (its assisted generation refuses batches).
 
 Both run transformers' own model objects at the precision specpipe uses (with the native engine,
 the transformers model the native weights came from, quantized the same way), so they measure
@@ -28,6 +30,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import quantize_model
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
+LOAD_PEERS = ("hf-batched",)  # peers of a request load (`requests=`): transformers batches plain decoding only
 
 
 @dataclass
@@ -59,6 +62,50 @@ def peer_names(value, proposer: str) -> list[str]:
 
 def make_peers(names: list[str], pipeline, cfg) -> list[Peer]:
     return [_MAKERS[name](pipeline, cfg) for name in names]
+
+
+def load_peer_names(value) -> list[str]:
+    """`peer=` of a request load: none, hf-batched, or auto (hf-batched)."""
+    names = [] if value in (None, "", "none") else ["hf-batched"] if value == "auto" else \
+        [value] if isinstance(value, str) else list(value)
+    unknown = [n for n in names if n not in LOAD_PEERS]
+    if unknown:
+        raise SpecpipeError(f"peer={unknown[0]} does not apply to a request load (requests=): use peer=hf-batched "
+                            "(transformers' batched plain generate) or peer=auto; the per-prompt peers "
+                            f"({', '.join(PEERS)}) run without requests=.")
+    return names
+
+
+def hf_batched(pipeline, concurrency: int) -> Callable[[list[list[int]], int], tuple[list[list[int]], float]]:
+    """transformers' plain batched greedy `generate` over a request stream, `concurrency` requests
+    per static batch: -> (new tokens per request, cut at EOS; wall seconds)."""
+    model = hf_model(pipeline.runner)
+    eos = sorted(pipeline.eos_ids)
+    pad = pipeline.target.tokenizer.pad_token_id
+    pad = eos[0] if pad is None else pad
+
+    @torch.inference_mode()
+    def run(stream: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], float]:
+        outputs, start = [], time.perf_counter()
+        for first in range(0, len(stream), concurrency):
+            batch = stream[first : first + concurrency]
+            width = max(len(ids) for ids in batch)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])  # left padding
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
+            out = model.generate(input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=pad)
+            outputs.extend(_until_eos(row[width:].tolist(), set(eos)) for row in out)
+        return outputs, time.perf_counter() - start
+
+    return run
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """A batch row's new tokens up to and including its first EOS (the rest is padding)."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
 
 
 def hf_model(runner) -> torch.nn.Module:

@@ -1,8 +1,9 @@
 """PNG plots of bench results (matplotlib, Agg backend: no display needed).
 
 One run: speedup by category, per-position acceptance by category, and per-prompt speedup
-against the mean γ that prompt ran at. A sweep: median speedup against γ, one line per
-proposer and controller, and speedup by category for every job.
+against the mean γ that prompt ran at (a request load: γ and batch size over time). A sweep:
+median speedup against γ, one line per proposer and controller, and speedup by category for
+every job (request loads: throughput and P99 time per output token against concurrency).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def _pyplot():
 
 def plot_run(payload: dict, folder: Path) -> list[Path]:
     plt = _pyplot()
+    if "load" in payload:
+        return [_plot_gamma_over_time(plt, payload, folder)]
     summary = payload["summary"]
     categories = list(summary)
     paths = []
@@ -62,6 +65,9 @@ def plot_run(payload: dict, folder: Path) -> list[Path]:
 
 def plot_sweep(jobs: list[tuple[str, dict]], folder: Path) -> list[Path]:
     plt = _pyplot()
+    loads = [p for _, p in jobs if "load" in p]
+    if loads:
+        return _plot_load_sweep(plt, loads, folder)
     lines = defaultdict(list)  # (proposer, controller) -> [(γ, median speedup)]
     for _, payload in jobs:
         strategy = payload["strategy"]
@@ -91,6 +97,44 @@ def plot_sweep(jobs: list[tuple[str, dict]], folder: Path) -> list[Path]:
     ax.legend(fontsize="small")
     paths.append(_save(plt, fig, folder / "sweep_speedup_by_category.png"))
     return paths
+
+
+def _plot_load_sweep(plt, payloads: list[dict], folder: Path) -> list[Path]:
+    """Request loads (`-m concurrency=1,2,4,8`): throughput and P99 TPOT against concurrency,
+    one line per strategy and one for the plain target (and peers)."""
+    lines = defaultdict(dict)  # label -> {concurrency: (tokens/s, P99 TPOT ms)}
+    for payload in payloads:
+        load, s = payload["load"], payload["strategy"]
+        c = load["concurrency"]
+        lines[f"{payload['model']} plain"][c] = (load["plain"]["tokens_per_s"], _p99(load["plain"]))
+        lines[f"{payload['model']} {s['proposer']} · {s['controller']}"][c] = (
+            load["speculative"]["tokens_per_s"], _p99(load["speculative"]))
+        for name, peer in load["peers"].items():
+            lines[f"{payload['model']} {name}"][c] = (peer["tokens_per_s"], None)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, points in sorted(lines.items()):
+        xs = sorted(points)
+        left.plot(xs, [points[x][0] for x in xs], marker="o", label=label)
+        if all(points[x][1] is not None for x in xs):
+            right.plot(xs, [points[x][1] for x in xs], marker="o", label=label)
+    left.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput")
+    right.set(xlabel="concurrency", ylabel="P99 time per output token (ms)", title="tail latency")
+    left.legend(fontsize="x-small")
+    return [_save(plt, fig, folder / "load_vs_concurrency.png")]
+
+
+def _p99(figures: dict) -> float | None:
+    return figures["tpot_ms"]["p99"] if figures.get("tpot_ms") else None
+
+
+def _plot_gamma_over_time(plt, payload: dict, folder: Path) -> Path:
+    trace = payload["load"]["gamma_over_time"]  # [at_s, batch, γ] per step
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.step([t for t, _, _ in trace], [g for _, _, g in trace], where="post", label="γ")
+    ax.step([t for t, _, _ in trace], [b for _, b, _ in trace], where="post", label="batch", alpha=0.6)
+    ax.set(xlabel="seconds into the stream", ylabel="per step", title=_title(payload) + " · request load")
+    ax.legend(fontsize="small")
+    return _save(plt, fig, folder / "gamma_over_time.png")
 
 
 def _mean_gamma(prompt: dict) -> float:

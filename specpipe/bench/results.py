@@ -1,8 +1,10 @@
 """results.json: one bench run, written atomically, read back with its schema checked.
 
-    {"schema": "specpipe.bench/1", "created", "model", "strategy": {proposer, verifier,
+    {"schema": "specpipe.bench/2", "created", "model", "strategy": {proposer, verifier,
      controller, gamma, lossless}, "config", "environment", "prompts": [per-prompt results],
-     "summary": {category: figures, ..., "overall": figures}}
+     "summary": {category: figures, ..., "overall": figures}, "load": {...} (a request load only)}
+
+Schema 2 added `load` (bench/load.py; its `prompts` list is empty); files of schema 1 still read.
 
 A results.json exists only when its run finished: that is what lets an interrupted sweep resume.
 """
@@ -19,7 +21,8 @@ from pathlib import Path
 
 from specpipe.errors import SpecpipeError
 
-SCHEMA = "specpipe.bench/1"
+SCHEMA = "specpipe.bench/2"
+READABLE = ("specpipe.bench/1", SCHEMA)
 RESULTS_FILE = "results.json"
 REQUIRED = {"schema": str, "created": str, "model": str, "strategy": dict, "config": dict,
             "environment": dict, "prompts": list, "summary": dict}
@@ -61,8 +64,10 @@ def write_json(path: Path, payload: dict) -> Path:
 
 def validate(payload: dict, where: str = "results") -> dict:
     """The payload, if it follows the schema; a SpecpipeError naming the first problem if not."""
-    if not isinstance(payload, dict) or payload.get("schema") != SCHEMA:
-        raise SpecpipeError(f"{where} is not a specpipe bench result (schema {SCHEMA}).")
+    if not isinstance(payload, dict) or payload.get("schema") not in READABLE:
+        raise SpecpipeError(f"{where} is not a specpipe bench result (schema {' or '.join(READABLE)}).")
+    if "load" in payload and not isinstance(payload["load"], dict):
+        raise SpecpipeError(f"{where}: `load` is not a dict.")
     for key, kind in REQUIRED.items():
         if not isinstance(payload.get(key), kind):
             raise SpecpipeError(f"{where}: `{key}` is missing or not a {kind.__name__}.")

@@ -36,6 +36,38 @@ def bench_table(payload: dict) -> Group:
     return Group(head, steps)
 
 
+def load_table(payload: dict) -> Table:
+    """A request load: plain and speculative side by side (and peers), then per category."""
+    load = payload["load"]
+    table = Table(title=f"request load: {load['requests']} requests, concurrency {load['concurrency']}"
+                  + (f" (run at 1: {load['batch_refusal']})" if load["batch_refusal"] else ""),
+                  caption="latency, TTFT (time to first token), TPOT (time per output token after the first): "
+                  "P50 / P90 / P99 ms over requests")
+    for column in ("run", "tok/s", "req/s", "speedup", "latency", "TTFT", "TPOT", "acceptance", "τ"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for name in ("plain", "speculative"):
+        fig = load[name]
+        table.add_row(name, f"{fig['tokens_per_s']:.1f}", f"{fig['requests_per_s']:.2f}",
+                      "1.00x" if name == "plain" else speedup_cell({"median": load["speedup"], "min": load["speedup"],
+                                                                    "max": load["speedup"]}).split(" (")[0],
+                      _p3(fig["latency_ms"]), _p3(fig["ttft_ms"]), _p3(fig["tpot_ms"]),
+                      "" if name == "plain" else f"{fig['acceptance_rate']:.2f}",
+                      "" if name == "plain" else f"{fig['mean_accepted_length']:.2f}")
+    for name, peer in load["peers"].items():
+        table.add_row(f"↳ {name}", f"{peer['tokens_per_s']:.1f}", f"{peer['requests_per_s']:.2f}",
+                      f"{peer['speedup']:.2f}x", "", "", "", "", "", style="dim")
+    for category, fig in load["by_category"].items():
+        rate, tau = fig["acceptance_rate"], fig["mean_accepted_length"]
+        table.add_row(f"  {category} ({fig['requests']})", "", "", speedup_cell(fig["speedup"]), "", "",
+                      _p3(fig["tpot_ms"]["speculative"]), f"{rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f})",
+                      f"{tau['median']:.2f} ({tau['min']:.2f}-{tau['max']:.2f})", style="dim")
+    return table
+
+
+def _p3(ms: dict | None) -> str:
+    return f"{ms['p50']:.0f}/{ms['p90']:.0f}/{ms['p99']:.0f}" if ms else "-"
+
+
 def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
     """One row per finished job: its settings, then overall and per-category median speedups."""
     categories = list(dict.fromkeys(c for _, p in jobs for c in p["summary"] if c != OVERALL))

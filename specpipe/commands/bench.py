@@ -1,5 +1,8 @@
 """`specpipe bench`: one strategy over a prompt set, against the plain target (and peers).
 
+With `requests=N concurrency=C` it is a request load instead (bench/load.py): N requests drawn
+from the prompt set through continuous batching, C at a time, plain and speculative.
+
 Single run: results.json (and plots) in `out=` (an older results.json there is kept, renamed
 with its date). Under `-m` (Hydra multirun) each job writes into its own folder of the sweep,
 named by its settings; a job whose results.json exists already finished and is skipped, so
@@ -16,11 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from specpipe.bench import plots
-from specpipe.bench.peers import make_peers, peer_names
-from specpipe.bench.results import RESULTS_FILE, environment, now, read_results, write_json
-from specpipe.bench.runner import bench_prompts, warm_up
+from specpipe.bench.load import load_summary, measure_load
+from specpipe.bench.peers import hf_batched, load_peer_names, make_peers, peer_names
+from specpipe.bench.results import RESULTS_FILE, SCHEMA, environment, now, read_results, write_json
+from specpipe.bench.runner import WARMUP_TOKENS, bench_prompts, warm_up
 from specpipe.bench.summary import all_exact, summarize
-from specpipe.bench.table import bench_table
+from specpipe.bench.table import bench_table, load_table
 from specpipe.checks import kind_of, proposer_kind
 from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Pipeline
@@ -29,7 +33,8 @@ from specpipe.prompts import load_prompts
 
 def run(cfg: DictConfig) -> int:
     prompts = select_prompts(cfg)
-    peers = peer_names(cfg.peer, proposer_kind(cfg))
+    load = cfg.requests > 0
+    peers = load_peer_names(cfg.peer) if load else peer_names(cfg.peer, proposer_kind(cfg))
     folder, in_sweep = job_folder(cfg)
     err = Console(stderr=True)
     if in_sweep and (folder / RESULTS_FILE).is_file():
@@ -41,9 +46,9 @@ def run(cfg: DictConfig) -> int:
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {warning.why}", highlight=False)
-    payload = measure(cfg, pipeline, prompts, peers, err)
+    payload = (measure_requests if load else measure)(cfg, pipeline, prompts, peers, err)
     path = save(payload, folder, keep_previous=not in_sweep)
-    Console().print(bench_table(payload))
+    Console().print(load_table(payload) if load else bench_table(payload))
     err.print(f"results: {path}")
     if cfg.plot:
         for png in plots.plot_run(payload, folder):
@@ -53,9 +58,10 @@ def run(cfg: DictConfig) -> int:
 
 
 def select_prompts(cfg: DictConfig) -> list[dict]:
-    if cfg.max_new_tokens < 1 or cfg.limit < 0 or cfg.warmup < 0:
-        raise SpecpipeError("max_new_tokens must be at least 1, and limit and warmup at least 0 "
-                            f"(got max_new_tokens={cfg.max_new_tokens} limit={cfg.limit} warmup={cfg.warmup}).")
+    if cfg.max_new_tokens < 1 or cfg.limit < 0 or cfg.warmup < 0 or cfg.requests < 0 or cfg.concurrency < 1:
+        raise SpecpipeError("max_new_tokens and concurrency must be at least 1, and limit, warmup and requests at "
+                            f"least 0 (got max_new_tokens={cfg.max_new_tokens} concurrency={cfg.concurrency} "
+                            f"limit={cfg.limit} warmup={cfg.warmup} requests={cfg.requests}).")
     prompts = load_prompts(cfg.prompts, list(cfg.categories) or None)
     if not prompts:
         raise SpecpipeError(f"prompts={cfg.prompts} has no prompt in categories {list(cfg.categories)}. "
@@ -89,15 +95,42 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
                   f"{result.speculative.tokens_per_s:.1f} tok/s x{result.speedup:.2f} "
                   f"τ={result.speculative.stats['mean_accepted_length']:.2f}{exact}", highlight=False, soft_wrap=True)
 
+    _print_engine(pipeline, pipeline.memory(), err)
+    results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                            stop=list(cfg.stop), peers=peer_runs, on_result=show)
+    return {**_header(cfg, pipeline), "memory_bytes": pipeline.memory(), "prompts": [r.to_dict() for r in results],
+            "summary": summarize(results)}
+
+
+def measure_requests(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console) -> dict:
+    """A request load (bench/load.py), after a warm-up stream of one batch in both modes."""
+    peer_runs = {name: hf_batched(pipeline, cfg.concurrency) for name in peers}
+    options = dict(concurrency=cfg.concurrency, seed=cfg.seed, stop=list(cfg.stop))
+    with err.status("warming up…"):
+        for _ in range(cfg.warmup):
+            measure_load(pipeline, prompts, requests=cfg.concurrency, max_new_tokens=WARMUP_TOKENS, **options)
+    with err.status(f"serving {cfg.requests} requests, {cfg.concurrency} at a time, plain then speculative"
+                    + (f", then {', '.join(peers)}" if peers else "") + "…"):
+        load = measure_load(pipeline, prompts, requests=cfg.requests, max_new_tokens=cfg.max_new_tokens,
+                            peers=peer_runs, **options)
+    _print_engine(pipeline, load["memory_bytes"], err)
+    if load["batch_refusal"]:
+        err.print(f"[yellow]warning:[/yellow] one sequence at a time: {load['batch_refusal']}", highlight=False)
+    return {**_header(cfg, pipeline), "memory_bytes": load["memory_bytes"], "prompts": [],
+            "summary": load_summary(load), "load": load}
+
+
+def _print_engine(pipeline: Pipeline, memory: dict, err: Console) -> None:
     compiled = getattr(pipeline.runner, "compile_s", None)
     err.print(f"engine: {pipeline.runner.engine} {pipeline.runner.precision}"
               + (f", decoder stack compiled (first call {compiled:.0f} s)" if compiled else "")
-              + "; memory: " + ", ".join(f"{part} {size / 2**20:.0f} MiB" for part, size in pipeline.memory().items()),
+              + "; memory: " + ", ".join(f"{part} {size / 2**20:.0f} MiB" for part, size in memory.items()),
               highlight=False)
-    results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                            stop=list(cfg.stop), peers=peer_runs, on_result=show)
+
+
+def _header(cfg: DictConfig, pipeline: Pipeline) -> dict:
     return {
-        "schema": "specpipe.bench/1",
+        "schema": SCHEMA,
         "created": now(),
         "model": cfg.model.name,
         "strategy": {"proposer": proposer_kind(cfg), "verifier": kind_of(cfg.verifier), "controller": kind_of(cfg.controller),
@@ -106,9 +139,6 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
         "environment": environment(),
         "engine": {"target": pipeline.runner.engine, "precision": pipeline.runner.precision,
                    "compile_s": getattr(pipeline.runner, "compile_s", None)},
-        "memory_bytes": pipeline.memory(),
-        "prompts": [r.to_dict() for r in results],
-        "summary": summarize(results),
     }
 
 
