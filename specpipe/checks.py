@@ -169,9 +169,10 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
 
     if target_config is None:
         return Check("memory", "n/a", "the target's config is unknown")
-    tokens = cfg.cache_len
+    tokens, rows = cfg.cache_len, batch_size(cfg)
+    slots = f"{tokens} slots" + (f" × {rows} rows" if rows > 1 else "")
     parts = [f"target {mib(weight_bytes(target_config, cfg.model.quantize))} + KV cache "
-             f"{mib(cache_bytes(target_config, cfg.model.quantize, tokens))} ({tokens} slots)"]
+             f"{mib(rows * cache_bytes(target_config, cfg.model.quantize, tokens))} ({slots})"]
     kind = proposer_kind(cfg)
     draft_mode = cfg.proposer.get("quantize", "none")
     try:
@@ -179,7 +180,8 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
     except SpecpipeError:  # an unreachable draft: the tokenizer check has said so already
         draft = None
     if draft is not None:
-        parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache {mib(cache_bytes(draft, draft_mode, tokens))}")
+        parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache "
+                     f"{mib(rows * cache_bytes(draft, draft_mode, tokens))}")
     elif kind in HEAD_PROPOSERS:
         parts.append(f"{kind} heads: see bench's measured figures (their size is in the heads folder)")
     return Check("memory", "ok", "estimated: " + "; ".join(parts), "lower cache_len= to shrink the caches")
@@ -221,6 +223,41 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
 HEAD_PROPOSERS = ("medusa", "eagle")
 
 
+def batch_size(cfg: DictConfig) -> int:
+    """Sequences decoding at once: bench's concurrency, generate's batch (0: its prompts, at least 1)."""
+    return max(int(cfg.get("concurrency") or 1), int(cfg.get("batch") or 1))
+
+
+def check_batch(cfg: DictConfig, target_config, draft_config_loader) -> Check:
+    """Whether this composition decodes several sequences in one forward, and its batch schedule.
+    (The same rules as `Pipeline.batch_refusal`, read from configs.)"""
+    from specpipe.controllers.base import check_schedule
+    from specpipe.engine.native_model import config_unsupported_reason
+
+    try:
+        schedule = check_schedule(cfg.get("batch_schedule"))
+    except SpecpipeError as err:
+        return Check("batch", "refuse", str(err).rstrip("."), "fix batch_schedule=")
+    kind, size = proposer_kind(cfg), batch_size(cfg)
+    native = cfg.engine != "hf" and target_config is not None and not config_unsupported_reason(target_config)
+    reason = None if native else "the target runs on the hf engine, which has no batch rows"
+    if reason is None and kind in HEAD_PROPOSERS and cfg.proposer.get("tree"):
+        reason = f"proposer.tree: a {kind} tree's mask differs per row, which the batched forward does not take yet"
+    if reason is None and kind == "draft":
+        try:
+            draft = draft_config_loader()
+        except SpecpipeError:
+            draft = None
+        if draft is not None and config_unsupported_reason(draft):
+            reason = "the draft model runs on the hf engine, which decodes one sequence at a time"
+    plan = f"; batch_schedule {schedule} (γ per batch size)" if schedule else ""
+    if reason is not None:
+        return Check("batch", "warn" if size > 1 else "ok", f"one sequence at a time: {reason}{plan}",
+                     "use engine=native (auto), and a chain (proposer.tree=null) to batch" if size > 1 else "")
+    return Check("batch", "ok", f"{kind} batches: {size} sequence(s) per forward, each with its own KV cache row "
+                 f"and acceptance{plan}")
+
+
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
     """A draft model must tokenize exactly like the target: same vocabulary, same specials."""
     problems = []
@@ -251,6 +288,7 @@ def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
         check_heads(cfg, lambda: target_config),
         *check_engine(cfg, target_config),
         check_memory(cfg, target_config, draft_config_loader),
+        check_batch(cfg, target_config, draft_config_loader),
     ]
 
 

@@ -7,6 +7,7 @@ error with exit code 2) and calls the command directly: no output folders. Any H
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Callable
 
@@ -79,12 +80,29 @@ def report(err: SpecpipeError) -> int:
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
     from specpipe.config import conf_dir, expand_overrides
 
+    if command == "generate":
+        overrides, prompts = take_prompts(overrides)
+        if prompts:
+            task = functools.partial(task, prompts=prompts)
     if any(arg.startswith("-") for arg in overrides):
         flags, settings = _split_flags(overrides)
         # Hydra reads its flags before the overrides: a recipe's settings, which expansion puts
         # in front of the user's, must not land before `-m`
         return _hydra_main(command, task, flags + expand_overrides(settings, conf_dir()))
     return task(compose(overrides, command)) or 0
+
+
+def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
+    """(the other arguments, the texts of every `prompt=` argument, verbatim). Prompts never go
+    through Hydra's grammar or OmegaConf's interpolation: a prompt is text, with its commas,
+    quotes, parentheses and `${...}` as typed. Several `prompt=` decode as a batch."""
+    rest, prompts = [], []
+    for arg in args:
+        if arg.startswith("prompt="):
+            prompts.append(arg[len("prompt="):])
+        else:
+            rest.append(arg)
+    return rest, prompts
 
 
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",

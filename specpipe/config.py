@@ -51,6 +51,7 @@ class GenerateConfig(DecodeConfig):
     prompt: str = "Write a Python function that checks whether a string is a palindrome."
     baseline: bool = True  # also run the plain target on the same prompt and measure the speedup
     output: str = "rich"  # rich | json | text
+    batch: int = 0  # several prompt=: how many decode at once (0: all of them)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class BenchConfig(DecodeConfig):
 class TuneConfig(BenchConfig):
     strategies: list[str] = field(default_factory=list)  # names from strategies/ to try (empty: all)
     gammas: list[int] = field(default_factory=lambda: [2, 4, 6])  # fixed γ values tried
+    batch_sizes: list[int] = field(default_factory=list)  # e.g. [4, 8]: measure the winner's γ there (batch_schedule)
     draft: str = ""  # the draft model for draft strategies (default: a smaller zoo model, same tokenizer)
     out: str = "recipes"  # recipes/<model>/specpipe.yaml; `beside`: <model dir>/specpipe.yaml
     work: str = "bench-results/tune"  # each candidate's results.json (an interrupted tune resumes)
@@ -88,6 +90,7 @@ class TrainConfig:
     distill: int = 0  # self-distillation: the target's own answers to this many offline prompts
     distill_prompts: str = ""  # their JSONL (default: offline instructions, specpipe/train/prompts.py)
     distill_tokens: int = 128  # answer length
+    distill_batch: int = 16  # answers decoded at once (native engine: continuous batching; hf: static batches of 32)
     seq_len: int = 256
     epochs: int = 3
     batch: int = 256  # training rows per optimizer step

@@ -40,7 +40,8 @@ RECIPE_FILE = "specpipe.yaml"
 RECIPE_VERSION = 1
 RECIPE_KEYS = {"specpipe_recipe", "target", "strategy", "artifacts", "measured", "versions", "about"}
 GROUPS = ("proposer", "verifier", "controller")
-TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", "model.quantize", "model.chat"}
+TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", "model.quantize", "model.chat",
+            "batch_schedule"}
 _OPTION = re.compile(r"^(proposer|verifier|controller)\.[A-Za-z_][A-Za-z0-9_]*$")
 _CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ARTIFACT = "artifact:"
@@ -98,7 +99,14 @@ def check_strategy(mapping: dict, where: str, *, allow_about: bool = True) -> di
                 f"{where}: {key}={value!r} is refused: a strategy or recipe may only name build "
                 "functions under `specpipe.`. Delete the key and pick a built-in component by name."
             )
-        if not _is_data(value):
+        if key == "batch_schedule":  # the one mapping: batch size -> γ, integers only
+            from specpipe.controllers.base import check_schedule
+
+            try:
+                value = check_schedule(value)
+            except SpecpipeError as err:
+                raise SpecpipeError(f"{where}: {err}") from None
+        elif not _is_data(value):
             raise SpecpipeError(f"{where}: {key} must be a number, a string, a boolean or a list of those.")
         out[key] = value
     return out
@@ -206,6 +214,8 @@ def literal(value) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ",".join(literal(v) for v in value) + "]"
+    if isinstance(value, dict):  # batch_schedule (checked: integer keys and values)
+        return "{" + ",".join(f"{int(k)}:{int(v)}" for k, v in value.items()) + "}"
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

@@ -48,6 +48,7 @@ CASES = {
     "twin": ["model=qwen2.5-coder-1.5b", "proposer=twin", "gamma=3"],
     "ngram-cost": ["model=smollm2-135m", "strategy=ngram-cost"],
     "plain": ["model=smollm2-135m", "proposer=none"],
+    "ngram-batch-schedule": ["model=smollm2-135m", "proposer=ngram", "gamma=4", "batch_schedule={1: 3, 4: 2, 8: 0}"],
 }
 
 

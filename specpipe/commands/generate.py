@@ -1,9 +1,15 @@
-"""`specpipe generate`: one prompt, speculatively with a live view, then the plain target."""
+"""`specpipe generate`: one prompt, speculatively with a live view, then the plain target.
+
+Several `prompt=` (or `batch=N`) decode as a batch (specpipe/batch.py): every prompt at once, or
+N at a time with continuous batching, then the plain target as the same batch; the figures are
+the batch's throughput (output tokens over the wall time, prefills included).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -16,49 +22,100 @@ from specpipe.ui.live import stream, summary
 OUTPUTS = ("rich", "json", "text")
 
 
-def run(cfg: DictConfig) -> None:
-    _validate(cfg)
+def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
+    """prompts: the command line's `prompt=` texts, verbatim (None: the config's `prompt`)."""
+    prompts = prompts or [cfg.prompt]
+    _validate(cfg, prompts)
     err = Console(stderr=True)
     with err.status(f"loading {cfg.model.name} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {warning.why}", highlight=False)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, stop=list(cfg.stop))
-    spec = _speculative(pipeline, cfg, kwargs)
+    if len(prompts) > 1 or cfg.batch > 1:
+        return _batch(cfg, pipeline, prompts, kwargs, err)
+    prompt = prompts[0]
+    spec = _speculative(pipeline, cfg, prompt, kwargs)
     base = None
     if cfg.baseline and pipeline.proposer is not None:
         with err.status("running the plain target on the same prompt…"):
-            base = pipeline.run(cfg.prompt, speculative=False, **kwargs)
+            base = pipeline.run(prompt, speculative=False, **kwargs)
     equal = spec.token_ids == base.token_ids if base is not None and pipeline.sampling.greedy else None
     if cfg.output == "json":
-        print(json.dumps(_as_json(cfg, pipeline, spec, base, equal)))
+        print(json.dumps({**_as_json(cfg, pipeline, spec, base, equal), "prompt": prompt}))
     elif cfg.output == "rich":
         Console().print(summary(spec.stats, base and base.stats, equal, not pipeline.verifier.lossless))
 
 
-def _validate(cfg: DictConfig) -> None:
+def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict, err: Console) -> None:
+    """The prompts as one batch (`batch` at a time), then the plain target as the same batch."""
+    concurrency = cfg.batch or len(prompts)
+    if pipeline.batch_refusal(pipeline.proposer):
+        err.print(f"[yellow]warning:[/yellow] one sequence at a time: {pipeline.batch_refusal(pipeline.proposer)}",
+                  highlight=False)
+    runs = {}
+    for mode in ("speculative", "plain") if cfg.baseline and pipeline.proposer is not None else ("speculative",):
+        with err.status(f"decoding {len(prompts)} prompts, {concurrency} at a time ({mode})…"):
+            started = time.perf_counter()
+            outs = pipeline.generate_batch(prompts, concurrency=concurrency, speculative=mode == "speculative",
+                                           **kwargs)
+            runs[mode] = (outs, sum(len(o.token_ids) for o in outs) / (time.perf_counter() - started))
+    spec, throughput = runs["speculative"]
+    base, base_throughput = runs.get("plain", (None, None))
+    equal = [s.token_ids == b.token_ids for s, b in zip(spec, base)] if base and pipeline.sampling.greedy else None
+    if cfg.output == "json":
+        print(json.dumps({
+            "model": cfg.model.name, "proposer": proposer_kind(cfg), "batch": concurrency,
+            "config": {**OmegaConf.to_container(cfg, resolve=True), "prompt": prompts},
+            "requests": [{"prompt": p, "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
+                          **g.stats.to_dict()} for p, g in zip(prompts, spec)],
+            "tokens_per_s": throughput, "baseline_tokens_per_s": base_throughput,
+            "speedup": throughput / base_throughput if base_throughput else None,
+            "greedy_equal": None if equal is None else all(equal),
+        }))
+        return
+    for i, g in enumerate(spec):
+        if cfg.output == "text":
+            sys.stdout.write(g.text + "\n\n")
+        else:
+            Console().rule(f"prompt {i + 1}/{len(prompts)} · {len(g.token_ids)} tokens · τ="
+                           f"{g.stats.mean_accepted_length:.2f} · {g.finish_reason}")
+            Console().print(g.text, highlight=False, markup=False)
+    if cfg.output == "rich":
+        line = f"batch of {len(prompts)} ({concurrency} at a time): {throughput:.1f} tok/s"
+        if base_throughput:
+            line += f", plain target {base_throughput:.1f} tok/s, speedup x{throughput / base_throughput:.2f}"
+        if equal is not None:
+            line += ", greedy output " + ("identical" if all(equal) else
+                                          f"[red]DIFFERS on {len(equal) - sum(equal)} prompt(s)[/red]")
+        Console().print(line, highlight=False)
+
+
+def _validate(cfg: DictConfig, prompts: list[str]) -> None:
     if cfg.output not in OUTPUTS:
         raise SpecpipeError(f"output={cfg.output} is not known: use one of {', '.join(OUTPUTS)}.")
     if cfg.max_new_tokens < 1:
         raise SpecpipeError(f"max_new_tokens={cfg.max_new_tokens} must be at least 1.")
-    if not cfg.prompt:
-        raise SpecpipeError('prompt is empty: pass prompt="your text".')
+    if cfg.batch < 0:
+        raise SpecpipeError(f"batch={cfg.batch} is negative: use batch=N (N prompts at a time) or batch=0 (all).")
+    if not all(prompts):
+        raise SpecpipeError('a prompt is empty: pass prompt="your text" (several prompt= decode as a batch).')
 
 
-def _speculative(pipeline: Pipeline, cfg: DictConfig, kwargs: dict) -> Generation:
+def _speculative(pipeline: Pipeline, cfg: DictConfig, prompt: str, kwargs: dict) -> Generation:
     if cfg.output == "rich":
         title = f"{cfg.model.name} · proposer {proposer_kind(cfg)} · γ={cfg.gamma}"
-        return stream(pipeline, cfg.prompt, Console(), title, **kwargs)
+        return stream(pipeline, prompt, Console(), title, **kwargs)
     if cfg.output == "text":
         tokens, text, event = [], "", None
-        for event in pipeline.generate(cfg.prompt, **kwargs):
+        for event in pipeline.generate(prompt, **kwargs):
             sys.stdout.write(event.text)
             sys.stdout.flush()
             tokens.extend(event.tokens)
             text += event.text
         sys.stdout.write("\n")
         return Generation(tokens, text, event.finish_reason, event.stats)
-    return pipeline.run(cfg.prompt, **kwargs)
+    return pipeline.run(prompt, **kwargs)
 
 
 def _as_json(cfg, pipeline: Pipeline, spec: Generation, base: Generation | None, equal) -> dict:

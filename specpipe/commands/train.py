@@ -122,7 +122,7 @@ def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
         key = {**target, "sources": list(cfg.sources), "seq_len": cfg.seq_len, "tokens": cfg.tokens}
         parts.append((key, seqs, [0] * len(seqs)))
     if cfg.distill:
-        answers = _distilled(cfg, model, tokenizer, err)
+        answers = _distilled(cfg, model, tokenizer, engine, err)
         key = {**target, "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens,
                "seed": cfg.seed}
         parts.append((key, [ids for ids, _ in answers], [start for _, start in answers]))
@@ -137,8 +137,9 @@ def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
     return out
 
 
-def _distilled(cfg: DictConfig, model, tokenizer, err: Console) -> list[tuple[list[int], int]]:
-    """The target's answers to `distill` prompts (cached: a longer run reuses a shorter one's)."""
+def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> list[tuple[list[int], int]]:
+    """The target's answers to `distill` prompts (cached: a longer run reuses a shorter one's),
+    decoded in batches on the target's engine."""
     if cfg.distill_prompts:
         from specpipe.prompts import load_prompts
 
@@ -147,10 +148,20 @@ def _distilled(cfg: DictConfig, model, tokenizer, err: Console) -> list[tuple[li
         prompts = instructions(cfg.distill, cfg.seed)
     key = {"model": cfg.model.name, "quantize": cfg.model.quantize, "prompts": cfg.distill_prompts or "instructions",
            "seed": cfg.seed, "tokens": cfg.distill_tokens}
+    decode = None
+    if engine == "native":  # its answers may differ from transformers' in the last bits: a cache of their own
+        key["engine"] = "native"
+        runner = make_runner(model, engine="native", precision=cfg.model.quantize)
+        decode = distill.batched_decoder(runner, model, tokenizer, cfg.distill_batch)
     with _progress(err) as progress:
         task = progress.add_task("self-distillation", total=len(prompts))
-        return distill.answers(model, tokenizer, prompts, cfg.distill_tokens, distill.cache_file(key),
-                               on_batch=lambda n: progress.advance(task, n))
+        started = time.perf_counter()
+        out = distill.answers(model, tokenizer, prompts, cfg.distill_tokens, distill.cache_file(key),
+                              batch=max(cfg.distill_batch * 2, 32) if decode else 32,
+                              on_batch=lambda n: progress.advance(task, n), decode=decode)
+    err.print(f"self-distillation: {len(prompts)} answers in {time.perf_counter() - started:.0f} s "
+              f"({engine} engine; answers cached earlier are read back, not decoded)", highlight=False)
+    return out
 
 
 def _validate(cfg: DictConfig) -> None:

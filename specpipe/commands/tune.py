@@ -10,7 +10,9 @@ results.json kept under `work=`, so an interrupted tune resumes where it stopped
 
 The winner is the candidate with the best overall median speedup among those whose greedy
 outputs were all token-identical to the plain target's; if none beats the plain target, the
-recipe says so (proposer none). It is written atomically to `recipes/<model>/specpipe.yaml`
+recipe says so (proposer none). With `batch_sizes=[4,8]` the winner is then served as a request
+load (bench/load.py) at each of those concurrencies once per γ in `gammas`: the best γ there
+(0 where none beats plain batched decoding) goes into the recipe as its `batch_schedule`. It is written atomically to `recipes/<model>/specpipe.yaml`
 (`out=DIR`: DIR/<model>/specpipe.yaml; `out=beside`: <model dir>/specpipe.yaml).
 """
 
@@ -50,7 +52,12 @@ def run(cfg: DictConfig) -> int:
     if not tried:
         raise SpecpipeError(f"No strategy could run on {cfg.model.name}: see the reasons above.")
     Console().print(candidates_table(cfg, tried))
-    path = write_recipe(destination, recipe_data(cfg, tried, destination))
+    data = recipe_data(cfg, tried, destination)
+    if cfg.batch_sizes and data["strategy"].get("proposer", "none") != "none":
+        schedule, loads = batch_schedule(cfg, winner(tried), data["strategy"], prompts, err)
+        data["strategy"]["batch_schedule"] = schedule
+        data["measured"]["batch_schedule"] = loads
+    path = write_recipe(destination, data)
     err.print(f"recipe: {path}  (use it: specpipe generate recipe={path})")
     return 0
 
@@ -145,6 +152,50 @@ def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[d
     finally:
         del pipeline
         gc.collect()  # one target in memory at a time
+    bench.save(payload, folder, keep_previous=False)
+    return payload
+
+
+def batch_schedule(cfg: DictConfig, name: str, strategy: dict, prompts: list[dict],
+                   err: Console) -> tuple[dict[int, int], dict]:
+    """({batch size: best γ}, the speedups measured) for the winning strategy: at each size of
+    `batch_sizes`, a request load per γ of `gammas` with the fixed controller; γ = 0 where no γ
+    beats plain batched decoding with every output identical. Batch 1 keeps the winner's γ."""
+    schedule = {1: int(strategy.get("gamma", cfg.gamma))} if strategy.get("controller", "fixed") == "fixed" else {}
+    measured: dict = {}
+    for size in sorted({int(s) for s in cfg.batch_sizes if int(s) > 1}):
+        speedups = {}
+        for gamma in cfg.gammas:
+            settings = {**strategy, "controller": "fixed", "gamma": int(gamma)}
+            settings.pop("batch_schedule", None)
+            payload = _load_candidate(cfg, f"{name}-batch{size}-g{gamma}", settings, size, prompts, err)
+            load = payload["load"]
+            if load["exact"] is None or load["exact"]["share"] == 1.0:
+                speedups[int(gamma)] = load["speedup"]
+        best = max(speedups, key=speedups.get, default=None)
+        schedule[size] = best if best is not None and speedups[best] > 1.0 else 0
+        measured[size] = {"speedup_by_gamma": {g: round(v, 3) for g, v in speedups.items()}, "gamma": schedule[size]}
+        err.print(f"batch {size}: γ={schedule[size]} ({', '.join(f'γ={g} x{v:.2f}' for g, v in speedups.items())})",
+                  highlight=False)
+    return schedule, measured
+
+
+def _load_candidate(cfg: DictConfig, name: str, strategy: dict, size: int, prompts: list[dict],
+                    err: Console) -> dict:
+    folder = Path(cfg.work) / model_slug(cfg.model.name) / name
+    if (folder / RESULTS_FILE).is_file():
+        err.print(f"[dim]{name}: measured in an earlier run ({folder})[/dim]")
+        return read_results(folder / RESULTS_FILE)
+    err.rule(name)
+    candidate = candidate_config(cfg, strategy)
+    with open_dict(candidate):
+        candidate.concurrency, candidate.requests = size, max(int(cfg.requests), 2 * size)
+    pipeline = Pipeline.from_config(candidate)
+    try:
+        payload = bench.measure_requests(candidate, pipeline, prompts, [], err)
+    finally:
+        del pipeline
+        gc.collect()
     bench.save(payload, folder, keep_previous=False)
     return payload
 

@@ -68,7 +68,7 @@ def check_schedule(schedule) -> dict[int, int]:
         return {}
     try:
         items = {int(size): int(gamma) for size, gamma in dict(schedule).items()}
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         items = None
     if items is None or any(size < 1 or gamma < 0 for size, gamma in items.items()):
         raise SpecpipeError(

@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.checks import kind_of, lora_paths, proposer_kind
+from specpipe.controllers.base import check_schedule
 from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
 from specpipe.recipe import load_recipe
@@ -29,7 +30,13 @@ class ExportPlan:
     ngram_max: int | None = None
     heads: str | None = None  # medusa, eagle: the heads folder (LM head shared)
     tree: list | dict | None = None  # medusa: the candidate paths; eagle: {top_k, nodes}; None: a chain
+    batch_schedule: dict[int, int] = field(default_factory=dict)  # batch size -> γ (0: speculation off there)
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def off_from(self) -> int | None:
+        """The smallest batch size at which the schedule switches speculation off, if any."""
+        return min((size for size, gamma in self.batch_schedule.items() if gamma == 0), default=None)
 
 
 def engine_model(name: str) -> str:
@@ -43,7 +50,10 @@ def engine_model(name: str) -> str:
 def plan_of(cfg: DictConfig) -> ExportPlan:
     kind = proposer_kind(cfg)
     gamma, lost = _fixed_gamma(cfg, kind)
-    plan = ExportPlan(engine_model(cfg.model.name), kind, gamma, warnings=[lost] if lost else [])
+    plan = ExportPlan(engine_model(cfg.model.name), kind, gamma, warnings=[lost] if lost else [],
+                      batch_schedule=check_schedule(cfg.get("batch_schedule")))
+    if plan.batch_schedule.get(1):  # what runs at batch 1 is the schedule's γ
+        plan.gamma = plan.batch_schedule[1]
     if cfg.model.name in zoo.ZOO:
         plan.warnings.append(f"{cfg.model.name} is exported as {plan.target}, the original checkpoint of the "
                              "zoo's 4-bit GGUF: the engine serves the original weights.")

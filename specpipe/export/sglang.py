@@ -28,6 +28,9 @@ ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 
 def export(plan: ExportPlan) -> EngineExport:
     warnings = list(plan.warnings)
+    if plan.batch_schedule and plan.proposer != "none":
+        warnings.append(f"batch_schedule {plan.batch_schedule}: SGLang {VERSION} has no γ per batch size and no "
+                        "switch-off by batch size; it drafts the exported γ at every load.")
     flags = _flags(plan, warnings)
     unknown = set(flags) - set(FLAGS)
     if unknown or (flags and flags["--speculative-algorithm"] not in ALGORITHMS):

@@ -34,6 +34,8 @@ def export(plan: ExportPlan, medusa_dir: Path = Path("medusa-vllm")) -> EngineEx
     from there)."""
     warnings = list(plan.warnings)
     config = _config(plan, warnings, medusa_dir)
+    if config:
+        _schedule(plan, config, warnings)
     unknown = set(config or {}) - set(KEYS)
     if unknown or (config and config["method"] not in METHODS):
         raise SpecpipeError(f"internal: the vLLM {VERSION} export produced keys it does not have: {sorted(unknown)}")
@@ -64,6 +66,20 @@ def _config(plan: ExportPlan, warnings: list[str], medusa_dir: Path) -> dict | N
         return _eagle(plan, warnings)
     raise SpecpipeError(f"proposer={plan.proposer} has no vLLM export yet. Exportable: ngram, draft, twin, medusa, "
                         "eagle.")
+
+
+def _schedule(plan: ExportPlan, config: dict, warnings: list[str]) -> None:
+    """batch_schedule: vLLM drafts one γ at every batch size, but switches speculation off for
+    new requests once more than `disable_by_batch_size` are enqueued: the schedule's first γ = 0."""
+    if not plan.batch_schedule:
+        return
+    if plan.off_from is not None:
+        config["disable_by_batch_size"] = max(plan.off_from - 1, 1)
+    varied = {size: gamma for size, gamma in plan.batch_schedule.items() if gamma not in (0, plan.gamma)}
+    if varied:
+        warnings.append(f"batch_schedule {plan.batch_schedule}: vLLM {VERSION} has one num_speculative_tokens for "
+                        f"every batch size (γ={plan.gamma} exported); the γ of batch sizes {sorted(varied)} is lost"
+                        + (", its switch-off kept as disable_by_batch_size" if plan.off_from else "") + ".")
 
 
 def _medusa(plan: ExportPlan, warnings: list[str], medusa_dir: Path) -> dict:

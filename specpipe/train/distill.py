@@ -4,6 +4,10 @@ Heads are judged on what the target says, so its answers are the best training t
 Generating them is the slowest part of training on a CPU, so answers are appended to a JSONL
 file under the cache as each batch finishes: an interrupted run resumes where it stopped, and
 Medusa and EAGLE heads for the same target share one set of answers.
+
+On the native engine the answers come from specpipe's own batched decoding (`BatchDecoder`,
+continuous batching: a finished answer's row takes the next prompt at once, no padding);
+otherwise from transformers' batched `generate` (static, left-padded batches).
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ def cache_file(key: dict) -> Path:
 
 
 def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Path, batch: int = 32,
-            on_batch=None) -> list[tuple[list[int], int]]:
+            on_batch=None, decode=None) -> list[tuple[list[int], int]]:
     """(prompt + answer ids, the position of the last prompt token: the first whose prediction
     belongs to the answer) for every prompt, reading finished ones from `path`.
 
-    A batch is left-padded to its longest prompt, and the prefill is most of the cost, so prompts
-    are batched by length within windows of WINDOW batches (measured on SmolLM2: 49 -> 78 answer
-    tokens/s). Each line records its prompt's index, so the file is read back in prompt order."""
+    decode: (prompts, max_new_tokens) -> such pairs (`batched_decoder`); None: transformers'
+    `generate`, whose batch is left-padded to its longest prompt, and the prefill is most of the
+    cost, so prompts are batched by length within windows of WINDOW batches (measured on SmolLM2:
+    49 -> 78 answer tokens/s). Each line records its prompt's index, so the file is read back in
+    prompt order."""
+    decode = decode or (lambda texts, tokens: generate(model, tokenizer, texts, tokens))
     path.parent.mkdir(parents=True, exist_ok=True)
     _drop_cut_line(path)
     done = _read(path)
@@ -41,7 +48,7 @@ def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Pat
         group = sorted(todo[window : window + batch * WINDOW], key=lambda i: len(prompts[i]))
         for start in range(0, len(group), batch):
             indices = group[start : start + batch]
-            rows = generate(model, tokenizer, [prompts[i] for i in indices], max_new_tokens)
+            rows = decode([prompts[i] for i in indices], max_new_tokens)
             with path.open("a") as f:
                 f.write("".join(json.dumps({"index": i, "ids": ids, "start": first}) + "\n"
                                 for i, (ids, first) in zip(indices, rows)))
@@ -68,6 +75,24 @@ def _read(path: Path) -> dict[int, tuple[list[int], int]]:
         d = json.loads(line)
         done[d.get("index", n)] = (d["ids"], d["start"])
     return done
+
+
+def batched_decoder(runner, model, tokenizer, concurrency: int):
+    """Greedy answers by specpipe's batched plain decoding on a native `runner`, `concurrency` at
+    a time: the `decode` of `answers`. Prompts go through the chat template as `generate`'s do."""
+    from specpipe.models.loader import LoadedModel
+    from specpipe.pipeline import Pipeline
+    from specpipe.verifiers.greedy import GreedyVerifier
+
+    pipeline = Pipeline(LoadedModel("distill", model, tokenizer), None, GreedyVerifier(), None, runner=runner)
+
+    def decode(prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], int]]:
+        ids = [pipeline.encode(p) for p in prompts]
+        outs = pipeline.generate_batch(ids, max_new_tokens=max_new_tokens, speculative=False,
+                                       concurrency=concurrency)
+        return [(i + out.token_ids, len(i) - 1) for i, out in zip(ids, outs)]
+
+    return decode
 
 
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], int]]:
