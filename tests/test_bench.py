@@ -132,3 +132,47 @@ def test_results_schema_is_checked():
     with pytest.raises(SpecpipeError, match="prompts"):
         validate({"schema": SCHEMA, "created": "x", "model": "m", "strategy": {}, "config": {},
                   "environment": {}, "summary": {"overall": {}}})
+
+
+def test_request_load_serves_a_stream_plain_and_speculative(setup, tmp_path):
+    """requests=N concurrency=C: every request's output equals the plain run's, the figures a
+    load reports are there, and the sweep over concurrency is one report with its plot."""
+    out = tmp_path / "load"
+    result = specpipe("bench", *base_args(setup, "proposer=ngram", "gamma=3", "requests=7", "concurrency=3",
+                                          "peer=hf-batched", "plot=true", f"out={out}"))
+    assert result.returncode == 0, result.stderr
+    payload = read_results(out / "results.json")
+    load = payload["load"]
+    assert payload["schema"] == SCHEMA and load["requests"] == 7 and load["slots"] == 3
+    assert load["exact"]["share"] == 1.0 and load["peers"]["hf-batched"]["exact"]["share"] == 1.0
+    for mode in ("plain", "speculative"):
+        figures = load[mode]
+        assert figures["tokens_per_s"] > 0 and figures["requests_per_s"] > 0
+        for key in ("latency_ms", "ttft_ms", "tpot_ms"):
+            assert figures[key]["p50"] <= figures[key]["p90"] <= figures[key]["p99"]
+    assert set(load["by_category"]) == {"edit", "chat"}
+    assert sum(c["requests"] for c in load["by_category"].values()) == 7
+    assert {batch for _, batch, _ in load["gamma_over_time"]} <= {1, 2, 3} and load["gamma_over_time"]
+    assert (out / "gamma_over_time.png").read_bytes().startswith(PNG)
+    assert "request load: 7 requests, concurrency 3" in " ".join(result.stdout.split())
+
+    sweep = tmp_path / "sweep"
+    result = specpipe("bench", "-m", *base_args(setup, "proposer=ngram", "requests=4", "concurrency=1,2",
+                                                 "plot=true", f"out={sweep}"))
+    assert result.returncode == 0, result.stderr
+    assert (sweep / "load_vs_concurrency.png").read_bytes().startswith(PNG)
+
+
+def test_results_of_schema_1_still_read(setup, tmp_path):
+    out = tmp_path / "run"
+    assert specpipe("bench", *base_args(setup, "proposer=ngram", f"out={out}")).returncode == 0
+    old = json.loads((out / "results.json").read_text())
+    old["schema"] = "specpipe.bench/1"
+    assert validate(old)["schema"] == "specpipe.bench/1"
+    with pytest.raises(SpecpipeError, match="not a specpipe bench result"):
+        validate({**old, "schema": "specpipe.bench/9"})
+
+
+def test_a_request_load_refuses_per_prompt_peers(setup, tmp_path):
+    result = specpipe("bench", *base_args(setup, "requests=4", "peer=hf-assisted", f"out={tmp_path}"))
+    assert_user_error(result, "peer=hf-assisted", "request load", "hf-batched")

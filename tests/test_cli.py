@@ -131,3 +131,19 @@ def test_hydra_flags_with_a_recipe():
     assert result.returncode == 0, result.stderr
     assert "specpipe.proposers.eagle.build" in result.stdout and "engine: hf" in result.stdout
     assert _split_flags(["a=1", "-m", "b=2,3", "--cfg", "job", "c=4"]) == (["-m", "--cfg", "job"], ["a=1", "b=2,3", "c=4"])
+
+
+def test_several_prompts_decode_as_a_batch_each_verbatim(model_dirs):
+    """Several prompt= are a batch (2 at a time here, so one joins mid-run); each row equals that
+    prompt decoded alone. Prompts are text, not Hydra syntax: commas, parentheses, quotes, `=`
+    and `${...}` reach the tokenizer as typed."""
+    prompts = ["w5 w17, (w33) w5 w17", "w9 ${oc.env:HOME} w9 w9", "w3 'w4' = w5"]
+    args = [f"model={model_dirs / 'target'}", "proposer=ngram", "gamma=3", "max_new_tokens=12", "output=json"]
+    result = specpipe("generate", *args, *[f"prompt={p}" for p in prompts], "batch=2")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["batch"] == 2 and [r["prompt"] for r in out["requests"]] == prompts
+    assert out["greedy_equal"] is True and out["speedup"] > 0
+    for prompt, row in zip(prompts, out["requests"]):
+        alone = json.loads(specpipe("generate", *args, f"prompt={prompt}", "baseline=false").stdout)
+        assert alone["prompt"] == prompt and row["token_ids"] == alone["token_ids"]

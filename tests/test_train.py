@@ -165,6 +165,20 @@ def test_distilled_answers_are_batched_by_length_and_read_back_in_prompt_order(t
     assert len(path.read_text().splitlines()) == 7  # 3 kept, the cut line dropped, 4 generated
 
 
+def test_batched_native_distillation_gives_each_prompt_its_own_answer(tmp_path):
+    """The native engine's batched decoder (continuous batching, 3 rows): every answer is that
+    prompt's plain greedy answer decoded alone, in the layout of transformers' path."""
+    from specpipe.engine import make_runner
+    from specpipe.train import distill
+
+    model, tokenizer = tiny_model(0, dtype=torch.float64), tiny_tokenizer()
+    rng = random.Random(2)
+    prompts = [" ".join(f"w{rng.randrange(2, 64)}" for _ in range(rng.randrange(1, 12))) for _ in range(7)]
+    decode = distill.batched_decoder(make_runner(model, engine="native"), model, tokenizer, concurrency=3)
+    got = distill.answers(model, tokenizer, prompts, 6, tmp_path / "answers.jsonl", batch=4, decode=decode)
+    assert got == [distill.generate(model, tokenizer, [p], 6)[0] for p in prompts]
+
+
 def test_a_growing_sequence_list_reuses_its_feature_shards(setup, tmp_path, monkeypatch):
     monkeypatch.setattr(features, "SHARD", 4)
     target = tiny_model(0, dtype=torch.float32)
