@@ -108,11 +108,7 @@ class BatchDecoder:
         proposer = pipeline.proposer if speculative else None
         self.refusal = pipeline.batch_refusal(proposer)
         self.slots = slots if self.refusal is None else 1
-        self.runner = pipeline.runner.batched(self.slots) if hasattr(pipeline.runner, "batched") \
-            else _OneRow(pipeline.runner)
-        self.proposer: BatchProposer | None = None
-        if proposer is not None:
-            self.proposer = proposer.batched(self.slots) if self.refusal is None else PerSlot(proposer, 1)
+        self.runner, self.proposer = _parts(pipeline, self.slots, proposer, self.refusal)
         self.hidden = pipeline.hidden if proposer is not None else ()
         self.steps: list[BatchStep] = []
 
@@ -125,6 +121,10 @@ class BatchDecoder:
         """Decode a stream of requests, `slots` at a time; events of all requests, in step order."""
         queue = iter(enumerate(requests))
         rows: list[_Row | None] = [None] * self.slots
+        self.runner.crop_rows(torch.zeros(self.slots, dtype=torch.long))  # an interrupted earlier run left rows
+        if self.proposer is not None:
+            self.proposer.reset()
+        self.steps = []
         self._started = time.perf_counter()
         exhausted = False
         while True:
@@ -227,6 +227,18 @@ class BatchDecoder:
             state.tokens.extend(verdict.emitted)
             lengths[slot] = len(state.tokens) - 1
         self.runner.crop_rows(lengths)
+
+
+def _parts(pipeline, slots: int, proposer, refusal: str | None) -> tuple:
+    """The batched target runner and proposer for `slots` rows, made once per pipeline: a KV
+    cache of `slots` rows is hundreds of MiB, allocated (and zeroed) once, not per call."""
+    parts = pipeline.batch_parts
+    if ("runner", slots) not in parts:
+        runner = pipeline.runner
+        parts["runner", slots] = runner.batched(slots) if hasattr(runner, "batched") else _OneRow(runner)
+    if proposer is not None and ("proposer", slots) not in parts:
+        parts["proposer", slots] = proposer.batched(slots) if refusal is None else PerSlot(proposer, 1)
+    return parts["runner", slots], parts.get(("proposer", slots)) if proposer is not None else None
 
 
 class _OneRow:

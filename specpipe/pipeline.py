@@ -67,6 +67,7 @@ class Pipeline:
         self.hidden = tuple(proposer.hidden_layers) if proposer is not None else ()
         self.eos_ids = eos_ids_of(target.model, target.tokenizer)
         self.warnings: list = []  # compatibility warnings from the build (checks.Check)
+        self.batch_parts: dict = {}  # batched runners and proposers by slot count (specpipe/batch.py)
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: the target's weights and KV cache, then the proposer's parts."""

@@ -87,8 +87,36 @@ def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
     return table
 
 
+def load_markdown(jobs: list[tuple[str, dict]]) -> str:
+    """Request loads as a Markdown table, a row per job (concurrency), plain and speculative side
+    by side, the per-category speedups (median over each category's requests) in one cell."""
+    lines = ["| model | engine | proposer | controller | concurrency | requests | plain tok/s | tok/s | speedup "
+             "| TPOT P50/P99 ms plain | TPOT P50/P99 ms spec | τ | γ mean | by category | peers tok/s | exact |",
+             "|" + "---|" * 16]
+    for _, payload in sorted(jobs, key=lambda job: (job[1]["strategy"]["proposer"], job[1]["load"]["concurrency"])):
+        load, strategy = payload["load"], payload["strategy"]
+        tpot = {m: load[m]["tpot_ms"] for m in ("plain", "speculative")}
+        categories = ", ".join(f"{c} {f['speedup']['median']:.2f}x" for c, f in load["by_category"].items())
+        peers = "; ".join(f"{n} {p['tokens_per_s']:.1f}" for n, p in load["peers"].items()) or "-"
+        gammas = [g for _, _, g in load["gamma_over_time"]]
+        lines.append(
+            f"| {payload['model']} | {engine_text(payload)} | {strategy['proposer']} | {strategy['controller']} "
+            f"| {load['concurrency']}{' (ran at 1)' if load['batch_refusal'] else ''} | {load['requests']} "
+            f"| {load['plain']['tokens_per_s']:.1f} | {load['speculative']['tokens_per_s']:.1f} | {load['speedup']:.2f}x "
+            f"| {_p50_p99(tpot['plain'])} | {_p50_p99(tpot['speculative'])} "
+            f"| {load['speculative']['mean_accepted_length']:.2f} | {sum(gammas) / max(len(gammas), 1):.1f} "
+            f"| {categories} | {peers} | {_exact_text(load['exact'])} |")
+    return "\n".join(lines)
+
+
+def _p50_p99(ms: dict | None) -> str:
+    return f"{ms['p50']:.0f}/{ms['p99']:.0f}" if ms else "-"
+
+
 def sweep_markdown(jobs: list[tuple[str, dict]]) -> str:
     """The sweep as a Markdown table, a row per job and category (what the README's tables are)."""
+    if all("load" in payload for _, payload in jobs):
+        return load_markdown(jobs)
     lines = ["| model | engine | proposer | controller | γ | category | prompts | plain tok/s | tok/s "
              "| speedup (median, min-max) | acceptance | τ | per-position acceptance | peer: speedup | exact |",
              "|" + "---|" * 15]

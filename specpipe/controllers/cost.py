@@ -13,8 +13,11 @@ the bounds,
     γ*      = argmax E(γ) / cost(γ)            (γ = 0: a plain step, 1 / verify(1))
 
 γ = 0 switches speculation off when it cannot pay. Every `probe_every` steps one step probes a
-γ one longer than the best (γ = 1 when off), so estimates of positions it stopped drafting stay
-fresh and the controller comes back when conditions improve.
+γ next to the best, one longer and one shorter in turn (γ = 1 when off), so estimates of
+positions it stopped drafting stay fresh, the controller comes back when conditions improve,
+and the verify cost line has two points to be fitted to even where one γ dominates (at a new
+batch size only the starting γ has been measured: without the shorter probe its cost would be
+extrapolated from one point forever).
 
 In a batch every cost is a function of the batch size too (the verify forward of B rows of k
 tokens, the draft steps of B rows): verify and propose samples are kept per batch size, and γ*
@@ -49,6 +52,7 @@ class CostModelGamma(Controller):
         self._steps = 0
         self._next = self._gamma  # what gamma() answers at the last step's batch size: the best γ, or a probe
         self._since_probe = 0
+        self._probe_up = False  # the direction of the last probe
         self._last_batch = 1
 
     def propose_per_token(self, batch: int = 1) -> float | None:
@@ -87,9 +91,17 @@ class CostModelGamma(Controller):
         self._since_probe += 1
         if self._since_probe >= self.probe_every:
             self._since_probe = 0
-            self._next = min(self._gamma + 1, self.gamma_max) if self._gamma else max(1, self.gamma_min)
+            self._next = self._probe()
         else:
             self._next = self._gamma
+
+    def _probe(self) -> int:
+        """A γ next to the best: one longer and one shorter in turn, within the bounds."""
+        self._probe_up = not self._probe_up
+        up, down = min(self._gamma + 1, self.gamma_max), max(self._gamma - 1, self.gamma_min)
+        if self._gamma == 0:
+            return max(1, self.gamma_min)
+        return up if (self._probe_up and up != self._gamma) or down == self._gamma else down
 
     def _pick(self, batch: int) -> int:
         if self.propose_per_token(batch) is None or not self.verify_at(batch):
@@ -136,11 +148,40 @@ class CostModelGamma(Controller):
         slope = sum((x - mean_k) * (at[x] - mean_t) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
         return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-9)
 
+    def rows_cost(self) -> dict[int, float]:
+        """Median verify seconds by the forward's row count M = batch size × block size, every
+        batch size pooled (a forward's cost is mostly its GEMMs', a function of M)."""
+        by_rows: dict[int, list[float]] = {}
+        for (b, k), times in self._verify.items():
+            fresh = [s for step, s in times if step > self._steps - self._memory]
+            if fresh:
+                by_rows.setdefault(b * k, []).extend(fresh)
+        return {m: statistics.median(times) for m, times in sorted(by_rows.items())}
+
+    def batch_verify_cost(self, batch: int, k: int, rows: dict[int, float]) -> float:
+        """A batch's verify cost at block size k: its own median where measured, else the pooled
+        row-count curve at M = batch·k (linear between the measured M nearest it, extended by
+        the slope of the last two beyond them). At batch > 1 a block size is measured only when
+        γ goes there, and a line through this batch's own one or two sizes extrapolates badly:
+        from 8·5 rows to 8·1 the GEMMs leave the compute-bound regime."""
+        own = [s for step, s in self._verify.get((batch, k), ()) if step > self._steps - self._memory]
+        if own:
+            return statistics.median(own)
+        m, ms = batch * k, list(rows)
+        if len(ms) == 1:
+            return rows[ms[0]] * (1 + 0.1 * (m - ms[0]) / batch)
+        above = next((i for i, x in enumerate(ms) if x >= m), len(ms))
+        lo, hi = (above - 1, above) if 0 < above < len(ms) else (0, 1) if above == 0 else (len(ms) - 2, len(ms) - 1)
+        slope = max((rows[ms[hi]] - rows[ms[lo]]) / (ms[hi] - ms[lo]), 0.0)
+        return max(rows[ms[lo]] + slope * (m - ms[lo]), 1e-9)
+
     def best_gamma(self, batch: int = 1) -> int:
         at, propose = self.verify_at(batch), self.propose_per_token(batch)  # medians: compute once per step
+        rows = self.rows_cost() if batch > 1 else None
 
         def throughput(g: int) -> float:
-            return self.expected_tokens(g) / (propose * g + self.verify_cost(g + 1, at))
+            verify = self.batch_verify_cost(batch, g + 1, rows) if rows else self.verify_cost(g + 1, at)
+            return self.expected_tokens(g) / (propose * g + verify)
 
         return max(range(self.gamma_min, self.gamma_max + 1), key=throughput)
 

@@ -72,6 +72,9 @@ class BatchProposer(ABC):
     def memory(self) -> dict[str, int]:
         return {}
 
+    def reset(self) -> None:
+        """Forget every slot (a new run; default: nothing, each slot's prefill resets it)."""
+
 
 class PerSlot(BatchProposer):
     """One shallow copy of a proposer per slot: shared weights, separate sequence state."""

@@ -93,6 +93,9 @@ class BatchDrafter(BatchProposer):
         self.runner = drafter.runner.batched(slots)  # the drafter's weights, a cache of `slots` rows
         self.base = [0] * slots  # per slot: committed length when its last draft was proposed
 
+    def reset(self) -> None:
+        self.runner.crop_rows(torch.zeros(len(self.base), dtype=torch.long))
+
     def prefill(self, slot: int, state: DecodeState, out=None) -> None:
         self.runner.reset_row(slot)
         if state.prompt_len > 1:
