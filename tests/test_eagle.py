@@ -215,3 +215,24 @@ def test_a_bad_tree_shape_is_one_clear_error(tmp_path, target_dir):  # noqa: F81
                    "proposer.tree={top_k: 0, nodes: 8}"])
     with pytest.raises(SpecpipeError, match="top_k >= 1"):
         Pipeline.from_config(cfg)
+
+
+def test_steps_without_a_draft_keep_every_row_for_the_head():
+    """γ = 0 steps (the cost controller switching speculation off, a batch schedule's 0) feed no
+    head rows; their features wait with the next step's, so the head cache keeps one row per
+    committed position: rows fed + rows pending = committed tokens - 1."""
+    from specpipe.controllers.base import Controller
+
+    class Alternate(Controller):
+        def choose(self, batch: int) -> int:
+            self._gamma = 3 - self._gamma if self._gamma in (0, 3) else 0
+            return self._gamma
+
+    target = tiny_target()
+    proposer = EagleProposer(copy_head(), GREEDY)
+    pipe = Pipeline(target, proposer, GreedyVerifier(), Alternate(3, gamma_min=0))
+    out = pipe.run(PROMPT, max_new_tokens=30)
+    assert 0 in out.stats.gamma_trace and 3 in out.stats.gamma_trace
+    assert proposer.committed + len(proposer.pending[1]) == len(PROMPT) + len(out.token_ids) - 1
+    plain = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=30, speculative=False)
+    assert out.token_ids == plain.token_ids

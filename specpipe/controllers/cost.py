@@ -86,7 +86,7 @@ class CostModelGamma(Controller):
         gamma = max(v.gamma for v in verdicts)  # the step's block was γ + 1 wide for every row
         self._observe_cost(batch, gamma, timing)
         for verdict in verdicts:
-            self._observe_acceptance(verdict)
+            self._observe_acceptance(verdict, gamma if batch > 1 else None)
         self._gamma, self._last_batch = self._pick(batch), batch
         self._since_probe += 1
         if self._since_probe >= self.probe_every:
@@ -114,11 +114,14 @@ class CostModelGamma(Controller):
         if gamma > 0:
             self._propose.setdefault(batch, deque(maxlen=self._window)).append(timing.propose_s / gamma)
 
-    def _observe_acceptance(self, verdict: Verdict) -> None:
-        if verdict.gamma == 0:
-            return
-        reached = min(verdict.n_accepted + 1, verdict.gamma)  # positions the target judged
-        for i in range(reached):
+    def _observe_acceptance(self, verdict: Verdict, asked: int | None = None) -> None:
+        """asked: the step's γ. In a batch a row that drafted fewer tokens than the block holds
+        (n-gram lookup found nothing, a drafter stopped early) gains nothing from the positions it
+        left empty, yet the block is as wide for it: those count as rejected, so E(γ) is what a
+        row of this batch really emits (one sequence alone: a short draft makes a short block)."""
+        short = asked is not None and verdict.n_accepted == verdict.gamma < asked
+        judged = min(verdict.n_accepted + 1, verdict.gamma) + short  # positions with an outcome
+        for i in range(min(judged, len(self.alpha))):
             if not self._seen[i] and i > 0:
                 self.alpha[i] = self.alpha[i - 1]  # start from the rate it was borrowing
             self._seen[i] = True

@@ -93,7 +93,10 @@ class EagleProposer(Proposer):
         # token and of each accepted draft token, each paired with the token that followed it
         rows = [0, *verdict.path] if verdict.path else list(range(verdict.n_accepted + 1))
         self.cache.crop(self.committed)
-        self.pending = (out.hidden[FINAL][0, rows], [*verdict.accepted_tokens, verdict.next_token])
+        features, tokens = out.hidden[FINAL][0, rows], [*verdict.accepted_tokens, verdict.next_token]
+        if self.pending is not None:  # a step without a draft (γ = 0) left its rows unfed: keep them, in order
+            features, tokens = torch.cat([self.pending[0], features]), [*self.pending[1], *tokens]
+        self.pending = (features, tokens)
 
     def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor,
               mask: torch.Tensor | None = None) -> torch.Tensor:
