@@ -139,16 +139,22 @@ def _refusals(cfg: DictConfig) -> str:
     return "; ".join(f"{c.name}: {c.why}" for c in checks if c.status == "refuse")
 
 
-def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[dict], err: Console) -> dict | None:
+def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[dict], err: Console,
+                     load: int = 0) -> dict:
+    """One candidate's results (an earlier run's if it finished): per prompt, or with `load` a
+    request load at that concurrency."""
     folder = Path(cfg.work) / model_slug(cfg.model.name) / name
     if (folder / RESULTS_FILE).is_file():
         err.print(f"[dim]{name}: measured in an earlier run ({folder})[/dim]")
         return read_results(folder / RESULTS_FILE)
     err.rule(name)
     candidate = candidate_config(cfg, strategy)
+    if load:
+        with open_dict(candidate):
+            candidate.concurrency, candidate.requests = load, max(int(cfg.requests), 2 * load)
     pipeline = Pipeline.from_config(candidate)
     try:
-        payload = bench.measure(candidate, pipeline, prompts, [], err)
+        payload = (bench.measure_requests if load else bench.measure)(candidate, pipeline, prompts, [], err)
     finally:
         del pipeline
         gc.collect()  # one target in memory at a time
@@ -168,7 +174,7 @@ def batch_schedule(cfg: DictConfig, name: str, strategy: dict, prompts: list[dic
         for gamma in cfg.gammas:
             settings = {**strategy, "controller": "fixed", "gamma": int(gamma)}
             settings.pop("batch_schedule", None)
-            payload = _load_candidate(cfg, f"{name}-batch{size}-g{gamma}", settings, size, prompts, err)
+            payload = _bench_candidate(cfg, f"{name}-batch{size}-g{gamma}", settings, prompts, err, load=size)
             load = payload["load"]
             if load["exact"] is None or load["exact"]["share"] == 1.0:
                 speedups[int(gamma)] = load["speedup"]
@@ -178,26 +184,6 @@ def batch_schedule(cfg: DictConfig, name: str, strategy: dict, prompts: list[dic
         err.print(f"batch {size}: γ={schedule[size]} ({', '.join(f'γ={g} x{v:.2f}' for g, v in speedups.items())})",
                   highlight=False)
     return schedule, measured
-
-
-def _load_candidate(cfg: DictConfig, name: str, strategy: dict, size: int, prompts: list[dict],
-                    err: Console) -> dict:
-    folder = Path(cfg.work) / model_slug(cfg.model.name) / name
-    if (folder / RESULTS_FILE).is_file():
-        err.print(f"[dim]{name}: measured in an earlier run ({folder})[/dim]")
-        return read_results(folder / RESULTS_FILE)
-    err.rule(name)
-    candidate = candidate_config(cfg, strategy)
-    with open_dict(candidate):
-        candidate.concurrency, candidate.requests = size, max(int(cfg.requests), 2 * size)
-    pipeline = Pipeline.from_config(candidate)
-    try:
-        payload = bench.measure_requests(candidate, pipeline, prompts, [], err)
-    finally:
-        del pipeline
-        gc.collect()
-    bench.save(payload, folder, keep_previous=False)
-    return payload
 
 
 def winner(tried: dict) -> str | None:
