@@ -65,23 +65,28 @@ def test_tune_then_generate_with_the_recipe(setup, tmp_path):  # noqa: F811
     assert (config["proposer"]["_target_"] or ".none.").split(".")[-2] == recipe.strategy["proposer"]
 
 
-def test_tune_measures_a_batch_schedule_for_the_winner(setup, tmp_path):  # noqa: F811
-    """batch_sizes=[2]: the winner is served as a request load at concurrency 2 once per γ; the
-    best γ there (0 if none beats plain) lands in the recipe, and the recipe composes with it."""
-    out, work = tmp_path / "recipes", tmp_path / "work"
-    result = specpipe("tune", f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "max_new_tokens=12",
-                      "warmup=0", "strategies=[ngram]", "gammas=[2,3]", "batch_sizes=[2]", "requests=4",
-                      f"out={out}", f"work={work}")
-    assert result.returncode == 0, result.stderr
-    recipe = load_recipe(out / "target")
-    assert recipe.strategy["proposer"] == "ngram"  # lookup pays on these repeating prompts
-    schedule = recipe.strategy["batch_schedule"]
-    assert set(schedule) == {1, 2} and schedule[1] == recipe.strategy["gamma"] and schedule[2] in (0, 2, 3)
-    measured = recipe.measured["batch_schedule"][2]
-    assert set(measured["speedup_by_gamma"]) == {2, 3} and measured["gamma"] == schedule[2]
-    assert sorted(p.name for p in (work / "target").iterdir() if "batch2" in p.name) == [
-        f"{recipe.measured['winner']}-batch2-g2", f"{recipe.measured['winner']}-batch2-g3"]
-    assert dict(compose([f"recipe={out / 'target'}"]).batch_schedule) == schedule
+def test_tune_measures_a_batch_schedule(setup, tmp_path):  # noqa: F811
+    """batch_sizes=[2]: a strategy is served as a request load at concurrency 2 once per γ; the
+    best γ there (0 if none beats plain) is its schedule, which a recipe carries and composes."""
+    from rich.console import Console
+
+    from specpipe.commands import bench, tune
+
+    cfg = compose([f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "max_new_tokens=12",
+                   "warmup=0", "gammas=[2,3]", "batch_sizes=[2]", "requests=4", f"out={tmp_path / 'recipes'}",
+                   f"work={tmp_path / 'work'}"], "tune")
+    strategy = {"proposer": "ngram", "controller": "fixed", "gamma": 3}
+    schedule, measured = tune.batch_schedule(cfg, "ngram-g3", strategy, bench.select_prompts(cfg), Console())
+    assert set(schedule) == {1, 2} and schedule[1] == 3 and schedule[2] in (0, 2, 3)
+    speedups = measured[2]["speedup_by_gamma"]
+    assert set(speedups) == {2, 3} and measured[2]["gamma"] == schedule[2]
+    assert schedule[2] == (max(speedups, key=speedups.get) if max(speedups.values()) > 1.0 else 0)
+    jobs = sorted(p.name for p in (tmp_path / "work" / "target").iterdir())
+    assert jobs == ["ngram-g3-batch2-g2", "ngram-g3-batch2-g3"]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"specpipe_recipe": 1, "target": str(setup / "target"),
+                                      "strategy": {**strategy, "batch_schedule": schedule}}))
+    assert dict(compose([f"recipe={recipe}"]).batch_schedule) == schedule
 
 
 def test_a_recipe_beside_the_model_is_found_from_the_model(setup, tmp_path):  # noqa: F811

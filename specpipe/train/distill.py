@@ -85,14 +85,23 @@ def batched_decoder(runner, model, tokenizer, concurrency: int):
     from specpipe.verifiers.greedy import GreedyVerifier
 
     pipeline = Pipeline(LoadedModel("distill", model, tokenizer), None, GreedyVerifier(), None, runner=runner)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def decode(prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], int]]:
         ids = [pipeline.encode(p) for p in prompts]
         outs = pipeline.generate_batch(ids, max_new_tokens=max_new_tokens, speculative=False,
                                        concurrency=concurrency)
-        return [(i + out.token_ids, len(i) - 1) for i, out in zip(ids, outs)]
+        # the layout of `generate`'s rows: trailing pad ids stripped (the EOS, where it pads)
+        return [(i + _strip(out.token_ids, pad), len(i) - 1) for i, out in zip(ids, outs)]
 
     return decode
+
+
+def _strip(tokens: list[int], pad: int) -> list[int]:
+    tokens = list(tokens)
+    while tokens and tokens[-1] == pad:
+        tokens.pop()
+    return tokens
 
 
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], int]]:
