@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from specpipe.batch import BatchDecoder, Request
-from specpipe.bench.summary import OVERALL, _quantile, gamma_summary, spread
+from specpipe.bench.summary import OVERALL, _pooled_positions, _quantile, gamma_summary, spread
 from specpipe.pipeline import Pipeline
 
 
@@ -129,14 +129,6 @@ def _mode_figures(served: list[Served], wall_s: float) -> dict:
     drafted = sum(s.stats["drafted"] for s in served)
     accepted = sum(s.stats["accepted"] for s in served)
     steps = sum(s.stats["steps"] for s in served)
-    positions_drafted, positions_accepted = [], []
-    for s in served:
-        for i, (a, d) in enumerate(zip(s.stats["accepted_at"], s.stats["drafted_at"])):
-            if i == len(positions_drafted):
-                positions_drafted.append(0)
-                positions_accepted.append(0)
-            positions_drafted[i] += d
-            positions_accepted[i] += a
     return {
         "wall_s": wall_s, "output_tokens": tokens,
         "tokens_per_s": tokens / wall_s, "requests_per_s": len(served) / wall_s,
@@ -145,7 +137,7 @@ def _mode_figures(served: list[Served], wall_s: float) -> dict:
         "tpot_ms": _percentiles([s.tpot_s for s in served if s.tpot_s is not None]),
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_accepted_length": tokens / steps if steps else 0.0,
-        "per_position_acceptance": [a / d for a, d in zip(positions_accepted, positions_drafted) if d],
+        "per_position_acceptance": _pooled_positions([s.stats for s in served]),
     }
 
 
