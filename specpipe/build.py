@@ -8,6 +8,7 @@ recipe found beside a model is data from a stranger.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 
@@ -55,15 +56,35 @@ class BuildContext:
 
 
 def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
-    """Resolve the target, load tokenizers only, and run every compatibility check."""
+    """Run every compatibility check (tokenizers and configs only), then resolve the target."""
+    tokenizer = functools.cache(lambda: load_tokenizer(resolve(cfg.model.name)))  # loaded once, if at all
+    checks = config_checks(cfg, target_tokenizer=tokenizer)
+    refuse_if_any([c for c in checks if c.name in ("settings", "options")])  # nothing below reads bad values
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     source = resolve(cfg.model.name)
-    context = BuildContext(cfg.model.name, source, load_tokenizer(source), sampling,
+    context = BuildContext(cfg.model.name, source, tokenizer(), sampling,
                            lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len,
                            cfg.compile)
-    checks = run_checks(cfg, lambda: context.tokenizer, lambda: load_tokenizer(resolve(cfg.proposer.model)),
-                        lambda: load_config(source), lambda: load_config(resolve(cfg.proposer.model)))
     return context, checks
+
+
+def config_checks(cfg: DictConfig, *, fetch: bool = True, target_tokenizer=None) -> list[Check]:
+    """The checks of `specpipe check`, `generate`, `bench` and `export`: one path for all.
+    fetch=False (export): a zoo model not fetched yet is judged by its zoo entry (its tokenizer
+    family) instead of being downloaded; its config is then unknown."""
+    def config(name):
+        source = resolve(name, fetch=fetch)
+        return load_config(source) if fetch or source.is_dense_cached or _is_fetched(source) else None
+
+    return run_checks(cfg, target_tokenizer or (lambda: load_tokenizer(resolve(cfg.model.name))),
+                      lambda: load_tokenizer(resolve(cfg.proposer.model)),
+                      lambda: config(cfg.model.name), lambda: config(cfg.proposer.model))
+
+
+def _is_fetched(source: ModelSource) -> bool:
+    from pathlib import Path
+
+    return source.gguf is None or (Path(source.path) / source.gguf).is_file()
 
 
 def build_pipeline(cfg: DictConfig) -> Pipeline:

@@ -7,9 +7,15 @@ Only tokenizers are loaded here (for the draft's vocabulary), never weights.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import math
+import types
+import typing
 from dataclasses import dataclass
+from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
@@ -40,10 +46,14 @@ def lora_paths(cfg: DictConfig) -> list[str]:
     return [str(lora)] if isinstance(lora, str) else [str(p) for p in lora]
 
 
-def check_early_exit(cfg: DictConfig) -> Check:
+def check_early_exit(cfg: DictConfig, target_config=None) -> Check:
     layers = cfg.model.get("early_exit")
     if layers is None:
         return Check("early exit", "n/a", "the target runs all its layers")
+    total = getattr(target_config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1 or (total and layers > total):
+        return Check("early exit", "refuse", f"model.early_exit={layers!r} must be a layer count between 1 and the "
+                     f"target's {total or 'number of'} layers", f"use model.early_exit=1..{total or 'N'}, or null")
     if proposer_kind(cfg) != "none":
         return Check("early exit", "refuse",
                      f"model.early_exit={layers} and speculative decoding both cut the cost of decode "
@@ -56,6 +66,10 @@ def check_lora(cfg: DictConfig) -> Check:
     paths, kind = lora_paths(cfg), proposer_kind(cfg)
     if not paths:
         return Check("LoRA", "n/a", "no adapter on the target")
+    missing = [p for p in paths if not (Path(p).expanduser() / "adapter_config.json").is_file()]
+    if missing:
+        return Check("LoRA", "refuse", f"model.lora={missing[0]} is not a peft adapter directory (no "
+                     "adapter_config.json there)", "pass the directory written by `PeftModel.save_pretrained`")
     if len(paths) > 1:
         if kind in ("draft", "twin"):
             return Check("LoRA", "refuse",
@@ -114,6 +128,15 @@ def check_sampling(cfg: DictConfig) -> Check:
 def check_tokenizer(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader) -> Check:
     if proposer_kind(cfg) != "draft":
         return Check("tokenizer", "ok", f"proposer={proposer_kind(cfg)} uses the target's own tokenizer")
+    from specpipe.models import zoo
+
+    pair = [zoo.ZOO.get(str(name)) for name in (cfg.model.name, cfg.proposer.model)]
+    if None not in pair and pair[0].tokenizer_family != pair[1].tokenizer_family:  # known without a download
+        return Check("tokenizer", "refuse", f"The draft model '{cfg.proposer.model}' does not share the target "
+                     f"'{cfg.model.name}''s tokenizer ({pair[1].tokenizer_family} vs {pair[0].tokenizer_family}): its "
+                     "token ids would mean different text to the target", "pick a draft from the target's family")
+    if None not in pair:
+        return Check("tokenizer", "ok", f"draft and target share the {pair[0].tokenizer_family} tokenizer (zoo)")
     try:
         check_same_tokenizer(target_tokenizer_loader(), draft_tokenizer_loader(), cfg.model.name,
                              cfg.proposer.model)
@@ -204,10 +227,10 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
         heads = read_config(cfg.proposer.heads, kind)
     except SpecpipeError as err:
         return Check("heads", "refuse", str(err), f"train heads: specpipe train proposer={kind} model={cfg.model.name}")
-    target = target_config_loader()
+    target = target_config_loader()  # None: not fetched (export), only the trained-for name is compared
     problems = [f"{what} {heads.get(key)} vs the target's {getattr(target, key, None)}"
                 for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
-                if heads.get(key) != getattr(target, key, None)]
+                if target is not None and heads.get(key) != getattr(target, key, None)]
     trained_for = heads.get("specpipe", {}).get("target")
     if problems:
         return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} do not fit {cfg.model.name}: "
@@ -258,6 +281,138 @@ def check_batch(cfg: DictConfig, target_config, draft_config_loader) -> Check:
                  f"and acceptance{plan}")
 
 
+OUTPUTS = ("rich", "json", "text")  # generate's output modes
+
+
+def check_prompts(prompts: list[str]) -> Check:
+    if not prompts:
+        return Check("prompts", "n/a", "no prompt given (generate uses the config's `prompt`)")
+    if not all(prompts):
+        return Check("prompts", "refuse", "a prompt is empty", 'pass the text: specpipe generate "your text" (or '
+                     "prompt_file=PATH, or - for standard input)")
+    return Check("prompts", "ok", f"{len(prompts)} prompt(s), taken verbatim")
+
+
+def check_settings(cfg: DictConfig) -> Check:
+    """The command-level numbers and choices, each against its range: what `generate`, `bench`
+    and `export` would refuse, refused here once for all of them."""
+    from specpipe.sampling import SamplingParams
+
+    problems = [f"{key}={value} is not a finite number" for key, value in _floats(cfg) if not math.isfinite(value)]
+    at_least = {"max_new_tokens": 1, "cache_len": 1, "batch": 0, "concurrency": 1, "requests": 0, "limit": 0,
+                "warmup": 0, "gamma_min": 0, "gamma_max": 1}
+    problems += [f"{key}={cfg[key]} must be at least {low}" for key, low in at_least.items()
+                 if key in cfg and cfg[key] < low]
+    if "output" in cfg and cfg.output not in OUTPUTS:
+        problems.append(f"output={cfg.output} is not an output mode (use one of {', '.join(OUTPUTS)})")
+    if not problems:
+        try:
+            SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+        except SpecpipeError as err:
+            problems.append(str(err).rstrip("."))
+    problems += _gamma_problems(cfg)
+    if problems:
+        return Check("settings", "refuse", "; ".join(problems), "fix the values named (see conf/ for the defaults)")
+    return Check("settings", "ok", "every number finite and in range")
+
+
+def _gamma_problems(cfg: DictConfig) -> list[str]:
+    """γ within the bounds of the controller that runs: a clamped γ would make the config shown a lie."""
+    node = cfg.controller
+    if node.get("_target_") is None or "gamma" not in node:
+        return []
+    gamma, low, high = node.gamma, node.get("gamma_min", 0), node.get("gamma_max", node.gamma)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (gamma, low, high)):
+        return [f"gamma={gamma!r}, gamma_min={low!r} and gamma_max={high!r} must be integers"]
+    if gamma < 1:
+        return [f"gamma={gamma} must be at least 1 (γ draft tokens per step; proposer=none for plain decoding)"]
+    if not low <= gamma <= high:
+        return [f"gamma={gamma} is outside the controller's bounds gamma_min={low} .. gamma_max={high} (raise "
+                f"gamma_max={gamma}, or lower gamma)"]
+    return []
+
+
+def _floats(node, prefix: str = ""):
+    """(dotted key, value) of every float anywhere in a config: nan / inf hide in component options too."""
+    container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    items = container.items() if isinstance(container, dict) else enumerate(container)
+    for key, value in items:
+        name = f"{prefix}{key}" if isinstance(container, dict) else f"{prefix[:-1]}[{key}]"
+        if isinstance(value, float):
+            yield name, value
+        elif isinstance(value, (dict, list)):
+            yield from _floats(value, f"{name}.")
+
+
+def check_options(cfg: DictConfig) -> Check:
+    """Each component's options against the types its build function (or the class it builds)
+    declares, and the component's own `validate_options` when it has one: `proposer.ngram_max=abc`
+    or `proposer.tree=abc` is refused here, before anything loads, not as a traceback mid-build."""
+    problems = []
+    for group in ("proposer", "verifier", "controller"):
+        target = cfg[group].get("_target_")
+        if not target:
+            continue
+        options = OmegaConf.to_container(cfg[group], resolve=True)
+        options.pop("_target_")
+        module, _, name = str(target).rpartition(".")
+        try:
+            build = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            continue  # call_target refuses it by name
+        hints = _option_types(build)
+        problems += [f"{group}.{key}={value!r} is not {_type_name(hints[key])}" for key, value in options.items()
+                     if key in hints and not _fits(value, hints[key])]
+        validate = getattr(importlib.import_module(module), "validate_options", None)
+        if validate is not None and not problems:
+            try:
+                validate(options)
+            except SpecpipeError as err:
+                problems.append(str(err).rstrip("."))
+    if not problems:  # a controller is cheap to build and checks its own ranges (band's low <= high, ...)
+        from specpipe.build import call_target
+
+        try:
+            call_target(cfg.controller, "controller", None)
+        except SpecpipeError as err:
+            problems.append(str(err).rstrip("."))
+    if problems:
+        return Check("options", "refuse", "; ".join(problems), "give each option a value of its type (see conf/)")
+    return Check("options", "ok", "component options have the types their components declare")
+
+
+def _option_types(build) -> dict:
+    """Parameter name -> annotation of a build function, and of the class it returns where it
+    passes `**options` on."""
+    hints = typing.get_type_hints(build)
+    returned = hints.pop("return", None)
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(build).parameters.values()) and inspect.isclass(returned):
+        hints = {**typing.get_type_hints(returned.__init__), **hints}
+    return hints
+
+
+def _fits(value, hint) -> bool:
+    if hint is typing.Any or hint is inspect.Parameter.empty:
+        return True
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_fits(value, arm) for arm in typing.get_args(hint))
+    origin = typing.get_origin(hint) or hint
+    if origin is type(None):
+        return value is None
+    if origin is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin) if isinstance(origin, type) else True
+
+
+def _type_name(hint) -> str:
+    arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
+             list: "a list", type(None): "null"}
+    return " or ".join(names.get(typing.get_origin(a) or a, str(a)) for a in arms)
+
+
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
     """A draft model must tokenize exactly like the target: same vocabulary, same specials."""
     problems = []
@@ -278,9 +433,14 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
                target_config_loader=lambda: None, draft_config_loader=lambda: None) -> list[Check]:
+    settings, options = check_settings(cfg), check_options(cfg)
+    if "refuse" in (settings.status, options.status):  # later checks read these values
+        return [settings, options]
     target_config = target_config_loader()
     return [
-        check_early_exit(cfg),
+        settings,
+        options,
+        check_early_exit(cfg, target_config),
         check_lora(cfg),
         *check_precision(cfg),
         check_sampling(cfg),

@@ -8,7 +8,9 @@ error with exit code 2) and calls the command directly: no output folders. Any H
 from __future__ import annotations
 
 import functools
+import re
 import sys
+from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
@@ -17,6 +19,7 @@ from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 
 USAGE = """usage: specpipe <command> [key=value ...]
+       specpipe generate|check ["PROMPT" ... | - | prompt_file=PATH] [key=value ...]
 
 commands:
   generate   decode a prompt speculatively with a live view, then measure the plain target
@@ -29,7 +32,9 @@ commands:
   models     list the built-in model zoo; `specpipe models fetch NAME` fetches one
 
 examples:
-  specpipe generate prompt="Write a haiku about caches"
+  specpipe generate "Write a haiku about caches"
+  echo "Hi, how are you?" | specpipe generate - output=text
+  specpipe generate prompt_file=question.txt gamma=4
   specpipe generate model=qwen2.5-coder-1.5b proposer=draft proposer.model=qwen2.5-coder-0.5b gamma=4
   specpipe generate verifier=rejection temperature=0.7 seed=1 output=json
   specpipe bench prompts=dev categories=[code-edit,chat] limit=3 peer=hf-prompt-lookup
@@ -80,7 +85,7 @@ def report(err: SpecpipeError) -> int:
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
     from specpipe.config import conf_dir, expand_overrides
 
-    if command == "generate":
+    if command in PROMPT_COMMANDS:
         overrides, prompts = take_prompts(overrides)
         if prompts:
             task = functools.partial(task, prompts=prompts)
@@ -92,17 +97,73 @@ def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
     return task(compose(overrides, command)) or 0
 
 
+PROMPT_COMMANDS = ("generate", "check")  # commands that take prompts (check: to see what generate would)
+
+
 def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
-    """(the other arguments, the texts of every `prompt=` argument, verbatim). Prompts never go
-    through Hydra's grammar or OmegaConf's interpolation: a prompt is text, with its commas,
-    quotes, parentheses and `${...}` as typed. Several `prompt=` decode as a batch."""
-    rest, prompts = [], []
-    for arg in args:
-        if arg.startswith("prompt="):
+    """(the other arguments, the prompts in the order given). A prompt is text and never goes
+    through Hydra's grammar or OmegaConf's interpolation: its commas, quotes, parentheses, `=`
+    and `${...}` reach the tokenizer as typed. It comes as
+      - a positional argument: anything that is not a flag nor `key=value` with a setting's key
+        (`specpipe generate "Hi, how are you?" gamma=4`); after `--`, every argument is one;
+      - `prompt=TEXT`;
+      - `prompt_file=PATH`: the file's text (UTF-8), less its trailing newlines;
+      - `-`: standard input, read whole, likewise.
+    Several prompts decode as a batch."""
+    rest, prompts, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            prompts += args[i + 1:]
+            break
+        if arg in _VALUE_FLAGS and i + 1 < len(args):  # `--cfg job`: the flag's value is no prompt
+            rest += args[i:i + 2]
+            i += 2
+            continue
+        if arg == "-":
+            prompts.append(_read_text(sys.stdin.buffer.read(), "standard input"))
+        elif arg.startswith("prompt="):
             prompts.append(arg[len("prompt="):])
-        else:
+        elif arg.startswith("prompt_file="):
+            prompts.append(_read_prompt_file(arg[len("prompt_file="):]))
+        elif arg.startswith("-") or _is_setting(arg):
             rest.append(arg)
+        else:
+            prompts.append(arg)
+        i += 1
     return rest, prompts
+
+
+_SETTING = re.compile(r"^[+~]{0,2}([A-Za-z_][\w-]*)([.@/][\w@.-]*)*=")
+
+
+def _is_setting(arg: str) -> bool:
+    """`key=value` whose key starts with a setting of generate's schema (or hydra.*): a prompt
+    like "x=1, what is x+1?" has no such key and stays a prompt."""
+    from dataclasses import fields
+
+    from specpipe.config import GenerateConfig
+
+    match = _SETTING.match(arg)
+    return bool(match) and match.group(1) in {f.name for f in fields(GenerateConfig)} | {"hydra"}
+
+
+def _read_prompt_file(path: str) -> str:
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as err:
+        raise SpecpipeError(f"prompt_file={path} cannot be read ({err.strerror or err}). Give the path of a "
+                            "text file holding the prompt, or pass the prompt itself.") from None
+    return _read_text(data, f"prompt_file={path}")
+
+
+def _read_text(data: bytes, where: str) -> str:
+    try:
+        text = data.decode("utf-8-sig")  # a BOM some editors write is not part of the prompt
+    except UnicodeDecodeError as err:
+        raise SpecpipeError(f"{where} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r}). "
+                            "Convert it, e.g. `iconv -f latin1 -t utf-8 FILE`, and pass it again.") from None
+    return text.rstrip("\r\n")
 
 
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",

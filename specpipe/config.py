@@ -200,17 +200,13 @@ def _recipe_of(given: dict[str, str], conf: Path) -> recipes.Recipe | None:
     model = given.get("model", "")
     if given.get("recipe"):
         found = recipes.load_recipe(given["recipe"])
-        if model and model != found.target and _as_path(model) != _as_path(found.model):
+        if model and not found.is_for(model):
             raise SpecpipeError(f"recipe={given['recipe']} was tuned for {found.target}, not model={model}. Drop "
                                 "model= (the recipe names its target) or use a recipe made for this model.")
         return found
     if model and model not in _known_models(conf) and (Path(model) / recipes.RECIPE_FILE).is_file():
         return recipes.load_recipe(Path(model))  # a recipe kept beside the model
     return None
-
-
-def _as_path(value: str) -> Path:
-    return Path(value).expanduser().resolve()
 
 
 def _absolute_recipe(arg: str, found) -> str:

@@ -20,8 +20,11 @@ strategy tuned for one target, with its artifacts and the figures measured with 
 
 Both are data from a stranger: keys are checked against the schema here (unknown ones refused
 by name), values must be scalars or lists of scalars, a `_target_` outside `specpipe.` is
-refused, and artifacts may not point outside the recipe's folder. What remains becomes Hydra
-overrides placed before the user's own, so the user's settings win and Hydra checks the rest.
+refused, no value may hold an interpolation (`${...}`: Hydra would resolve it, e.g. read an
+environment variable), and every path the file supplies (artifacts, `target`, models, heads,
+anything path-shaped) must stay inside the file's folder unless it is a zoo name or a hub id.
+What remains becomes Hydra overrides placed before the user's own, so the user's settings win
+and Hydra checks the rest.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", 
 _OPTION = re.compile(r"^(proposer|verifier|controller)\.[A-Za-z_][A-Za-z0-9_]*$")
 _CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ARTIFACT = "artifact:"
+PATH_OPTIONS = {"proposer.model", "proposer.heads"}  # options that name a model or a folder
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # org/name, or a bare name
 
 
 @dataclass
@@ -63,10 +68,17 @@ class Recipe:
 
     @property
     def model(self) -> str:
-        """The target as `model=` takes it ("." and relative paths are relative to the recipe)."""
-        if self.target == "." or self.target.startswith(("./", "../")):
-            return str((self.folder / self.target).resolve())
-        return self.target
+        """The target as `model=` takes it: a zoo name, a hub id, or a path inside the recipe's
+        folder ("." is the folder). A target outside it is never opened on the recipe's word."""
+        return confine("target", self.target, self.folder, str(self.path),
+                       fix="or pass model=PATH yourself (your own settings are trusted)")
+
+    def is_for(self, model: str) -> bool:
+        """Whether `model=` (the user's) names this recipe's target."""
+        if model == self.target:
+            return True
+        here = Path(model).expanduser().resolve()
+        return here in ((self.folder / self.target).resolve(), Path(self.target).expanduser().resolve())
 
 
 def _read_yaml(path: Path, what: str) -> dict:
@@ -80,8 +92,9 @@ def _read_yaml(path: Path, what: str) -> dict:
     return data
 
 
-def check_strategy(mapping: dict, where: str, *, allow_about: bool = True) -> dict:
-    """A validated copy of a flat strategy mapping; anything unknown or unsafe is refused by name."""
+def check_strategy(mapping: dict, where: str, folder: Path | None = None, *, allow_about: bool = True) -> dict:
+    """A validated copy of a flat strategy mapping; anything unknown or unsafe is refused by name.
+    `folder`: the file's folder, where its paths must stay (None: our own built-in data)."""
     out = {}
     for key, value in mapping.items():
         if key == "about" and allow_about:
@@ -108,8 +121,45 @@ def check_strategy(mapping: dict, where: str, *, allow_about: bool = True) -> di
                 raise SpecpipeError(f"{where}: {err}") from None
         elif not _is_data(value):
             raise SpecpipeError(f"{where}: {key} must be a number, a string, a boolean or a list of those.")
+        refuse_interpolation(key, value, where)
+        if folder is not None and isinstance(value, str) and not value.startswith(ARTIFACT):
+            value = confine(key, value, folder, where)
         out[key] = value
     return out
+
+
+def refuse_interpolation(key: str, value, where: str) -> None:
+    """`${...}` in a stranger's value would be resolved by Hydra (`${oc.env:SECRET}` reads the
+    environment): data from a file is never interpolated, so such a value is refused by name."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, str) and "${" in item:
+            raise SpecpipeError(f"{where}: {key}={item!r} holds an interpolation (`${{...}}`), which a recipe or "
+                                "strategy may not use: its values are data, never resolved. Write the value "
+                                "itself, or pass the setting on the command line.")
+
+
+def _path_like(key: str, value: str) -> bool:
+    return (key in PATH_OPTIONS or key == "target" or "/" in value or "\\" in value
+            or value.startswith((".", "~")) or value.endswith((".gguf", ".json", ".jsonl", ".safetensors")))
+
+
+def confine(key: str, value: str, folder: Path, where: str, fix: str = "") -> str:
+    """A path-shaped value of a stranger's file: a path inside `folder` (made absolute), a zoo
+    name or a hub id (unchanged); anything else (absolute, `~`, `..` out of the folder, a local
+    path outside it) is refused by name."""
+    from specpipe.models import zoo
+
+    if not _path_like(key, value) or value in zoo.ZOO:
+        return value
+    folder = folder.resolve()
+    inside = (folder / value).resolve() if not Path(value).expanduser().is_absolute() else None
+    if inside is not None and folder in (inside, *inside.parents) and inside.exists():
+        return str(inside)
+    if _HUB_ID.match(value) and ".." not in value and not Path(value).exists():
+        return value  # a hub id (nothing of that name here, where the loader would look first)
+    raise SpecpipeError(f"{where}: {key}={value!r} points outside the file's folder {folder}: a recipe or "
+                        "strategy may name only files inside its own folder, zoo models or hub ids. Copy the "
+                        f"file into {folder} (a recipe lists it under artifacts:){', ' + fix if fix else ''}.")
 
 
 def _is_data(value) -> bool:
@@ -137,7 +187,7 @@ def load_strategy(name_or_path: str) -> dict:
     if not path.is_file():
         raise SpecpipeError(f"strategy={name_or_path} is neither a file nor a built-in strategy. "
                             f"Built-in: {', '.join(strategy_names())}.")
-    return check_strategy(_read_yaml(path, "strategy"), str(path))
+    return check_strategy(_read_yaml(path, "strategy"), str(path), path.resolve().parent)
 
 
 def find_recipe(value: str) -> Path:
@@ -165,7 +215,8 @@ def load_recipe(value: str | Path) -> Recipe:
     for key in ("artifacts", "measured", "versions"):
         if not isinstance(data.get(key, {}), dict):
             raise SpecpipeError(f"The recipe {path}: `{key}` must be a mapping.")
-    recipe = Recipe(path, data["target"], check_strategy(data["strategy"], str(path), allow_about=False),
+    refuse_interpolation("target", data["target"], str(path))
+    recipe = Recipe(path, data["target"], check_strategy(data["strategy"], str(path), path.parent, allow_about=False),
                     data.get("artifacts", {}), data.get("measured", {}), data.get("versions", {}),
                     str(data.get("about", "")))
     _check_artifacts(recipe)

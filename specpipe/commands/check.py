@@ -9,13 +9,15 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from specpipe.build import checked_context
+from specpipe.build import config_checks
+from specpipe.checks import check_prompts
 
 STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 
 
-def run(cfg: DictConfig) -> int:
-    _, checks = checked_context(cfg)
+def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
+    """prompts: the command line's prompts, as generate takes them (checked the same way)."""
+    checks = [*config_checks(cfg), *([check_prompts(prompts)] if prompts else [])]
     table = Table(title=f"specpipe check: {cfg.model.name}")
     for column in ("check", "status", "why", "how to fix"):
         table.add_column(column)

@@ -7,20 +7,16 @@ the batch's throughput (output tokens over the wall time, prefills included).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from specpipe.checks import proposer_kind
-from specpipe.errors import SpecpipeError
+from specpipe import jsonsafe
+from specpipe.checks import check_prompts, check_settings, proposer_kind, refuse_if_any
 from specpipe.pipeline import Generation, Pipeline
 from specpipe.ui.live import stream, summary
-
-OUTPUTS = ("rich", "json", "text")
-
 
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
     """prompts: the command line's `prompt=` texts, verbatim (None: the config's `prompt`)."""
@@ -42,7 +38,7 @@ def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
             base = pipeline.run(prompt, speculative=False, **kwargs)
     equal = spec.token_ids == base.token_ids if base is not None and pipeline.sampling.greedy else None
     if cfg.output == "json":
-        print(json.dumps({**_as_json(cfg, pipeline, spec, base, equal), "prompt": prompt}))
+        print(jsonsafe.dumps({**_as_json(cfg, pipeline, spec, base, equal), "prompt": prompt}))
     elif cfg.output == "rich":
         Console().print(summary(spec.stats, base and base.stats, equal, not pipeline.verifier.lossless))
 
@@ -64,7 +60,7 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
     base, base_throughput = runs.get("plain", (None, None))
     equal = [s.token_ids == b.token_ids for s, b in zip(spec, base)] if base and pipeline.sampling.greedy else None
     if cfg.output == "json":
-        print(json.dumps({
+        print(jsonsafe.dumps({
             "model": cfg.model.name, "proposer": proposer_kind(cfg), "batch": concurrency,
             "config": {**OmegaConf.to_container(cfg, resolve=True), "prompt": prompts},
             "requests": [{"prompt": p, "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
@@ -92,14 +88,8 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
 
 
 def _validate(cfg: DictConfig, prompts: list[str]) -> None:
-    if cfg.output not in OUTPUTS:
-        raise SpecpipeError(f"output={cfg.output} is not known: use one of {', '.join(OUTPUTS)}.")
-    if cfg.max_new_tokens < 1:
-        raise SpecpipeError(f"max_new_tokens={cfg.max_new_tokens} must be at least 1.")
-    if cfg.batch < 0:
-        raise SpecpipeError(f"batch={cfg.batch} is negative: use batch=N (N prompts at a time) or batch=0 (all).")
-    if not all(prompts):
-        raise SpecpipeError('a prompt is empty: pass prompt="your text" (several prompt= decode as a batch).')
+    """What `specpipe check` refuses too (specpipe/checks.py), before the status line and any load."""
+    refuse_if_any([check_settings(cfg), check_prompts(prompts)])
 
 
 def _speculative(pipeline: Pipeline, cfg: DictConfig, prompt: str, kwargs: dict) -> Generation:

@@ -232,6 +232,16 @@ def _depth(parents: list[int], node: int) -> int:
     return depth
 
 
+def validate_options(options: dict) -> None:
+    """EAGLE-2's tree shape, checked before the head loads."""
+    tree = options.get("tree")
+    if tree is not None and (set(tree) - {"top_k", "nodes"} or not all(type(v) is int for v in tree.values())):
+        raise SpecpipeError(f"proposer.tree={tree!r} must be {{top_k: N, nodes: M}} with integers, e.g. "
+                            "proposer.tree={top_k: 4, nodes: 16}")
+    if tree is not None:
+        TreeShape(**tree)
+
+
 def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16") -> EagleProposer:
     """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
     before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a

@@ -127,6 +127,16 @@ def check_tree(tree: list[list[int]], num_heads: int) -> list[list[int]]:
     return [list(p) for p in paths]
 
 
+def validate_options(options: dict) -> None:
+    """The tree's shape, checked before the heads load (`check_tree` then bounds it by them)."""
+    tree, num_heads = options.get("tree"), options.get("num_heads")
+    if tree is not None and not all(isinstance(path, list) and all(type(i) is int for i in path) for path in tree):
+        raise SpecpipeError(f"proposer.tree={tree!r} must be a list of paths, each a list of ranks, e.g. "
+                            "[[0], [1], [0, 0], [0, 1]]")
+    if num_heads is not None and num_heads < 1:
+        raise SpecpipeError(f"proposer.num_heads={num_heads} must be at least 1 (or null: all heads)")
+
+
 def build(*, context, heads: str, num_heads: int | None = None, tree: list | None = None) -> MedusaProposer:
     """heads: a folder written by `specpipe train proposer=medusa` (checked against the target
     before any weights load); num_heads: use only the first ones; tree: candidate paths
