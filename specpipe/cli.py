@@ -34,7 +34,6 @@ commands:
 examples:
   specpipe generate "Write a haiku about caches"
   echo "Hi, how are you?" | specpipe generate - output=text
-  specpipe generate prompt_file=question.txt gamma=4
   specpipe generate model=qwen2.5-coder-1.5b proposer=draft proposer.model=qwen2.5-coder-0.5b gamma=4
   specpipe generate verifier=rejection temperature=0.7 seed=1 output=json
   specpipe bench prompts=dev categories=[code-edit,chat] limit=3 peer=hf-prompt-lookup

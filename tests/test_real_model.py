@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from specpipe.config import compose
 from specpipe.exactness import first_divergence
 from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
+
+
+pytestmark = pytest.mark.slow  # the real SmolLM2 (zoo)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def test_smollm2_greedy_equals_plain(proposer, controller, prompts):
         if divergence is not None:
             print(f"{prompt['id']} {proposer}: {divergence}")
             assert divergence.near_tie, f"{prompt['id']}: {divergence}"
-        assert len(spec.token_ids) == len(plain.token_ids) or divergence is not None
+        else:
+            assert spec.token_ids == plain.token_ids and len(plain.token_ids) > 0
         assert spec.stats.drafted > 0
         accepted += spec.stats.accepted
     assert accepted > 0 or proposer not in SHIPPED  # trained heads guess some of the target's tokens
@@ -57,8 +60,9 @@ def test_chat_template_is_applied():
     pipeline = Pipeline.from_config(compose(["proposer=none"]))
     ids = pipeline.encode("Hello")
     text = pipeline.target.tokenizer.decode(ids)
-    assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
-    assert OmegaConf.is_config(compose())
+    assert "<|im_start|>user\nHello<|im_end|>" in text and text.rstrip().endswith("<|im_start|>assistant")
+    raw = Pipeline.from_config(compose(["proposer=none", "model.chat=false"])).encode("Hello")
+    assert raw == pipeline.target.tokenizer("Hello", add_special_tokens=False)["input_ids"] and len(raw) < len(ids)
 
 
 def test_smollm2_bench_tune_and_export(tmp_path):

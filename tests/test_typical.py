@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -22,9 +21,10 @@ def test_threshold_is_min_of_epsilon_and_delta_exp_minus_entropy():
     uniform4 = torch.full((1, 4), 0.25)  # entropy ln 4: 0.3 / 4 = 0.075 < 0.09
     sure = torch.tensor([[0.97, 0.01, 0.01, 0.01]])  # entropy ~0.168: 0.3 * e^-0.168 = 0.254 > 0.09
     assert v.thresholds(uniform4).item() == pytest.approx(0.075, rel=1e-5)
-    entropy = -(0.97 * math.log(0.97) + 3 * 0.01 * math.log(0.01))
-    assert min(0.09, 0.3 * math.exp(-entropy)) == 0.09
-    assert v.thresholds(sure).item() == pytest.approx(0.09, rel=1e-5)
+    assert v.thresholds(sure).item() == pytest.approx(0.09, rel=1e-5)  # epsilon caps it
+    skewed = torch.tensor([[0.5, 0.3, 0.2]])  # entropy 1.0297 nats (by hand): 0.3 * e^-1.0297 = 0.1071
+    assert TypicalVerifier(SamplingParams(temperature=1.0), epsilon=0.5, delta=0.3).thresholds(skewed).item() == \
+        pytest.approx(0.10713, rel=1e-3)
 
 
 def test_accepts_the_plausible_prefix_and_samples_the_next_token():
