@@ -303,6 +303,9 @@ def check_settings(cfg: DictConfig) -> Check:
                 "warmup": 0, "gamma_min": 0, "gamma_max": 1}
     problems += [f"{key}={cfg[key]} must be at least {low}" for key, low in at_least.items()
                  if key in cfg and cfg[key] < low]
+    chat = cfg.model.get("chat")
+    if chat is not None and not isinstance(chat, bool):
+        problems.append(f"model.chat={chat!r} must be true, false or null (null: the template when there is one)")
     if "output" in cfg and cfg.output not in OUTPUTS:
         problems.append(f"output={cfg.output} is not an output mode (use one of {', '.join(OUTPUTS)})")
     if not problems:

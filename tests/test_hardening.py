@@ -166,6 +166,7 @@ BAD_SETTINGS = [
     (["cache_len=0"], "cache_len=0"),
     (["output=xml"], "output=xml"),
     (["batch=-1"], "batch=-1"),
+    (["model.chat=maybe"], "model.chat='maybe'"),
     (["model.early_exit=99", "proposer=none"], "early_exit=99"),
     (["model.early_exit=0", "proposer=none"], "early_exit=0"),
     (["model.lora=/no/such/adapter"], "model.lora=/no/such/adapter"),
