@@ -13,6 +13,7 @@ from pathlib import Path
 
 from specpipe.bench.summary import OVERALL
 from specpipe.errors import SpecpipeError
+from specpipe.outputs import why
 
 
 def _pyplot():
@@ -148,8 +149,14 @@ def _title(payload: dict) -> str:
 
 
 def _save(plt, fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A plot is drawn from results already saved: failing to write one loses no measurement."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as err:
+        raise SpecpipeError(f"Could not write the plot {path} ({why(path, err)}). The results it draws are saved "
+                            "(`results:` above, or `summary:` for a sweep); plots need a writable folder.") from None
+    finally:
+        plt.close(fig)
     return path

@@ -7,25 +7,31 @@
 Schema 2 added `load` (bench/load.py; its `prompts` list is empty); files of schema 1 still read.
 
 A results.json exists only when its run finished: that is what lets an interrupted sweep resume.
+Its `measured_with` (every setting but where it is written, and a digest of the prompts' text)
+is what a rerun compares before it reuses it: other settings, and it measures again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 from specpipe.errors import SpecpipeError
+from specpipe.outputs import atomic_write
 
 SCHEMA = "specpipe.bench/2"
 READABLE = ("specpipe.bench/1", SCHEMA)
 RESULTS_FILE = "results.json"
 REQUIRED = {"schema": str, "created": str, "model": str, "strategy": dict, "config": dict,
             "environment": dict, "prompts": list, "summary": dict}
+NOT_MEASURED = ("out", "plot")  # where results go and whether they are drawn: never what they measure
 SUMMARY_KEYS = ("prompts", "baseline_tokens_per_s", "tokens_per_s", "speedup", "acceptance_rate",
                 "mean_accepted_length", "per_position_acceptance", "gamma", "time_per_token_ms",
                 "exactness", "peers")
@@ -52,14 +58,44 @@ def now() -> str:
 
 
 def write_json(path: Path, payload: dict) -> Path:
-    """A temporary file in the same folder, renamed into place: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".specpipe-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are meant to be read
-    os.replace(tmp, path)
-    return path
+    """Atomically (outputs.atomic_write): readers never see half a file."""
+    return atomic_write(path, lambda f: json.dump(payload, f, indent=1))
+
+
+def measured_with(cfg: DictConfig, prompts: list[dict]) -> dict:
+    """What a result depends on: every setting except NOT_MEASURED (so a setting added later
+    counts by default), and the text of the prompts it ran. JSON-shaped, as read back."""
+    settings = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_MEASURED}
+    text = json.dumps(prompts, sort_keys=True, ensure_ascii=False, default=str).encode()
+    return json.loads(json.dumps({"settings": settings, "prompts": hashlib.sha256(text).hexdigest()[:16]}))
+
+
+def earlier_results(path: Path, measured: dict) -> tuple[dict | None, list[str]]:
+    """(the results at `path` if they were measured as `measured` says, else None; what differs,
+    as "key: then → now"). A file older than `measured_with` is compared by its config."""
+    if not Path(path).is_file():
+        return None, []
+    payload = read_results(path)  # a damaged file is an error, not a finished job
+    then = payload.get("measured_with") or {
+        "settings": {k: v for k, v in payload["config"].items() if k not in NOT_MEASURED}}
+    changed = _differences(dict(_flat(then["settings"])), dict(_flat(measured["settings"])))
+    if not changed and then.get("prompts", measured["prompts"]) != measured["prompts"]:
+        changed.append(f"the text of prompts={measured['settings'].get('prompts')} (edited since)")
+    return (None if changed else payload), changed
+
+
+def _flat(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _differences(then: dict, now: dict) -> list[str]:
+    unset = "(unset)"
+    return [f"{key}: {then.get(key, unset)} → {now.get(key, unset)}" for key in sorted(then.keys() | now.keys())
+            if then.get(key, unset) != now.get(key, unset)]
 
 
 def validate(payload: dict, where: str = "results") -> dict:

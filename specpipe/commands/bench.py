@@ -6,7 +6,12 @@ from the prompt set through continuous batching, C at a time, plain and speculat
 Single run: results.json (and plots) in `out=` (an older results.json there is kept, renamed
 with its date). Under `-m` (Hydra multirun) each job writes into its own folder of the sweep,
 named by its settings; a job whose results.json exists already finished and is skipped, so
-running the same sweep command again resumes an interrupted sweep.
+running the same sweep command again resumes an interrupted sweep. Skipped only if measured
+with the same settings (results.py `measured_with`: the prompts, limit, max_new_tokens...,
+some of which the folder's name leaves out): else measured again, saying what changed.
+
+The output folder is checked before any model loads; if writing fails after the measurement
+anyway, the results are kept elsewhere and the error names where (specpipe/outputs.py).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ from rich.console import Console
 from specpipe.bench import plots
 from specpipe.bench.load import load_summary, measure_load
 from specpipe.bench.peers import hf_batched, load_peer_names, make_peers, peer_names
-from specpipe.bench.results import RESULTS_FILE, SCHEMA, environment, now, read_results, write_json
+from specpipe.bench.results import RESULTS_FILE, SCHEMA, earlier_results, environment, measured_with, now, write_json
 from specpipe.bench.runner import WARMUP_TOKENS, bench_prompts, warm_up
 from specpipe.bench.summary import all_exact, summarize
 from specpipe.bench.table import bench_table, load_table
 from specpipe.checks import kind_of, proposer_kind
 from specpipe.errors import SpecpipeError
+from specpipe.outputs import save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
 
@@ -37,18 +43,17 @@ def run(cfg: DictConfig) -> int:
     peers = load_peer_names(cfg.peer) if load else peer_names(cfg.peer, proposer_kind(cfg))
     folder, in_sweep = job_folder(cfg)
     err = Console(stderr=True)
-    if in_sweep and (folder / RESULTS_FILE).is_file():
-        read_results(folder / RESULTS_FILE)  # a damaged file is an error, not a finished job
-        err.print(f"[dim]{folder}: finished in an earlier run, skipped[/dim]")
+    if in_sweep and earlier_run(folder, cfg, prompts, folder.name, err) is not None:
         return 0
+    writable_output(folder, f"out={cfg.out}", files=(RESULTS_FILE,))
     gc.collect()  # a sweep runs its jobs in one process: the last job's models must be gone first
     with err.status(f"loading {cfg.model.name} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {warning.why}", highlight=False)
     payload = (measure_requests if load else measure)(cfg, pipeline, prompts, peers, err)
-    path = save(payload, folder, keep_previous=not in_sweep)
-    Console().print(load_table(payload) if load else bench_table(payload))
+    Console().print(load_table(payload) if load else bench_table(payload))  # seen, whatever happens to the file
+    path = save(payload, folder)
     err.print(f"results: {path}")
     if cfg.plot:
         for png in plots.plot_run(payload, folder):
@@ -84,6 +89,18 @@ def job_folder(cfg: DictConfig) -> tuple[Path, bool]:
     return Path(cfg.out), False
 
 
+def earlier_run(folder: Path, cfg: DictConfig, prompts: list[dict], name: str, err: Console) -> dict | None:
+    """The results.json in `folder` if measured with these settings; None if there is none, or
+    if it was measured otherwise (said so: it is measured again, the earlier file kept renamed)."""
+    earlier, changed = earlier_results(folder / RESULTS_FILE, measured_with(cfg, prompts))
+    if earlier is not None:
+        err.print(f"[dim]{name}: measured in an earlier run with the same settings, skipped ({folder})[/dim]")
+    elif changed:
+        err.print(f"{name}: measured in an earlier run with other settings ({'; '.join(changed)}): measuring "
+                  f"again, the earlier {RESULTS_FILE} kept renamed with its date ({folder})", highlight=False)
+    return earlier
+
+
 def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console) -> dict:
     peer_runs = make_peers(peers, pipeline, cfg)
     with err.status("warming up…"):
@@ -98,8 +115,8 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
     _print_engine(pipeline, pipeline.memory(), err)
     results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                             stop=list(cfg.stop), peers=peer_runs, on_result=show)
-    return {**_header(cfg, pipeline), "memory_bytes": pipeline.memory(), "prompts": [r.to_dict() for r in results],
-            "summary": summarize(results)}
+    return {**_header(cfg, pipeline, prompts), "memory_bytes": pipeline.memory(),
+            "prompts": [r.to_dict() for r in results], "summary": summarize(results)}
 
 
 def measure_requests(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console) -> dict:
@@ -116,7 +133,7 @@ def measure_requests(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], p
     _print_engine(pipeline, load["memory_bytes"], err)
     if load["batch_refusal"]:
         err.print(f"[yellow]warning:[/yellow] one sequence at a time: {load['batch_refusal']}", highlight=False)
-    return {**_header(cfg, pipeline), "memory_bytes": load["memory_bytes"], "prompts": [],
+    return {**_header(cfg, pipeline, prompts), "memory_bytes": load["memory_bytes"], "prompts": [],
             "summary": load_summary(load), "load": load}
 
 
@@ -128,7 +145,7 @@ def _print_engine(pipeline: Pipeline, memory: dict, err: Console) -> None:
               highlight=False)
 
 
-def _header(cfg: DictConfig, pipeline: Pipeline) -> dict:
+def _header(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict]) -> dict:
     return {
         "schema": SCHEMA,
         "created": now(),
@@ -136,16 +153,28 @@ def _header(cfg: DictConfig, pipeline: Pipeline) -> dict:
         "strategy": {"proposer": proposer_kind(cfg), "verifier": kind_of(cfg.verifier), "controller": kind_of(cfg.controller),
                      "gamma": cfg.gamma, "lossless": pipeline.verifier.lossless},
         "config": OmegaConf.to_container(cfg, resolve=True),
+        "measured_with": measured_with(cfg, prompts),
         "environment": environment(),
         "engine": {"target": pipeline.runner.engine, "precision": pipeline.runner.precision,
                    "compile_s": getattr(pipeline.runner, "compile_s", None)},
     }
 
 
-def save(payload: dict, folder: Path, keep_previous: bool) -> Path:
-    path = folder / RESULTS_FILE
-    if keep_previous and path.is_file():
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-        path.rename(folder / f"results-{stamp}.json")  # nothing measured earlier is lost
-    return write_json(path, payload)
+def save(payload: dict, folder: Path) -> Path:
+    """results.json in `folder` (an older one there is kept, renamed with its date); if the
+    folder refuses it, kept elsewhere and a SpecpipeError names where (outputs.save_or_keep)."""
+    def write(path: Path) -> Path:
+        if path.is_file():
+            path.rename(_aside(path))  # nothing measured earlier is lost
+        return write_json(path, payload)
 
+    return save_or_keep(write, folder / RESULTS_FILE, "the results")
+
+
+def _aside(path: Path) -> Path:
+    """results-<its date>.json, never over another earlier one."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    aside, n = path.with_name(f"results-{stamp}.json"), 1
+    while aside.exists():
+        aside, n = path.with_name(f"results-{stamp}-{n}.json"), n + 1
+    return aside

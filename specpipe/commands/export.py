@@ -4,7 +4,8 @@ Takes the same settings as `generate` (usually just `recipe=`); loads no weights
 target's LM head for a Medusa export (vLLM reads it from the heads' folder). vLLM: writes
 the speculative_config JSON (default speculative_config.json) and prints the `vllm serve`
 command. SGLang: prints the launch command (and writes it to `out=` when given). What has no
-equivalent is exported as the nearest setting, with a warning naming what is lost.
+equivalent is exported as the nearest setting, with a warning naming what is lost. The file's
+folder is checked writable first; a write that fails anyway is kept elsewhere (specpipe/outputs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm
 from specpipe.export.plan import plan_of
+from specpipe.outputs import atomic_write, save_or_keep, writable_output
 
 ENGINES = {"vllm": vllm, "sglang": sglang}
 USAGE = "usage: specpipe export vllm|sglang recipe=PATH [other generate settings] [out=FILE]"
@@ -32,8 +34,11 @@ def run(args: list[str]) -> int:
     out = next((a.partition("=")[2] for a in args[1:] if a.startswith("out=")), None)
     overrides = [a for a in args[1:] if not a.startswith("out=")]
     cfg = compose(overrides, "generate")
+    path = Path(out or "speculative_config.json")
+    if args[0] == "vllm" or out:  # sglang writes nothing without out=
+        writable_output(path.parent, f"out={path}", files=(path.name,))
     plan = plan_of(cfg)
-    medusa_dir = Path(out or "speculative_config.json").parent / "medusa-vllm"
+    medusa_dir = path.parent / "medusa-vllm"
     result = vllm.export(plan, medusa_dir) if args[0] == "vllm" else sglang.export(plan)
     err = Console(stderr=True)
     for warning in result.warnings:
@@ -41,11 +46,12 @@ def run(args: list[str]) -> int:
     if result.settings.get("method") == "medusa":
         _write_medusa(cfg, plan, medusa_dir, err)
     if result.engine == "vllm" and result.settings:
-        path = write_json(Path(out or "speculative_config.json"), result.settings)
-        err.print(f"speculative_config ({result.engine} {result.version}): {path}")
+        written = save_or_keep(lambda to: write_json(to, result.settings), path, "the speculative_config")
+        err.print(f"speculative_config ({result.engine} {result.version}): {written}")
     elif out:
-        _write_text(Path(out), result.command + "\n")
-        err.print(f"command: {out}")
+        written = save_or_keep(lambda to: atomic_write(to, lambda f: f.write(result.command + "\n")), path,
+                               "the launch command")
+        err.print(f"command: {written}")
     print(result.command)
     return 0
 
@@ -56,11 +62,6 @@ def _write_medusa(cfg, plan, folder: Path, err: Console) -> None:
 
     with err.status("writing the heads with the target's LM head for vLLM…"):
         lm_weight = load_model(resolve(cfg.model.name)).get_output_embeddings().weight
-        save_medusa_for_vllm(Path(plan.heads), lm_weight, folder)
+        save_or_keep(lambda to: save_medusa_for_vllm(Path(plan.heads), lm_weight, to), folder,
+                     "the Medusa heads for vLLM")
     err.print(f"medusa heads for vLLM: {folder}")
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -9,11 +9,14 @@
    checkpoint after every epoch, written atomically; run the same command again after an
    interruption and it resumes.
 4. Output: `<out>/<model>/<proposer>/` (config.json + model.safetensors, in the layout vLLM
-   loads) and `<out>/<model>/<proposer>.yaml`, a recipe that uses them.
+   loads) and `<out>/<model>/<proposer>.yaml`, a recipe that uses them. That folder is checked
+   writable before anything is computed; if writing fails after training anyway, heads and
+   recipe are kept together elsewhere and the error names where (specpipe/outputs.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -37,6 +40,7 @@ from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.loader import load_model, load_tokenizer, resolve
 from specpipe.engine import make_runner, pick_engine
 from specpipe.models.quantize import quantize_model
+from specpipe.outputs import save_or_keep, why, writable_output
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features
 from specpipe.train.prompts import instructions
@@ -84,7 +88,8 @@ def run(cfg: DictConfig) -> int:
     name = proposer_kind(cfg)
     kind = KINDS[name]
     folder = Path(cfg.out) / model_slug(cfg.model.name)
-    heads_dir, checkpoint = folder / name, folder / f".{name}-checkpoint"
+    checkpoint = folder / f".{name}-checkpoint"
+    writable_output(folder, f"out={cfg.out}", files=(f"{name}.yaml",), folders=(name,))
     err = Console(stderr=True)
     started = time.perf_counter()
     source = resolve(cfg.model.name)
@@ -98,11 +103,15 @@ def run(cfg: DictConfig) -> int:
         trainer.optimizer.load_state_dict(torch.load(checkpoint / "trainer.pt")["optimizer"])
     accuracy = _epochs(cfg, kind, module, trainer, train, held, first_epoch, checkpoint, err)
     stored = module.to(getattr(torch, cfg.dtype))  # float16 halves a head's file (the 50 MB budget of recipes/)
-    kind.save(stored, heads_dir, target=cfg.model.name, extra={"held_out_top1": accuracy})
-    shutil.rmtree(checkpoint, ignore_errors=True)  # finished: nothing left to resume
-    recipe = write_recipe(folder / f"{name}.yaml",
-                          _recipe(cfg, name, {kind.figure: accuracy}, len(train), time.perf_counter() - started))
-    err.print(f"heads: {heads_dir}\nrecipe: {recipe}  (use it: specpipe generate recipe={recipe})")
+    recipe = _recipe(cfg, name, {kind.figure: accuracy}, len(train), time.perf_counter() - started)
+
+    def write(to: Path) -> Path:  # heads and their recipe stay together: its artifact path is relative
+        kind.save(stored, to / name, target=cfg.model.name, extra={"held_out_top1": accuracy})
+        return write_recipe(to / f"{name}.yaml", recipe)
+
+    path = save_or_keep(write, folder, "the trained heads and their recipe")
+    shutil.rmtree(checkpoint, ignore_errors=True)  # saved where asked: nothing left to resume
+    err.print(f"heads: {path.parent / name}\nrecipe: {path}  (use it: specpipe generate recipe={path})")
     return 0
 
 
@@ -226,7 +235,7 @@ def _epochs(cfg, kind: Kind, module, trainer, train, held, first: int, checkpoin
             accuracy = trainer.accuracy(held)
             progress.update(task, description=f"epoch {epoch + 1}/{cfg.epochs} loss {sum(losses) / len(losses):.3f} "
                             f"held-out top-1 per position {' '.join(f'{a:.2f}' for a in accuracy)}")
-            _checkpoint(kind, module, trainer, checkpoint, epoch, cfg)
+            _checkpoint(kind, module, trainer, checkpoint, epoch, cfg, err)
     return accuracy
 
 
@@ -244,11 +253,18 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: DictConfig) -> None:
-    kind.save(module, folder, target=cfg.model.name)
+def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: DictConfig, err: Console) -> None:
+    """A checkpoint only makes a rerun resume: one that cannot be written stops nothing."""
     tmp = folder / "trainer.pt.tmp"
-    torch.save({"optimizer": trainer.optimizer.state_dict(), "epoch": epoch, "key": _run_key(cfg)}, tmp)
-    os.replace(tmp, folder / "trainer.pt")
+    try:
+        kind.save(module, folder, target=cfg.model.name)
+        torch.save({"optimizer": trainer.optimizer.state_dict(), "epoch": epoch, "key": _run_key(cfg)}, tmp)
+        os.replace(tmp, folder / "trainer.pt")
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # never a stray half checkpoint
+        err.print(f"[yellow]warning:[/yellow] no checkpoint after epoch {epoch + 1} ({why(folder, exc)}): "
+                  "training goes on, but an interruption now would start over", highlight=False)
 
 
 def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], examples: int, seconds: float) -> dict:

@@ -6,7 +6,10 @@ heads already in the destination folder (`specpipe train` writes them there): ev
 smaller zoo model with the target's tokenizer; without one it is skipped (and so is any
 candidate whose compatibility checks refuse it, with the reason printed). Each candidate is
 benched like `specpipe bench` (interleaved with the plain target, same prompts) and its
-results.json kept under `work=`, so an interrupted tune resumes where it stopped.
+results.json kept under `work=`, so an interrupted tune resumes where it stopped: a candidate's
+earlier results are reused only if measured with the same settings (results.py `measured_with`),
+else it is measured again and says what changed. Both `out=` and `work=` are checked writable
+before anything is measured (specpipe/outputs.py).
 
 The winner is the candidate with the best overall median speedup among those whose greedy
 outputs were all token-identical to the plain target's; if none beats the plain target, the
@@ -25,13 +28,14 @@ from omegaconf import DictConfig, open_dict
 from rich.console import Console
 from rich.table import Table
 
-from specpipe.bench.results import RESULTS_FILE, environment, now, read_results
+from specpipe.bench.results import environment, now
 from specpipe.bench.summary import OVERALL, all_exact
 from specpipe.build import checked_context
 from specpipe.commands import bench
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
+from specpipe.outputs import save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
 from specpipe.recipe import (ARTIFACT, RECIPE_FILE, RECIPE_VERSION, as_overrides, load_recipe, load_strategy,
                              strategy_names, with_artifacts, write_recipe)
@@ -43,6 +47,8 @@ CARRIED = ("model", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "
 def run(cfg: DictConfig) -> int:
     prompts = bench.select_prompts(cfg)
     destination = recipe_path(cfg)
+    writable_output(destination.parent, f"out={cfg.out}", files=(RECIPE_FILE,))
+    writable_output(Path(cfg.work) / model_slug(cfg.model.name), f"work={cfg.work}")
     err = Console(stderr=True)
     tried = {}
     for name, strategy in [*candidates(cfg, err), *trained(cfg, destination, err)]:
@@ -57,7 +63,7 @@ def run(cfg: DictConfig) -> int:
         schedule, loads = batch_schedule(cfg, winner(tried), data["strategy"], prompts, err)
         data["strategy"]["batch_schedule"] = schedule
         data["measured"]["batch_schedule"] = loads
-    path = write_recipe(destination, data)
+    path = save_or_keep(lambda to: write_recipe(to, data), destination, "the recipe")
     err.print(f"recipe: {path}  (use it: specpipe generate recipe={path})")
     return 0
 
@@ -144,21 +150,21 @@ def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[d
     """One candidate's results (an earlier run's if it finished): per prompt, or with `load` a
     request load at that concurrency."""
     folder = Path(cfg.work) / model_slug(cfg.model.name) / name
-    if (folder / RESULTS_FILE).is_file():
-        err.print(f"[dim]{name}: measured in an earlier run ({folder})[/dim]")
-        return read_results(folder / RESULTS_FILE)
-    err.rule(name)
     candidate = candidate_config(cfg, strategy)
     if load:
         with open_dict(candidate):
             candidate.concurrency, candidate.requests = load, max(int(cfg.requests), 2 * load)
+    earlier = bench.earlier_run(folder, candidate, prompts, name, err)
+    if earlier is not None:
+        return earlier
+    err.rule(name)
     pipeline = Pipeline.from_config(candidate)
     try:
         payload = (bench.measure_requests if load else bench.measure)(candidate, pipeline, prompts, [], err)
     finally:
         del pipeline
         gc.collect()  # one target in memory at a time
-    bench.save(payload, folder, keep_previous=False)
+    bench.save(payload, folder)
     return payload
 
 
