@@ -29,9 +29,7 @@ and Hydra checks the rest.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,10 +270,6 @@ def literal(value) -> str:
 
 def write_recipe(path: Path, data: dict) -> Path:
     """Write atomically (a temporary file renamed into place): never a half-written recipe."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".specpipe-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(data, f, sort_keys=False, allow_unicode=True)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are meant to be read
-    os.replace(tmp, path)
-    return path
+    from specpipe.outputs import atomic_write
+
+    return atomic_write(path, lambda f: yaml.safe_dump(data, f, sort_keys=False, allow_unicode=True))

@@ -4,7 +4,6 @@ after it, and an earlier job's results reused only if measured with the same set
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import tempfile

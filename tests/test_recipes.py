@@ -57,7 +57,10 @@ def test_tune_then_generate_with_the_recipe(setup, tmp_path):  # noqa: F811
                      "warmup=0", "strategies=[ngram,twin]", "gammas=[2,3]", f"out={out}", f"work={work}")
     assert again.returncode == 0 and again.stderr.count("measured in an earlier run") == 4
 
-    gen = specpipe("generate", f"recipe={out / 'target'}", "max_new_tokens=8", "output=json")
+    # the recipe's target is a folder outside the recipe's: the recipe alone may not open it
+    assert_user_error(specpipe("check", f"recipe={out / 'target'}"), "target", "outside", "model=PATH")
+    gen = specpipe("generate", f"recipe={out / 'target'}", f"model={setup / 'target'}", "max_new_tokens=8",
+                   "output=json")
     assert gen.returncode == 0, gen.stderr
     config = json.loads(gen.stdout)["config"]
     assert config["model"]["name"] == str(setup / "target")

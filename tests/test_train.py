@@ -91,7 +91,7 @@ def test_train_writes_heads_and_a_recipe_and_resumes(setup, tmp_path, monkeypatc
     # held out: the target's own answers; chance is 1/64 (measured here: 0.20 with the native
     # engine's batched answers, 0.30 with transformers' on the hf engine: fp16 near-ties part a few)
     assert len(accuracy) == 4 and accuracy[0] > 0.1
-    cfg = compose([f"recipe={recipe.path}", "gamma=3"])
+    cfg = compose([f"recipe={recipe.path}", f"model={setup / 'target'}", "gamma=3"])
     pipeline = Pipeline.from_config(cfg)
     prompt = json.loads((setup / "prompts.jsonl").read_text().splitlines()[0])["messages"]
     spec = pipeline.run(prompt, max_new_tokens=40)
@@ -118,7 +118,8 @@ def test_train_eagle_writes_a_head_and_a_recipe_that_decodes_losslessly(setup, t
     accuracy = recipe.measured["held_out_top1_per_position"]
     assert len(accuracy) == 4 and accuracy[0] > 0.2 and accuracy == sorted(accuracy, reverse=True)
     for tree in ([], ["proposer.tree={top_k: 2, nodes: 6}"]):
-        pipeline = Pipeline.from_config(compose([f"recipe={recipe.path}", "gamma=3", *tree]))
+        pipeline = Pipeline.from_config(compose([f"recipe={recipe.path}", f"model={setup / 'target'}", "gamma=3",
+                                                 *tree]))
         prompt = json.loads((setup / "prompts.jsonl").read_text().splitlines()[0])["messages"]
         spec = pipeline.run(prompt, max_new_tokens=40)
         assert spec.token_ids == pipeline.run(prompt, max_new_tokens=40, speculative=False).token_ids
@@ -145,7 +146,7 @@ def test_tune_tries_the_trained_heads_beside_its_recipe(setup, tmp_path, monkeyp
     assert set(recipe.measured["candidates"]) == {"ngram-g3", "medusa"}
     if recipe.measured["winner"] == "medusa":  # the heads travel with the recipe, by relative path
         assert recipe.artifacts == {"heads": "medusa"} and recipe.strategy["proposer.heads"] == "artifact:heads"
-    compose([f"recipe={recipe.path}"])  # whichever won, the recipe loads
+    compose([f"recipe={recipe.path}", f"model={setup / 'target'}"])  # whichever won, the recipe loads
 
 
 def test_distilled_answers_are_batched_by_length_and_read_back_in_prompt_order(tmp_path):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe import jsonsafe
 from specpipe.errors import SpecpipeError
 from specpipe.outputs import atomic_write
 
@@ -58,8 +59,9 @@ def now() -> str:
 
 
 def write_json(path: Path, payload: dict) -> Path:
-    """Atomically (outputs.atomic_write): readers never see half a file."""
-    return atomic_write(path, lambda f: json.dump(payload, f, indent=1))
+    """Atomically (outputs.atomic_write): readers never see half a file. Strict JSON
+    (jsonsafe): a figure that is not a finite number is written as null."""
+    return atomic_write(path, lambda f: jsonsafe.dump(payload, f, indent=1))
 
 
 def measured_with(cfg: DictConfig, prompts: list[dict]) -> dict:

@@ -15,6 +15,8 @@ from pathlib import Path
 from rich.console import Console
 
 from specpipe.bench.results import write_json
+from specpipe.build import config_checks
+from specpipe.checks import refuse_if_any
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm
@@ -34,6 +36,8 @@ def run(args: list[str]) -> int:
     out = next((a.partition("=")[2] for a in args[1:] if a.startswith("out=")), None)
     overrides = [a for a in args[1:] if not a.startswith("out=")]
     cfg = compose(overrides, "generate")
+    # what `specpipe check` refuses, export refuses: a composition that cannot run is not exported
+    refuse_if_any(config_checks(cfg, fetch=False))
     path = Path(out or "speculative_config.json")
     if args[0] == "vllm" or out:  # sglang writes nothing without out=
         writable_output(path.parent, f"out={path}", files=(path.name,))

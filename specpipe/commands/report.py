@@ -7,6 +7,7 @@ at the end of `specpipe bench -m ...` (a Hydra callback named in conf/bench.yaml
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -17,6 +18,7 @@ from specpipe.bench.results import RESULTS_FILE, now, read_results, write_json
 from specpipe.bench.summary import OVERALL
 from specpipe.bench.table import sweep_markdown, sweep_table
 from specpipe.errors import SpecpipeError
+from specpipe.outputs import save_or_keep
 
 USAGE = ("usage: specpipe report DIR [plot=true] [markdown=true]   (DIR: the `out=` folder of a bench sweep "
          "or run; markdown=true prints a Markdown table by job and category)")
@@ -55,7 +57,8 @@ def report(folder: Path, plot: bool = False, markdown: bool = False) -> None:
     rows = [{"job": name, "model": p["model"], **p["strategy"], "overall": p["summary"][OVERALL]}
             for name, p in jobs]
     err = Console(stderr=True)
-    err.print(f"summary: {write_json(folder / 'summary.json', {'created': now(), 'jobs': rows})}")
+    payload = {"created": now(), "jobs": rows}
+    err.print(f"summary: {save_or_keep(lambda path: write_json(path, payload), folder / 'summary.json', 'the summary')}")
     if plot:
         for png in plots.plot_sweep(jobs, folder):
             err.print(f"plot: {png}")
@@ -65,6 +68,11 @@ class SweepSummary(Callback):
     """After `specpipe bench -m ...`: the sweep's table, over every job finished so far."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        from specpipe import cli
+
         folder = Path(config.hydra.sweep.dir)
         if any(folder.rglob(RESULTS_FILE)):
-            report(folder, plot=bool(config.get("plot", False)))
+            try:
+                report(folder, plot=bool(config.get("plot", False)))
+            except SpecpipeError as err:  # every job's results.json is saved already; say so, no traceback
+                sys.exit(cli.report(err))

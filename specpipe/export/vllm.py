@@ -8,10 +8,10 @@ twin export says so; ngram runs there as is.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
+from specpipe import jsonsafe
 from specpipe.errors import SpecpipeError
 from specpipe.export.engine import EngineExport
 from specpipe.export.plan import ExportPlan
@@ -41,7 +41,7 @@ def export(plan: ExportPlan, medusa_dir: Path = Path("medusa-vllm")) -> EngineEx
         raise SpecpipeError(f"internal: the vLLM {VERSION} export produced keys it does not have: {sorted(unknown)}")
     command = f"vllm serve {shlex.quote(plan.target)}"
     if config:
-        command += f" --speculative-config {shlex.quote(json.dumps(config))}"
+        command += f" --speculative-config {shlex.quote(jsonsafe.dumps(config))}"
     return EngineExport("vllm", VERSION, config or {}, command, warnings)
 
 

@@ -119,17 +119,20 @@ def _write_folder(folder: Path, config: dict, tensors: dict, files: dict[str, st
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    tmp.chmod(0o755)  # mkdtemp makes it private; heads are shipped and shared
-    save_file(tensors, str(tmp / WEIGHTS))
-    (tmp / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
-    for name, text in (files or {}).items():
-        (tmp / name).write_text(text + "\n")
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}-old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, folder)
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; heads are shipped and shared
+        save_file(tensors, str(tmp / WEIGHTS))
+        (tmp / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text + "\n")
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}-old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
+    finally:  # a failed or interrupted write leaves no temporary folder behind
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder
