@@ -298,7 +298,7 @@ def check_settings(cfg: DictConfig) -> Check:
     and `export` would refuse, refused here once for all of them."""
     from specpipe.sampling import SamplingParams
 
-    problems = [f"{key}={value} is not a finite number" for key, value in _floats(cfg) if not math.isfinite(value)]
+    problems = non_finite(cfg)
     at_least = {"max_new_tokens": 1, "cache_len": 1, "batch": 0, "concurrency": 1, "requests": 0, "limit": 0,
                 "warmup": 0, "gamma_min": 0, "gamma_max": 1}
     problems += [f"{key}={cfg[key]} must be at least {low}" for key, low in at_least.items()
@@ -333,6 +333,11 @@ def _gamma_problems(cfg: DictConfig) -> list[str]:
         return [f"gamma={gamma} is outside the controller's bounds gamma_min={low} .. gamma_max={high} (raise "
                 f"gamma_max={gamma}, or lower gamma)"]
     return []
+
+
+def non_finite(cfg: DictConfig) -> list[str]:
+    """nan / inf anywhere in a config, named by key (train's settings too)."""
+    return [f"{key}={value} is not a finite number" for key, value in _floats(cfg) if not math.isfinite(value)]
 
 
 def _floats(node, prefix: str = ""):

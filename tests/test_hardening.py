@@ -212,3 +212,14 @@ def test_jsonsafe_writes_null_for_what_is_not_a_number():
 
     text = jsonsafe.dumps({"a": float("nan"), "b": [1.0, float("inf"), {"c": -float("inf")}], "d": 2})
     assert strict_json(text) == {"a": None, "b": [1.0, None, {"c": None}], "d": 2}
+
+
+@pytest.mark.parametrize("bad, words", [("lr=nan", "lr=nan"), ("held_out=1.5", "held_out=1.5"), ("epochs=0", "epochs=0"),
+                                        ("batch=0", "batch=0"), ("distill_batch=0", "distill_batch=0"),
+                                        ("lr=-0.1", "lr=-0.1"), ("dtype=int4", "dtype=int4")])
+def test_train_settings_are_refused_before_anything_loads(bad, words, monkeypatch):
+    from specpipe.commands import train
+
+    monkeypatch.setattr(train, "resolve", lambda *a, **k: pytest.fail("the model was resolved"))
+    with pytest.raises(SpecpipeError, match=words):
+        train.run(compose(["proposer=medusa", bad], "train"))

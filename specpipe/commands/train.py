@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from specpipe.bench.results import environment, now
-from specpipe.checks import proposer_kind
+from specpipe.checks import non_finite, proposer_kind
 from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, EagleShape
@@ -180,12 +180,17 @@ def _validate(cfg: DictConfig) -> None:
     if kind not in KINDS:
         raise SpecpipeError(f"specpipe train proposer={kind}: only {' and '.join(KINDS)} heads are trained; "
                             "the other proposers need no training (draft and twin use models, ngram the prompt).")
-    if (cfg.num_heads < 1 or cfg.layers < 1 or cfg.epochs < 1 or not 0 < cfg.held_out < 1
-            or not (cfg.tokens >= cfg.seq_len or (cfg.tokens == 0 and cfg.distill > 0))):
-        raise SpecpipeError("train settings out of range: num_heads, layers and epochs >= 1, tokens >= seq_len "
-                            "(or tokens=0 with distill > 0), "
-                            f"0 < held_out < 1 (got num_heads={cfg.num_heads} layers={cfg.layers} tokens={cfg.tokens} "
-                            f"seq_len={cfg.seq_len} epochs={cfg.epochs} held_out={cfg.held_out}).")
+    if non_finite(cfg):
+        raise SpecpipeError(f"{'; '.join(non_finite(cfg))}: give every number a finite value.")
+    at_least = {"num_heads": 1, "layers": 1, "epochs": 1, "batch": 1, "seq_len": 2, "unroll": 0, "distill": 0,
+                "distill_tokens": 1, "distill_batch": 1, "vocab_subset": 1, "intermediate_size": 0, "tokens": 0}
+    low = [f"{key}={cfg[key]} (at least {bound})" for key, bound in at_least.items() if cfg[key] < bound]
+    if low or not 0 < cfg.held_out < 1 or not cfg.lr > 0:
+        raise SpecpipeError(f"train settings out of range: {', '.join(low) or 'none below their bounds'}; "
+                            f"held_out={cfg.held_out} must be in (0, 1) and lr={cfg.lr} positive.")
+    if not (cfg.tokens >= cfg.seq_len or (cfg.tokens == 0 and cfg.distill > 0)):
+        raise SpecpipeError(f"tokens={cfg.tokens} must be at least seq_len={cfg.seq_len} (or tokens=0 with "
+                            "distill > 0: the target's answers alone).")
 
 
 def _target_weights(source) -> TargetWeights:
