@@ -21,14 +21,15 @@ A proposer that cannot batch (`Proposer.batch_refusal`) and a target engine with
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from specpipe.metrics import Stats
+from specpipe.context import trimmed
 from specpipe.pipeline import TextStream, is_ids
-from specpipe.proposers.base import BatchProposer, PerSlot
+from specpipe.proposers.base import PerSlot
 from specpipe.state import DecodeState
 from specpipe.stopping import StopRule
 from specpipe.types import DraftBlock, DraftTree, StepTiming, Verdict
@@ -110,6 +111,7 @@ class BatchDecoder:
         self.slots = slots if self.refusal is None else 1
         self.runner, self.proposer = _parts(pipeline, self.slots, proposer, self.refusal)
         self.hidden = pipeline.hidden if proposer is not None else ()
+        self.limit = pipeline.context_limit()  # of one row: the batched caches have the same slots
         self.steps: list[BatchStep] = []
 
     def memory(self) -> dict[str, int]:
@@ -118,7 +120,11 @@ class BatchDecoder:
         return {**parts, **(self.proposer.memory() if self.proposer is not None else {})}
 
     def run(self, requests: Iterable[Request]) -> Iterator[RequestEvent]:
-        """Decode a stream of requests, `slots` at a time; events of all requests, in step order."""
+        """Decode a stream of requests, `slots` at a time; events of all requests, in step order.
+        A list of requests is checked against the context before the first is decoded; a stream's
+        requests one at a time, as each is admitted (before its prefill)."""
+        if isinstance(requests, Sequence):
+            self.pipeline.fit_all([(_name(i), self._ids(r), r.max_new_tokens) for i, r in enumerate(requests)])
         queue = iter(enumerate(requests))
         rows: list[_Row | None] = [None] * self.slots
         self.runner.crop_rows(torch.zeros(self.slots, dtype=torch.long))  # an interrupted earlier run left rows
@@ -142,7 +148,15 @@ class BatchDecoder:
                 yield event
                 if event.finish_reason is not None:
                     rows[slot] = None
-                    self.runner.reset_row(slot)
+                    self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        """A free slot below a busy one rides along in every forward: with its old length it would
+        be padded past the end of the cache, so its rows are emptied (the draft model's too)."""
+        self.runner.reset_row(slot)
+        drafter = getattr(self.proposer, "runner", None)  # BatchDrafter: a draft cache of its own
+        if drafter is not None:
+            drafter.reset_row(slot)
 
     def _now(self) -> float:
         return time.perf_counter() - self._started
@@ -150,12 +164,12 @@ class BatchDecoder:
     def _admit(self, slot: int, index: int, request: Request) -> _Row:
         pipeline = self.pipeline
         timing = RequestTiming(self._now())
-        prompt = request.prompt
-        ids = list(prompt) if is_ids(prompt) else pipeline.encode(prompt)
+        ids = self._ids(request)
+        max_new_tokens = pipeline.fit(ids, request.max_new_tokens, _name(index))
         state = DecodeState(pipeline.runner, ids, torch.Generator().manual_seed(request.seed))
         if self.proposer is not None:
             state.early_stop = pipeline.controller.early_stop
-        rule = StopRule(pipeline.target.tokenizer, pipeline.eos_ids, list(request.stop), request.max_new_tokens)
+        rule = StopRule(pipeline.target.tokenizer, pipeline.eos_ids, list(request.stop), max_new_tokens)
         row = _Row(index, state, rule, timing, TextStream(pipeline.target.tokenizer))
         started = time.perf_counter()
         self.runner.reset_row(slot)
@@ -165,14 +179,22 @@ class BatchDecoder:
         row.stats.prefill_s = time.perf_counter() - started
         return row
 
+    def _ids(self, request: Request) -> list[int]:
+        return list(request.prompt) if is_ids(request.prompt) else self.pipeline.encode(request.prompt)
+
     def _step(self, busy: list[tuple[int, _Row]]) -> Iterator[tuple[int, _Row, RequestEvent]]:
         """One speculative step of every busy row (DESIGN.md "One step", batched)."""
         pipeline = self.pipeline
         slots, states = [slot for slot, _ in busy], [row.state for _, row in busy]
         t0 = time.perf_counter()
         gamma = pipeline.controller.gamma(len(busy)) if self.proposer is not None else 0  # 1.
-        gammas = [max(0, min(gamma, row.budget - 1)) for _, row in busy]  # a step emits <= γ + 1
+        # a step emits <= γ + 1; one forward pads every row to the widest draft, so the fullest row
+        # bounds every row's γ (its block would run past the cache; greedy output is unchanged)
+        widest = gamma if self.limit is None else self.limit.tokens - max(len(row.state.tokens) for _, row in busy)
+        gammas = [max(0, min(gamma, row.budget - 1, widest)) for _, row in busy]
         drafts = self.proposer.propose(slots, states, gammas) if any(gammas) else [DraftBlock.empty()] * len(busy)
+        drafts = [trimmed(d, pipeline.room(s.tokens)) if isinstance(d, DraftTree) else d
+                  for d, s in zip(drafts, states)]  # a tree has more nodes than γ: cut to its row's room
         t1 = time.perf_counter()
         out = self._verify_forward(slots, states, drafts)  # 3.
         verdicts = [pipeline.verifier.verify(draft, out.logits[slot, : len(draft.tokens) + 1], state.rng)
@@ -227,6 +249,10 @@ class BatchDecoder:
             state.tokens.extend(verdict.emitted)
             lengths[slot] = len(state.tokens) - 1
         self.runner.crop_rows(lengths)
+
+
+def _name(index: int) -> str:
+    return f"Prompt #{index + 1}"
 
 
 def _parts(pipeline, slots: int, proposer, refusal: str | None) -> tuple:

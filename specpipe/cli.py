@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    _show_own_warnings()
     try:
         plain = _plain_commands()
         if command in plain:
@@ -74,6 +75,26 @@ def main(argv: list[str] | None = None) -> int:
         return report(err)
     except KeyboardInterrupt:
         return 130
+
+
+def _show_own_warnings() -> None:
+    """specpipe's own warnings (a max_new_tokens capped to the context) read `warning: ...`, not
+    Python's `file:line: Category:` with a source line (the format only: recording them still works)."""
+    import warnings
+
+    default = warnings.formatwarning
+    if getattr(default, "specpipe", False):
+        return
+
+    def plain(message, category, filename, lineno, line=None):
+        from specpipe.context import ContextWarning
+
+        if issubclass(category, ContextWarning):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    plain.specpipe = True
+    warnings.formatwarning = plain
 
 
 def report(err: SpecpipeError) -> int:

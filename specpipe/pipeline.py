@@ -8,20 +8,23 @@ Building from a config lives in `build.py`; this module only decodes.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
+from specpipe.context import ContextLimit, ContextWarning, context_limit, trimmed
 from specpipe.controllers.base import Controller
 from specpipe.engine import Runner, make_runner
+from specpipe.errors import SpecpipeError
 from specpipe.metrics import Stats
 from specpipe.models.loader import LoadedModel
 from specpipe.proposers.base import Proposer
 from specpipe.sampling import SamplingParams
 from specpipe.state import DecodeState
 from specpipe.stopping import StopRule, eos_ids_of
-from specpipe.types import DraftBlock, StepTiming, Verdict
+from specpipe.types import DraftBlock, DraftTree, StepTiming, Verdict
 from specpipe.verifiers.base import Verifier
 
 
@@ -68,6 +71,7 @@ class Pipeline:
         self.eos_ids = eos_ids_of(target.model, target.tokenizer)
         self.warnings: list = []  # compatibility warnings from the build (checks.Check)
         self.batch_parts: dict = {}  # batched runners and proposers by slot count (specpipe/batch.py)
+        self.announced: set[tuple[int, ...]] = set()  # prompts whose fit was reported: not again per run
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: the target's weights and KV cache, then the proposer's parts."""
@@ -96,6 +100,7 @@ class Pipeline:
     ) -> Iterator[StepEvent]:
         """Stream one generation; `speculative=False` decodes with the plain target."""
         ids = prompt if is_ids(prompt) else self.encode(prompt)
+        max_new_tokens = self.fit(ids, max_new_tokens)  # refuse or cap now, not at a full cache mid-way
         state = DecodeState(self.runner, ids, torch.Generator().manual_seed(seed))
         proposer = self.proposer if speculative else None
         if proposer is not None:
@@ -125,6 +130,8 @@ class Pipeline:
         t0 = time.perf_counter()
         gamma = min(self.controller.gamma(), budget - 1) if proposer else 0  # 1. a step emits ≤ γ+1
         draft = proposer.propose(state, gamma) if gamma > 0 else DraftBlock.empty()  # 2.
+        if isinstance(draft, DraftTree):  # a chain fits (γ < budget); a tree has more nodes than γ
+            draft = trimmed(draft, self.room(state.tokens))
         t1 = time.perf_counter()
         out = state.target.forward([state.tokens[-1], *draft.tokens.tolist()], ancestry=draft.ancestry(),
                                    hidden=self.hidden if proposer else ())  # 3.
@@ -137,6 +144,53 @@ class Pipeline:
         if proposer is not None:
             self.controller.update(verdict, timing)  # 6.
         return verdict, timing
+
+    def context_limit(self) -> ContextLimit | None:
+        """The tightest bound of the target's runner and a draft model's (which keeps its own cache,
+        one token shorter than the target's: the target's bound is the same or looser)."""
+        drafter = getattr(self.proposer, "runner", None)  # ModelDrafter: the draft and twin proposers
+        limits = [context_limit(self.runner, "target"), context_limit(drafter, "draft") if drafter else None]
+        return min((limit for limit in limits if limit is not None), key=lambda limit: limit.tokens, default=None)
+
+    def room(self, ids: list[int]) -> int | None:
+        """New tokens that fit after `ids` (None: no known bound). The cache holds every committed
+        token but the last, so n new tokens need len(ids) + n - 1 slots."""
+        limit = self.context_limit()
+        return None if limit is None else limit.tokens - len(ids) + 1
+
+    def fit(self, ids: list[int], max_new_tokens: int, name: str = "The prompt") -> int:
+        """max_new_tokens, lowered (with a ContextWarning) where prompt + output would overflow the
+        context; a SpecpipeError where the prompt leaves no room at all. Every decode path calls
+        it before its first forward: `generate`, and `batch.BatchDecoder` per request."""
+        if not ids:
+            raise SpecpipeError(f"{name} is empty: it encodes to no tokens. Give it some text.")
+        room, limit = self.room(ids), self.context_limit()
+        tokens = f"{len(ids)} tokens" + (" (after the chat template)" if self.chat else "")
+        if room is not None and room < 1:
+            raise SpecpipeError(f"{name} is {tokens}, but {limit.what}: no room is left for output. Shorten the "
+                                f"prompt{' or ' + limit.fix if limit.fix else ''}.")
+        if room is not None and max_new_tokens > room and tuple(ids) not in self.announced:
+            self.announced.add(tuple(ids))
+            warnings.warn(ContextWarning(
+                f"{name} is {tokens} and max_new_tokens={max_new_tokens}, but {limit.what}: generating at most "
+                f"{room} new tokens. Lower max_new_tokens, shorten the prompt{' or ' + limit.fix if limit.fix else ''}"
+                " to keep them all."), stacklevel=2)
+        return max_new_tokens if room is None else min(max_new_tokens, room)
+
+    def fit_all(self, named: list[tuple[str, list[int], int]]) -> list[int]:
+        """`fit` of several (name, ids, max_new_tokens), before any is decoded: every prompt that
+        does not fit is named in one SpecpipeError; later runs of these prompts do not warn again."""
+        rooms = [self.room(ids) for _, ids, _ in named]
+        too_long = [f"{name} ({len(ids)} tokens)" for (name, ids, _), room in zip(named, rooms) if room is not None
+                    and room < 1]
+        if too_long:
+            limit = self.context_limit()
+            raise SpecpipeError(f"{len(too_long)} of {len(named)} prompts leave no room for output, as "
+                                f"{limit.what}: {', '.join(too_long)}. Shorten or drop them"
+                                f"{' or ' + limit.fix if limit.fix else ''}.")
+        fitted = [self.fit(ids, tokens, name) for name, ids, tokens in named]
+        self.announced.update(tuple(ids) for _, ids, _ in named)
+        return fitted
 
     def run(self, prompt, **kwargs) -> Generation:
         """Decode to the end; return the whole generation."""
@@ -182,8 +236,17 @@ class Pipeline:
 def encode(tok, prompt: str | list[dict], chat: bool) -> list[int]:
     """Prompt text (or chat messages) -> token ids, through the chat template when `chat`."""
     if chat:
+        from jinja2 import TemplateError, TemplateSyntaxError
+
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateSyntaxError as err:
+            raise SpecpipeError(f"The model's chat template cannot be read ({err}). Fix its chat_template (in "
+                                "tokenizer_config.json), or pass model.chat=false.") from None
+        except TemplateError as err:  # e.g. a role the template does not know, or turns out of order
+            raise SpecpipeError(f"The model's chat template refused the prompt's messages ({err}). Use the roles and "
+                                "turn order it expects (system, user, assistant), or pass model.chat=false.") from None
         return tok(text, add_special_tokens=False)["input_ids"]
     text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
     return tok(text)["input_ids"]

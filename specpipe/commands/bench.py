@@ -31,6 +31,7 @@ from specpipe.bench.runner import WARMUP_TOKENS, bench_prompts, warm_up
 from specpipe.bench.summary import all_exact, summarize
 from specpipe.bench.table import bench_table, load_table
 from specpipe.checks import kind_of, proposer_kind
+from specpipe.context import check_fits
 from specpipe.errors import SpecpipeError
 from specpipe.outputs import save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
@@ -102,6 +103,7 @@ def earlier_run(folder: Path, cfg: DictConfig, prompts: list[dict], name: str, e
 
 
 def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console) -> dict:
+    check_fits(pipeline, prompts, cfg.max_new_tokens)  # every prompt fits, named by id, before anything runs
     peer_runs = make_peers(peers, pipeline, cfg)
     with err.status("warming up…"):
         warm_up(pipeline, pipeline.encode(prompts[0]["messages"]), peer_runs, cfg.warmup, cfg.seed)
@@ -121,6 +123,7 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
 
 def measure_requests(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console) -> dict:
     """A request load (bench/load.py), after a warm-up stream of one batch in both modes."""
+    check_fits(pipeline, prompts, cfg.max_new_tokens)
     peer_runs = {name: hf_batched(pipeline, cfg.concurrency) for name in peers}
     options = dict(concurrency=cfg.concurrency, seed=cfg.seed, stop=list(cfg.stop))
     with err.status("warming up…"):

@@ -41,6 +41,7 @@ from specpipe.models.loader import load_model, load_tokenizer, resolve
 from specpipe.engine import make_runner, pick_engine
 from specpipe.models.quantize import quantize_model
 from specpipe.outputs import save_or_keep, why, writable_output
+from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features
 from specpipe.train.prompts import instructions
@@ -150,8 +151,6 @@ def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> 
     """The target's answers to `distill` prompts (cached: a longer run reuses a shorter one's),
     decoded in batches on the target's engine."""
     if cfg.distill_prompts:
-        from specpipe.prompts import load_prompts
-
         prompts = [p["messages"][-1]["content"] for p in load_prompts(cfg.distill_prompts)][: cfg.distill]
     else:
         prompts = instructions(cfg.distill, cfg.seed)
@@ -188,6 +187,8 @@ def _validate(cfg: DictConfig) -> None:
     if low or not 0 < cfg.held_out < 1 or not cfg.lr > 0:
         raise SpecpipeError(f"train settings out of range: {', '.join(low) or 'none below their bounds'}; "
                             f"held_out={cfg.held_out} must be in (0, 1) and lr={cfg.lr} positive.")
+    if cfg.distill_prompts:  # a bad file is refused by its line now, not after the corpus features
+        load_prompts(cfg.distill_prompts)
     if not (cfg.tokens >= cfg.seq_len or (cfg.tokens == 0 and cfg.distill > 0)):
         raise SpecpipeError(f"tokens={cfg.tokens} must be at least seq_len={cfg.seq_len} (or tokens=0 with "
                             "distill > 0: the target's answers alone).")
