@@ -158,14 +158,17 @@ _SETTING = re.compile(r"^[+~]{0,2}([A-Za-z_][\w-]*)([.@/][\w@.-]*)*=")
 
 
 def _is_setting(arg: str) -> bool:
-    """`key=value` whose key starts with a setting of generate's schema (or hydra.*): a prompt
-    like "x=1, what is x+1?" has no such key and stays a prompt."""
+    """`key=value` whose key starts with a setting of generate's schema (or hydra.*), or any
+    `key=value` without a space (a misspelt `gama=4` is refused by name, never taken as a
+    prompt); "x = 1, what is x+1?" stays a prompt (`prompt=a=b` for a prompt without spaces)."""
     from dataclasses import fields
 
     from specpipe.config import GenerateConfig
 
     match = _SETTING.match(arg)
-    return bool(match) and match.group(1) in {f.name for f in fields(GenerateConfig)} | {"hydra"}
+    if not match:
+        return False
+    return match.group(1) in {f.name for f in fields(GenerateConfig)} | {"hydra"} or not any(c.isspace() for c in arg)
 
 
 def _read_prompt_file(path: str) -> str:

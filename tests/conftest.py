@@ -46,3 +46,15 @@ def target() -> LoadedModel:
 
 
 PROMPT = [5, 17, 33, 2, 9, 41, 12]
+
+
+@pytest.fixture(autouse=True)
+def _zoo_only_for_slow_tests(request, tmp_path_factory, monkeypatch):
+    """A test not marked `slow` sees an empty model cache and no package index, in process and in
+    the subprocesses it starts: one that reaches for a zoo model fails at once, so the marker keeps
+    saying which tests need a real model (`pytest -m 'not slow'` runs without one)."""
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path_factory.mktemp("no-zoo")))
+        monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/")  # a fetch fails in a second
+        monkeypatch.setenv("PIP_RETRIES", "0")
+        monkeypatch.setenv("PIP_TIMEOUT", "1")

