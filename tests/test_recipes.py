@@ -89,7 +89,7 @@ def test_tune_measures_a_batch_schedule(setup, tmp_path):  # noqa: F811
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"specpipe_recipe": 1, "target": str(setup / "target"),
                                       "strategy": {**strategy, "batch_schedule": schedule}}))
-    assert dict(compose([f"recipe={recipe}"]).batch_schedule) == schedule
+    assert dict(compose([f"recipe={recipe}", f"model={setup / 'target'}"]).batch_schedule) == schedule
 
 
 def test_a_recipe_beside_the_model_is_found_from_the_model(setup, tmp_path):  # noqa: F811

@@ -52,6 +52,7 @@ def test_all_accepted_takes_a_bonus_token_and_greedy_keeps_only_the_argmax():
     assert not greedy.lossless
 
 
+@pytest.mark.slow  # the real SmolLM2's tokenizer and config
 def test_the_cli_labels_it_lossy():
     from test_cli import specpipe
 
