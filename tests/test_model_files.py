@@ -444,7 +444,9 @@ def test_two_processes_fetching_a_model_for_the_first_time_both_succeed(tiny_ggu
 
 
 def test_two_first_loads_at_once_build_the_dense_copy_once(tiny_gguf, cache, monkeypatch):
-    """The same lock guards the dense build (threads here: flock holds between two opens)."""
+    """The same lock guards the dense build (threads here: flock holds between two opens). Only
+    the build runs in threads: two transformers loads at once in one process swap a global patch
+    of theirs and leave later models on the meta device (processes, as users run, do not share it)."""
     source, builds = loader.resolve(str(tiny_gguf)), []
     build = loader._dequantize_into
 
@@ -455,10 +457,11 @@ def test_two_first_loads_at_once_build_the_dense_copy_once(tiny_gguf, cache, mon
 
     monkeypatch.setattr(loader, "_dequantize_into", slow_build)
     with ThreadPoolExecutor(2) as pool:
-        models = [f.result() for f in [pool.submit(loader.load_model, source) for _ in range(2)]]
+        for done in [pool.submit(loader._write_dense_cache, source) for _ in range(2)]:
+            done.result()
     assert len(builds) == 1 and integrity.folder_problem(source.dense) is None
-    assert torch.equal(_logits(SimpleNamespace(model=models[0])), _logits(SimpleNamespace(model=models[1])))
     assert [p.name for p in source.dense.parent.iterdir()] == [source.dense.name]
+    assert torch.isfinite(_logits(SimpleNamespace(model=loader.load_model(source)))).all()  # what both read
 
 
 # ---- the real zoo files (read only) --------------------------------------------------------------

@@ -2,8 +2,8 @@
 and of `specpipe --help`, that needs no model beyond SmolLM2, typed into a shell in a fresh
 checkout of this repository (committed files only), each exits 0.
 
-Quick settings are appended (Hydra keeps the last value of a key): a few new tokens, one prompt
-per category, no warm-up, so the whole walk-through takes a few minutes, not an hour.
+Quick settings are appended (Hydra keeps the last value of a key): a few new tokens, one chat
+prompt, no warm-up, so the whole walk-through takes a few minutes, not an hour.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ OTHER_MODELS = re.compile(r"qwen|/path/to|\.\.\.|models fetch|<")  # another mod
 QUICK = {
     "generate": ["max_new_tokens=8"],
     "check": [],
-    "bench": ["limit=1", "max_new_tokens=8", "warmup=0"],
+    "bench": ["categories=[chat]", "limit=1", "max_new_tokens=8", "warmup=0"],
     # out=: the shipped recipe stays as committed, for the examples that read it
-    "tune": ["limit=1", "max_new_tokens=8", "warmup=0", "gammas=[4]", "strategies=[ngram,twin]", "out=tuned"],
+    "tune": ["categories=[chat]", "limit=1", "max_new_tokens=8", "warmup=0", "gammas=[4]", "strategies=[ngram,twin]",
+             "out=tuned"],
 }
 
 
