@@ -87,7 +87,14 @@ def test_the_examples_are_found():
     assert sum(map(runnable, commands)) >= 10 and len(help_commands()) >= 5
 
 
-@pytest.mark.parametrize("command", list(dict.fromkeys(c for c in readme_commands() + help_commands() if runnable(c))))
+def _param(command: str):
+    """Sweeps and tunes (minutes even with quick settings) run with `pytest -m full`, the rest always."""
+    heavy = " -m " in command or command.startswith(("specpipe tune", "specpipe report"))
+    return pytest.param(command, marks=pytest.mark.full) if heavy else command
+
+
+@pytest.mark.parametrize("command", [_param(c) for c in dict.fromkeys(c for c in readme_commands() + help_commands()
+                                                                      if runnable(c))])
 def test_example_runs_in_a_fresh_checkout(command, checkout):
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "160"}

@@ -109,6 +109,7 @@ EXACT_SETS = {"ngram": ["proposer=ngram"], "twin": ["proposer=twin"], "eagle": S
               "eagle-tree": SHIPPED["eagle-tree"], "medusa": SHIPPED["medusa"]}
 
 
+@pytest.mark.full  # bitwise on the real model, every proposer: `pytest -m full` (CI keeps the greedy set above)
 @pytest.mark.parametrize("proposer", EXACT_SETS)
 def test_smollm2_exact_speculative_output_is_plain_bit_for_bit(proposer):
     """On the exact precision no near-tie excuse is needed: 10 dev prompts, output identical."""
@@ -143,6 +144,7 @@ def test_streamed_text_equals_the_whole_decode():
         assert text == tokenizer.decode(ids, skip_special_tokens=True)
 
 
+@pytest.mark.full  # batched rows bitwise on the real model (tiny models test the same in CI: test_batch.py)
 @pytest.mark.parametrize("proposer", ["plain", "ngram", "twin", "eagle", "medusa"])
 def test_smollm2_exact_batched_rows_equal_each_prompt_alone(proposer):
     """Batch > 1 on the exact precision: 6 dev prompts of different lengths, 4 slots (so two

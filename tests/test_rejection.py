@@ -99,6 +99,7 @@ def test_one_hot_draft_is_lossless():
     assert chi_square(counts, target_probs[0]) < critical(target_probs[0])
 
 
+@pytest.mark.full  # 110 s on 2 cores; the other distribution tests stay in CI
 def test_sampling_settings_apply_to_both_distributions():
     """temperature / top-k / top-p shape target and draft alike; output follows the shaped target."""
     sampling = SamplingParams(temperature=0.7, top_k=6, top_p=0.95)
