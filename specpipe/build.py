@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.controllers.base import check_schedule
-from specpipe.checks import Check, lora_paths, refuse_if_any, run_checks
+from specpipe.checks import Check, draft_model_name, lora_paths, refuse_if_any, run_checks
 from specpipe.errors import SpecpipeError
 from specpipe.models.adapters import apply_early_exit, apply_lora
 from specpipe.models.loader import LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve
@@ -76,9 +76,12 @@ def config_checks(cfg: DictConfig, *, fetch: bool = True, target_tokenizer=None)
         source = resolve(name, fetch=fetch)
         return load_config(source) if fetch or source.is_dense_cached or _is_fetched(source) else None
 
-    return run_checks(cfg, target_tokenizer or (lambda: load_tokenizer(resolve(cfg.model.name))),
-                      lambda: load_tokenizer(resolve(cfg.proposer.model)),
-                      lambda: config(cfg.model.name), lambda: config(cfg.proposer.model))
+    def draft_tokenizer():  # a draft not fetched yet (export): its tokenizer is unknown, not downloaded
+        source = resolve(draft_model_name(cfg), fetch=fetch)
+        return load_tokenizer(source) if fetch or source.is_dense_cached or _is_fetched(source) else None
+
+    return run_checks(cfg, target_tokenizer or (lambda: load_tokenizer(resolve(cfg.model.name))), draft_tokenizer,
+                      lambda: config(cfg.model.name), lambda: config(draft_model_name(cfg)))
 
 
 def _is_fetched(source: ModelSource) -> bool:

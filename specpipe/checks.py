@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
+from specpipe.proposers.declaration import Declaration, declaration_of
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,18 @@ def kind_of(node: DictConfig) -> str:
 
 
 def proposer_kind(cfg: DictConfig) -> str:
-    return kind_of(cfg.proposer)
+    return declared(cfg).name
+
+
+def declared(cfg: DictConfig) -> Declaration:
+    """What the config's proposer declares of itself (specpipe/proposers/declaration.py)."""
+    return declaration_of(cfg.proposer)
+
+
+def draft_model_name(cfg: DictConfig) -> str | None:
+    """The second model a proposer loads (its declared option), or None."""
+    option = declared(cfg).draft_model
+    return str(cfg.proposer[option]) if option not in (None, "target") else None
 
 
 def lora_paths(cfg: DictConfig) -> list[str]:
@@ -63,7 +75,7 @@ def check_early_exit(cfg: DictConfig, target_config=None) -> Check:
 
 
 def check_lora(cfg: DictConfig) -> Check:
-    paths, kind = lora_paths(cfg), proposer_kind(cfg)
+    paths, kind, second = lora_paths(cfg), proposer_kind(cfg), declared(cfg).draft_model
     if not paths:
         return Check("LoRA", "n/a", "no adapter on the target")
     missing = [p for p in paths if not (Path(p).expanduser() / "adapter_config.json").is_file()]
@@ -71,18 +83,18 @@ def check_lora(cfg: DictConfig) -> Check:
         return Check("LoRA", "refuse", f"model.lora={missing[0]} is not a peft adapter directory (no "
                      "adapter_config.json there)", "pass the directory written by `PeftModel.save_pretrained`")
     if len(paths) > 1:
-        if kind in ("draft", "twin"):
+        if second is not None:
             return Check("LoRA", "refuse",
                          f"{len(paths)} adapters switched per request: a {kind} proposer built without "
                          "them drafts for the base model, not the adapted target.",
                          "merge one adapter (model.lora=PATH), or use proposer=ngram")
         return Check("LoRA", "ok", f"{len(paths)} adapters, switched per request; {kind} needs no weights")
-    if kind == "draft":
+    if second not in (None, "target"):
         return Check("LoRA", "warn",
                      "the adapter is merged into the target, but the independent draft was trained on "
                      "the base model: expect lower acceptance.", "fine-tune the draft with the same data")
     return Check("LoRA", "ok", "the adapter is merged into the target before the twin is built "
-                 "(merge, then quantize)" if kind == "twin" else "the adapter is merged into the target")
+                 "(merge, then quantize)" if second == "target" else "the adapter is merged into the target")
 
 
 def check_precision(cfg: DictConfig) -> list[Check]:
@@ -112,7 +124,7 @@ def check_sampling(cfg: DictConfig) -> Check:
     if name == "greedy" and cfg.temperature > 0:
         return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={cfg.temperature}",
                      "use verifier=rejection, or temperature=0")
-    if name == "rejection" and cfg.proposer.get("tree"):
+    if name == "rejection" and declared(cfg).drafts_tree(cfg.proposer):
         return Check("sampling", "refuse", "verifier=rejection verifies chains, and proposer.tree drafts a tree",
                      "use proposer.tree=null, or verifier=greedy / verifier=typical with the tree")
     if name == "typical":
@@ -126,23 +138,31 @@ def check_sampling(cfg: DictConfig) -> Check:
 
 
 def check_tokenizer(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader) -> Check:
-    if proposer_kind(cfg) != "draft":
-        return Check("tokenizer", "ok", f"proposer={proposer_kind(cfg)} uses the target's own tokenizer")
+    """A second model's tokenizer against the target's: equal where the proposer declares `same`;
+    where it declares `any`, a different one is translated and the proposer reports how."""
+    declaration = declared(cfg)
+    if declaration.tokenizer == "target":
+        return Check("tokenizer", "ok", f"proposer={declaration.name} uses the target's own tokenizer")
     from specpipe.models import zoo
 
-    pair = [zoo.ZOO.get(str(name)) for name in (cfg.model.name, cfg.proposer.model)]
-    if None not in pair and pair[0].tokenizer_family != pair[1].tokenizer_family:  # known without a download
-        return Check("tokenizer", "refuse", f"The draft model '{cfg.proposer.model}' does not share the target "
+    draft = draft_model_name(cfg)
+    pair = [zoo.ZOO.get(str(name)) for name in (cfg.model.name, draft)]
+    known = None not in pair
+    if known and pair[0].tokenizer_family == pair[1].tokenizer_family:
+        return Check("tokenizer", "ok", f"draft and target share the {pair[0].tokenizer_family} tokenizer (zoo)")
+    if declaration.tokenizer == "same" and known:  # known to differ without a download
+        return Check("tokenizer", "refuse", f"The draft model '{draft}' does not share the target "
                      f"'{cfg.model.name}''s tokenizer ({pair[1].tokenizer_family} vs {pair[0].tokenizer_family}): its "
                      "token ids would mean different text to the target", "pick a draft from the target's family")
-    if None not in pair:
-        return Check("tokenizer", "ok", f"draft and target share the {pair[0].tokenizer_family} tokenizer (zoo)")
-    try:
-        check_same_tokenizer(target_tokenizer_loader(), draft_tokenizer_loader(), cfg.model.name,
-                             cfg.proposer.model)
-    except SpecpipeError as err:
-        return Check("tokenizer", "refuse", str(err), "pick a draft from the target's family")
-    return Check("tokenizer", "ok", "draft and target share vocabulary, token strings and EOS")
+    target_tok, draft_tok = target_tokenizer_loader(), draft_tokenizer_loader()
+    if target_tok is not None and draft_tok is not None and same_tokenizer_problems(target_tok, draft_tok) == []:
+        return Check("tokenizer", "ok", "draft and target share vocabulary, token strings and EOS")
+    if declaration.tokenizer == "same":
+        try:
+            check_same_tokenizer(target_tok, draft_tok, cfg.model.name, draft)
+        except SpecpipeError as err:
+            return Check("tokenizer", "refuse", str(err), "pick a draft from the target's family")
+    return declaration.vocabulary(target_tok, draft_tok, cfg.model.name, draft, cfg.temperature)
 
 
 def check_engine(cfg: DictConfig, target_config) -> list[Check]:
@@ -199,13 +219,14 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
     kind = proposer_kind(cfg)
     draft_mode = cfg.proposer.get("quantize", "none")
     try:
-        draft = draft_config_loader() if kind == "draft" else target_config if kind == "twin" else None
+        second = declared(cfg).draft_model
+        draft = target_config if second == "target" else draft_config_loader() if second else None
     except SpecpipeError:  # an unreachable draft: the tokenizer check has said so already
         draft = None
     if draft is not None:
         parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache "
                      f"{mib(rows * cache_bytes(draft, draft_mode, tokens))}")
-    elif kind in HEAD_PROPOSERS:
+    elif declared(cfg).heads:
         parts.append(f"{kind} heads: see bench's measured figures (their size is in the heads folder)")
     return Check("memory", "ok", "estimated: " + "; ".join(parts), "lower cache_len= to shrink the caches")
 
@@ -213,7 +234,7 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
 def check_heads(cfg: DictConfig, target_config_loader) -> Check:
     """Heads trained for another hidden size, vocabulary or target are refused by name."""
     kind = proposer_kind(cfg)
-    if kind not in HEAD_PROPOSERS:
+    if not declared(cfg).heads:
         return Check("heads", "n/a", f"proposer={kind} uses no trained heads")
     from omegaconf import OmegaConf
 
@@ -243,12 +264,26 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
     return Check("heads", "ok", f"{kind} heads trained on {trained_for or 'an unnamed target'}, shapes match")
 
 
-HEAD_PROPOSERS = ("medusa", "eagle")
-
-
 def batch_size(cfg: DictConfig) -> int:
     """Sequences decoding at once: bench's concurrency, generate's batch (0: its prompts, at least 1)."""
     return max(int(cfg.get("concurrency") or 1), int(cfg.get("batch") or 1))
+
+
+def check_early_stop(cfg: DictConfig) -> Check:
+    """A controller that stops drafts early (controller=confidence) needs a proposer that asks it."""
+    from specpipe.build import call_target
+    from specpipe.controllers.base import Controller
+
+    controller = call_target(cfg.controller, "controller", None)
+    if controller is None or type(controller).early_stop is Controller.early_stop:
+        return Check("early stop", "n/a", f"controller={kind_of(cfg.controller)} does not stop drafts early")
+    declaration = declared(cfg)
+    if not declaration.early_stop:
+        return Check("early stop", "warn", f"controller={kind_of(cfg.controller)} stops drafts when the drafter's "
+                     f"confidence drops, but proposer={declaration.name} never asks it: every draft runs to γ and the "
+                     "controller learns nothing", "use controller=fixed, heuristic, band or cost with this proposer")
+    return Check("early stop", "ok", f"proposer={declaration.name} stops its drafts where "
+                 f"controller={kind_of(cfg.controller)} says")
 
 
 def check_batch(cfg: DictConfig, target_config, draft_config_loader) -> Check:
@@ -264,9 +299,11 @@ def check_batch(cfg: DictConfig, target_config, draft_config_loader) -> Check:
     kind, size = proposer_kind(cfg), batch_size(cfg)
     native = cfg.engine != "hf" and target_config is not None and not config_unsupported_reason(target_config)
     reason = None if native else "the target runs on the hf engine, which has no batch rows"
-    if reason is None and kind in HEAD_PROPOSERS and cfg.proposer.get("tree"):
+    if reason is None and declared(cfg).drafts_tree(cfg.proposer):
         reason = f"proposer.tree: a {kind} tree's mask differs per row, which the batched forward does not take yet"
-    if reason is None and kind == "draft":
+    if reason is None and not declared(cfg).batches:
+        reason = f"proposer={kind} drafts one sequence at a time"
+    if reason is None and draft_model_name(cfg):
         try:
             draft = draft_config_loader()
         except SpecpipeError:
@@ -421,8 +458,8 @@ def _type_name(hint) -> str:
     return " or ".join(names.get(typing.get_origin(a) or a, str(a)) for a in arms)
 
 
-def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    """A draft model must tokenize exactly like the target: same vocabulary, same specials."""
+def same_tokenizer_problems(target_tok, draft_tok) -> list[str]:
+    """How two tokenizers differ ([]: the same ids mean the same text)."""
     problems = []
     if len(target_tok) != len(draft_tok):
         problems.append(f"vocabulary sizes differ ({len(target_tok)} vs {len(draft_tok)})")
@@ -430,6 +467,12 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
         problems.append("the same ids map to different token strings")
     if target_tok.eos_token_id != draft_tok.eos_token_id:
         problems.append(f"EOS ids differ ({target_tok.eos_token_id} vs {draft_tok.eos_token_id})")
+    return problems
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """A draft model must tokenize exactly like the target: same vocabulary, same specials."""
+    problems = same_tokenizer_problems(target_tok, draft_tok)
     if problems:
         raise SpecpipeError(
             f"The draft model '{draft_name}' does not share the target '{target_name}''s tokenizer: "
@@ -457,6 +500,7 @@ def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
         *check_engine(cfg, target_config),
         check_memory(cfg, target_config, draft_config_loader),
         check_batch(cfg, target_config, draft_config_loader),
+        check_early_stop(cfg),
     ]
 
 

@@ -26,6 +26,7 @@ import torch
 
 from specpipe.bench.records import Measured
 from specpipe.checks import proposer_kind
+from specpipe.proposers.declaration import declaration_of
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import quantize_model
 
@@ -44,14 +45,12 @@ class Peer:
         return Measured(new, len(new) / (time.perf_counter() - start))
 
 
-AUTO = {"draft": "hf-assisted", "twin": "hf-assisted", "ngram": "hf-prompt-lookup"}  # transformers' counterpart
-
-
-def peer_names(value, proposer: str) -> list[str]:
-    """`peer=` as given (None, one name, a list, or `auto`: transformers' counterpart of the
-    proposer, so one setting serves a sweep over proposers), validated."""
+def peer_names(value, proposer) -> list[str]:
+    """`peer=` as given (None, one name, a list, or `auto`: transformers' counterpart the
+    proposer node declares, so one setting serves a sweep over proposers), validated."""
     if value == "auto":
-        return [AUTO[proposer]] if proposer in AUTO else []
+        peer = declaration_of(proposer).peer
+        return [peer] if peer else []
     names = [] if value in (None, "", "none") else [value] if isinstance(value, str) else list(value)
     unknown = [n for n in names if n not in PEERS]
     if unknown:

@@ -41,7 +41,7 @@ from specpipe.prompts import load_prompts
 def run(cfg: DictConfig) -> int:
     prompts = select_prompts(cfg)
     load = cfg.requests > 0
-    peers = load_peer_names(cfg.peer) if load else peer_names(cfg.peer, proposer_kind(cfg))
+    peers = load_peer_names(cfg.peer) if load else peer_names(cfg.peer, cfg.proposer)
     folder, in_sweep = job_folder(cfg)
     err = Console(stderr=True)
     if in_sweep and earlier_run(folder, cfg, prompts, folder.name, err) is not None:

@@ -42,8 +42,9 @@ def run(args: list[str]) -> int:
     if args[0] == "vllm" or out:  # sglang writes nothing without out=
         writable_output(path.parent, f"out={path}", files=(path.name,))
     plan = plan_of(cfg)
+    plan.folder = path.parent
     medusa_dir = path.parent / "medusa-vllm"
-    result = vllm.export(plan, medusa_dir) if args[0] == "vllm" else sglang.export(plan)
+    result = vllm.export(plan) if args[0] == "vllm" else sglang.export(plan)
     err = Console(stderr=True)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)

@@ -23,7 +23,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from omegaconf import DictConfig
@@ -31,12 +30,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from specpipe.bench.results import environment, now
-from specpipe.checks import non_finite, proposer_kind
+from specpipe.checks import declared, non_finite, proposer_kind
 from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
-from specpipe.heads.eagle import EagleHead, EagleShape
-from specpipe.heads.io import load_eagle, load_medusa, save_eagle, save_medusa
-from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.loader import load_model, load_tokenizer, resolve
 from specpipe.engine import make_runner, pick_engine
 from specpipe.models.quantize import quantize_model
@@ -44,37 +40,9 @@ from specpipe.outputs import save_or_keep, why, writable_output
 from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features
+from specpipe.proposers.declaration import declared_proposers
+from specpipe.train.kind import Kind, kind_in
 from specpipe.train.prompts import instructions
-from specpipe.train.eagle import EagleTrainer, Rows
-from specpipe.train.medusa import Examples, Trainer
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What differs between head kinds; everything else in training is shared."""
-
-    fresh: Callable  # (cfg, target config, lm weight) -> a new untrained module
-    load: Callable  # folder -> module (a checkpoint)
-    save: Callable  # (module, folder, target=, extra=) -> folder
-    data: Callable  # (cached sequences, cfg) -> training data with .batches(size, generator)
-    trainer: Callable  # (module, target weights, training data, cfg) -> trainer with .step, .accuracy
-    figure: str  # the recipe's name for what .accuracy measures
-
-
-KINDS = {
-    "medusa": Kind(
-        fresh=lambda cfg, config, lm: MedusaHeads(lm.shape[1], lm.shape[0], cfg.num_heads, cfg.layers),
-        load=load_medusa, save=save_medusa, data=lambda seqs, cfg: Examples(seqs, cfg.num_heads),
-        trainer=lambda m, w, train, cfg: Trainer(m, w.lm, features.frequent_labels(train.argmax, cfg.vocab_subset), cfg.lr),
-        figure="held_out_top1_per_head"),  # each head alone
-    "eagle": Kind(
-        fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
-        load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs),
-        trainer=lambda m, w, train, cfg: EagleTrainer(
-            m, w.embed, w.lm, features.frequent_labels(torch.cat([s["argmax"] for s in train.seqs]), cfg.vocab_subset),
-            cfg.lr, unroll=cfg.unroll),
-        figure="held_out_top1_per_position"),  # draft tokens 1..k all right, drafted as the proposer does
-}
 
 
 @dataclass(frozen=True)
@@ -87,7 +55,7 @@ class TargetWeights:
 def run(cfg: DictConfig) -> int:
     _validate(cfg)
     name = proposer_kind(cfg)
-    kind = KINDS[name]
+    kind = kind_in(declared(cfg).trainer)
     folder = Path(cfg.out) / model_slug(cfg.model.name)
     checkpoint = folder / f".{name}-checkpoint"
     writable_output(folder, f"out={cfg.out}", files=(f"{name}.yaml",), folders=(name,))
@@ -176,9 +144,10 @@ def _validate(cfg: DictConfig) -> None:
     kind = proposer_kind(cfg)
     if cfg.dtype not in ("float32", "float16", "bfloat16"):
         raise SpecpipeError(f"dtype={cfg.dtype}: heads are stored as float32, float16 or bfloat16.")
-    if kind not in KINDS:
-        raise SpecpipeError(f"specpipe train proposer={kind}: only {' and '.join(KINDS)} heads are trained; "
-                            "the other proposers need no training (draft and twin use models, ngram the prompt).")
+    if declared(cfg).trainer is None:
+        raise SpecpipeError(f"specpipe train proposer={kind}: it has nothing to train (its module declares no "
+                            f"trainer; the trained proposers are {', '.join(n for n, d in declared_proposers().items() if d.trainer)}). Draft models come "
+                            "trained, twins are the target, and lookup proposers read the prompt.")
     if non_finite(cfg):
         raise SpecpipeError(f"{'; '.join(non_finite(cfg))}: give every number a finite value.")
     at_least = {"num_heads": 1, "layers": 1, "epochs": 1, "batch": 1, "seq_len": 2, "unroll": 0, "distill": 0,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe.checks import kind_of, lora_paths, proposer_kind
+from specpipe.checks import declared, kind_of, lora_paths
+from specpipe.proposers.declaration import Declaration
 from specpipe.controllers.base import check_schedule
 from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
@@ -23,20 +24,28 @@ from specpipe.recipe import load_recipe
 @dataclass
 class ExportPlan:
     target: str  # what the engine loads as the target
-    proposer: str  # ngram | draft | twin | medusa | eagle | none
+    proposer: Declaration  # what the proposer declares, its export mappings included
     gamma: int  # fixed draft tokens per step
-    draft: str | None = None  # the draft model (draft: the draft; twin: the target itself)
-    ngram_min: int | None = None
-    ngram_max: int | None = None
-    heads: str | None = None  # medusa, eagle: the heads folder (LM head shared)
-    tree: list | dict | None = None  # medusa: the candidate paths; eagle: {top_k, nodes}; None: a chain
+    options: dict = field(default_factory=dict)  # the proposer's options as configured
+    draft: str | None = None  # a second model as the engine loads it (twin: the target itself)
+    heads: str | None = None  # trained heads: the folder, absolute
+    tree: list | dict | None = None  # the proposer's tree option; None: a chain
     batch_schedule: dict[int, int] = field(default_factory=dict)  # batch size -> γ (0: speculation off there)
+    folder: Path = Path(".")  # where the export writes files an engine loads (Medusa for vLLM)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def off_from(self) -> int | None:
         """The smallest batch size at which the schedule switches speculation off, if any."""
         return min((size for size, gamma in self.batch_schedule.items() if gamma == 0), default=None)
+
+    def settings_for(self, engine: str, version: str) -> dict | None:
+        """The proposer's own mapping to `engine` (None: nothing to speculate with)."""
+        mapping = self.proposer.export.get(engine)
+        if mapping is None:
+            raise SpecpipeError(f"proposer={self.proposer.name} has no {engine} {version} export (its module declares "
+                                "none).")
+        return mapping(self)
 
 
 def engine_model(name: str) -> str:
@@ -48,28 +57,28 @@ def engine_model(name: str) -> str:
 
 
 def plan_of(cfg: DictConfig) -> ExportPlan:
-    kind = proposer_kind(cfg)
-    gamma, lost = _fixed_gamma(cfg, kind)
-    plan = ExportPlan(engine_model(cfg.model.name), kind, gamma, warnings=[lost] if lost else [],
+    declaration = declared(cfg)
+    gamma, lost = _fixed_gamma(cfg, declaration.name)
+    options = OmegaConf.to_container(cfg.proposer, resolve=True)
+    options.pop("_target_", None)
+    plan = ExportPlan(engine_model(cfg.model.name), declaration, gamma, options, warnings=[lost] if lost else [],
                       batch_schedule=check_schedule(cfg.get("batch_schedule")))
     if plan.batch_schedule.get(1):  # what runs at batch 1 is the schedule's γ
         plan.gamma = plan.batch_schedule[1]
     if cfg.model.name in zoo.ZOO:
         plan.warnings.append(f"{cfg.model.name} is exported as {plan.target}, the original checkpoint of the "
                              "zoo's 4-bit GGUF: the engine serves the original weights.")
-    if kind == "ngram":
-        plan.ngram_min, plan.ngram_max = int(cfg.proposer.ngram_min), int(cfg.proposer.ngram_max)
-    elif kind == "draft":
-        plan.draft = engine_model(cfg.proposer.model)
-    elif kind == "twin":
+    if declaration.draft_model == "target":
         plan.draft = plan.target
-    elif kind in ("medusa", "eagle"):
+    elif declaration.draft_model:
+        plan.draft = engine_model(str(options[declaration.draft_model]))
+    if declaration.heads:
         if OmegaConf.is_missing(cfg.proposer, "heads"):
-            raise SpecpipeError(f"proposer={kind} needs proposer.heads=DIR to export (or a recipe that ships heads, "
-                                f"e.g. recipe=recipes/smollm2-135m/{kind}.yaml).")
+            raise SpecpipeError(f"proposer={declaration.name} needs proposer.heads=DIR to export (or a recipe that "
+                                f"ships heads, e.g. recipe=recipes/smollm2-135m/{declaration.name}.yaml).")
         plan.heads = str(Path(cfg.proposer.heads).resolve())
-        tree = cfg.proposer.get("tree")
-        plan.tree = OmegaConf.to_container(tree) if tree else None
+    if declaration.tree != "never":
+        plan.tree = options.get("tree") or None
     if lora_paths(cfg):
         plan.warnings.append("model.lora is not exported: merge the adapter into the target (peft "
                              "merge_and_unload, save_pretrained) and serve the merged folder.")

@@ -25,6 +25,7 @@ from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, module_bytes, quantize_model
 from specpipe.proposers.base import Proposer
+from specpipe.proposers.declaration import Declaration
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
 from specpipe.types import DraftBlock, DraftTree, Verdict
@@ -252,3 +253,31 @@ def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp1
     # without native half arithmetic (this one has none); fbgemm's kernels read fp16 and compute in fp32
     head = quantize_model(load_eagle(heads).float(), quantize)
     return EagleProposer(head, context.sampling, shape, quantize)
+
+
+def _vllm(plan) -> dict:
+    """The heads folder is already vLLM's EAGLE layout; vLLM shares the target's embeddings and
+    LM head with it, as specpipe does."""
+    from specpipe.export.vllm import VERSION
+    from specpipe.heads.io import read_config
+
+    read_config(plan.heads, "eagle")  # a clear error now, not at vLLM's start-up
+    if plan.tree:
+        plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE as a chain (its speculative_token_tree is "
+                             f"a static tree); EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
+    return {"method": "eagle", "model": plan.heads, "num_speculative_tokens": plan.gamma}
+
+
+def _sglang(plan) -> dict:
+    """SGLang's EAGLE drafts EAGLE-2's dynamic tree itself: depth γ, top-k per step, and the
+    number of nodes kept (plus the verified token)."""
+    from specpipe.export.sglang import chain
+
+    shape = chain(plan.gamma) if not plan.tree else {
+        "--speculative-num-steps": plan.gamma, "--speculative-eagle-topk": int(plan.tree["top_k"]),
+        "--speculative-num-draft-tokens": int(plan.tree["nodes"]) + 1}
+    return {"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": plan.heads, **shape}
+
+
+DECLARATION = Declaration("eagle", heads=True, hidden="last", tree="option", early_stop=True,
+                          trainer="specpipe.train.eagle", export={"vllm": _vllm, "sglang": _sglang})

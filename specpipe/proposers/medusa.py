@@ -17,6 +17,7 @@ from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.quantize import module_bytes
 from specpipe.proposers.base import BatchProposer, Proposer
+from specpipe.proposers.declaration import Declaration
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
 from specpipe.types import DraftBlock, DraftTree, Verdict
@@ -145,3 +146,30 @@ def build(*, context, heads: str, num_heads: int | None = None, tree: list | Non
     if num_heads is not None:
         loaded.num_heads = max(1, min(num_heads, loaded.num_heads))
     return MedusaProposer(loaded, context.sampling, tree)
+
+
+def _vllm(plan) -> dict:
+    """vLLM builds as many heads as num_speculative_tokens and loads the shared LM head from the
+    heads' own checkpoint: the export command writes a copy of the heads with the target's LM head
+    to <out folder>/medusa-vllm."""
+    from specpipe.export.vllm import VERSION
+    from specpipe.heads.io import read_config
+
+    heads = read_config(plan.heads, "medusa")
+    if plan.tree:
+        plan.warnings.append(f"proposer.tree: vLLM {VERSION}'s Medusa proposer drafts a chain (each head's top "
+                             "token); the candidate tree is lost.")
+    return {"method": "medusa", "model": str((plan.folder / "medusa-vllm").resolve()),
+            "num_speculative_tokens": heads["num_heads"]}
+
+
+def _sglang(plan) -> None:
+    from specpipe.export.sglang import ALGORITHMS, VERSION
+
+    plan.warnings.append(f"SGLang {VERSION} has no Medusa (its algorithms: {', '.join(ALGORITHMS)}): the command "
+                         "serves the plain target, and the heads' speedup is lost. vLLM serves Medusa heads.")
+    return None
+
+
+DECLARATION = Declaration("medusa", heads=True, hidden="last", tree="option", trainer="specpipe.train.medusa",
+                          export={"vllm": _vllm, "sglang": _sglang})

@@ -12,6 +12,7 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.proposers.base import Proposer
+from specpipe.proposers.declaration import Declaration
 from specpipe.state import DecodeState
 from specpipe.types import DraftBlock
 
@@ -44,3 +45,22 @@ def _last_match(tokens: torch.Tensor, n: int) -> int | None:
 
 def build(*, context, ngram_max: int = 4, ngram_min: int = 2) -> NgramProposer:
     return NgramProposer(ngram_max=ngram_max, ngram_min=ngram_min)
+
+
+def _vllm(plan) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": plan.gamma,
+            "prompt_lookup_min": int(plan.options["ngram_min"]), "prompt_lookup_max": int(plan.options["ngram_max"])}
+
+
+def _sglang(plan) -> dict:
+    from specpipe.export.sglang import VERSION
+
+    plan.warnings.append(f"SGLang {VERSION} runs NGRAM on CUDA only.")
+    return {"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": plan.gamma + 1,
+            "--speculative-ngram-min-match-window-size": int(plan.options["ngram_min"]),
+            "--speculative-ngram-max-match-window-size": int(plan.options["ngram_max"]),
+            "--speculative-ngram-min-bfs-breadth": 1, "--speculative-ngram-max-bfs-breadth": 1}
+
+
+DECLARATION = Declaration("ngram", draft_probs=False, peer="hf-prompt-lookup",
+                          export={"vllm": _vllm, "sglang": _sglang})

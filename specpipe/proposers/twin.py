@@ -10,6 +10,7 @@ import copy
 
 from specpipe.engine import pick_engine
 from specpipe.models.quantize import check_mode
+from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
 
 
@@ -21,3 +22,23 @@ def build(*, context, quantize: str = "int8") -> ModelDrafter:
     if pick_engine(model, context.engine, quantize) == "hf":
         model = copy.deepcopy(model)
     return ModelDrafter.on(context, model, quantize)
+
+
+def _vllm(plan) -> dict:
+    from specpipe.export.vllm import DRAFT_MODEL_NOTE
+
+    plan.warnings += [DRAFT_MODEL_NOTE, "twin: vLLM has no int8 copy of the target as a draft; exported as the "
+                      "target drafting for itself with fp8 weights (quantization=fp8, the nearest GPU setting)."]
+    return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma, "quantization": "fp8"}
+
+
+def _sglang(plan) -> dict:
+    from specpipe.export.sglang import VERSION, chain
+
+    plan.warnings.append(f"twin: SGLang {VERSION} has no flag to quantize the draft, so the target drafts for "
+                         "itself at full cost and this cannot pay; prefer a smaller draft model or ngram there.")
+    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **chain(plan.gamma)}
+
+
+DECLARATION = Declaration("twin", draft_model="target", early_stop=True, peer="hf-assisted",
+                          export={"vllm": _vllm, "sglang": _sglang})

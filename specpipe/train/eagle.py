@@ -136,3 +136,23 @@ def _sample_positions(s: dict, depth: int, count: int) -> list[int]:
         return []
     step = max(1, (last - first) // count)
     return list(range(first, last, step))[:count]
+
+
+def _trainer(module, weights, train: Rows, cfg) -> EagleTrainer:
+    from specpipe.train.features import frequent_labels
+
+    labels = frequent_labels(torch.cat([s["argmax"] for s in train.seqs]), cfg.vocab_subset)
+    return EagleTrainer(module, weights.embed, weights.lm, labels, cfg.lr, unroll=cfg.unroll)
+
+
+def _kind():
+    from specpipe.heads.eagle import EagleShape
+    from specpipe.heads.io import load_eagle, save_eagle
+    from specpipe.train.kind import Kind
+
+    return Kind(fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
+                load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
+                figure="held_out_top1_per_position")  # draft tokens 1..k all right, drafted as the proposer does
+
+
+KIND = _kind()

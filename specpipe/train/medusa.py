@@ -81,3 +81,21 @@ class Trainer:
             out.append(float((guess == ex.argmax[ahead[valid]]).float().mean()) if valid.any() else 0.0)
         self.heads.train()
         return out
+
+
+def _trainer(module, weights, train: Examples, cfg) -> Trainer:
+    from specpipe.train.features import frequent_labels
+
+    return Trainer(module, weights.lm, frequent_labels(train.argmax, cfg.vocab_subset), cfg.lr)
+
+
+def _kind():
+    from specpipe.heads.io import load_medusa, save_medusa
+    from specpipe.train.kind import Kind
+
+    return Kind(fresh=lambda cfg, config, lm: MedusaHeads(lm.shape[1], lm.shape[0], cfg.num_heads, cfg.layers),
+                load=load_medusa, save=save_medusa, data=lambda seqs, cfg: Examples(seqs, cfg.num_heads),
+                trainer=_trainer, figure="held_out_top1_per_head")  # each head alone
+
+
+KIND = _kind()

@@ -1,0 +1,87 @@
+"""What a proposer is and needs, declared in its own module (`DECLARATION`), read by the
+checks, the exports, bench's peers and `specpipe train`.
+
+Nothing outside a proposer's module recognises it by name: a new proposer is one file (its
+build function, its `DECLARATION`) plus its YAML under conf/proposer/. `declaration_of(node)`
+finds the declaration of a config's proposer through its `_target_` module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig
+
+from specpipe.errors import SpecpipeError
+
+TOKENIZERS = ("target", "same", "any")  # what the draft's token ids are
+TREES = ("never", "option", "auto")  # when the proposer drafts a tree
+
+
+@dataclass(frozen=True)
+class Declaration:
+    name: str  # the proposer's short name (conf/proposer/<name>.yaml)
+    # target: it drafts in the target's own ids (no second tokenizer); same: a second model whose
+    # tokenizer must equal the target's; any: a second model with any tokenizer (translated)
+    tokenizer: str = "target"
+    draft_model: str | None = None  # the option naming a second model ("model"), or "target": its own weights
+    heads: bool = False  # trained heads in `proposer.heads`, checked against the target before loading
+    hidden: str = "none"  # the target's hidden states it reads: none | last | layers
+    # never: a chain; option: a tree when `proposer.tree` is set (refused where a chain is needed);
+    # auto: a tree where the verifier and batch take one, else its best path
+    tree: str = "never"
+    draft_probs: bool = True  # False: no distribution (one-hot drafts: lossless, lower acceptance when sampling)
+    early_stop: bool = False  # honours a controller's early stop (controller=confidence)
+    batches: bool = True  # a batch drafts every row (False: one sequence at a time)
+    peer: str | None = None  # transformers' counterpart in bench (`peer=auto`)
+    trainer: str | None = None  # module whose `KIND` trains it (`specpipe train proposer=<name>`)
+    # engine (vllm | sglang) -> (ExportPlan) -> the engine's settings for this proposer, or None
+    # (nothing to speculate with); the mapping appends what it loses to plan.warnings
+    export: Mapping[str, Callable] = field(default_factory=dict)
+    # (target tokenizer, draft tokenizer, target name, draft name) -> Check, for tokenizer="any"
+    vocabulary: Callable | None = None
+
+    def __post_init__(self):
+        if self.tokenizer not in TOKENIZERS or self.tree not in TREES:
+            raise ValueError(f"declaration of {self.name}: tokenizer in {TOKENIZERS}, tree in {TREES}")
+
+    def drafts_tree(self, options: Mapping) -> bool:
+        """Whether these options make it draft a tree that a chain-only verifier must refuse."""
+        return self.tree == "option" and bool(options.get("tree"))
+
+
+def _plain(plan) -> None:
+    plan.warnings.append("proposer=none: nothing to speculate with; the command serves the plain target.")
+
+
+NONE = Declaration("none", export={"vllm": _plain, "sglang": _plain})
+
+
+def declaration_of(node: DictConfig | Mapping) -> Declaration:
+    """The declaration of the proposer a config node names (`none` for plain decoding)."""
+    target = node.get("_target_")
+    if not target:
+        return NONE
+    module = str(target).rpartition(".")[0]
+    try:
+        found = getattr(importlib.import_module(module), "DECLARATION", None)
+    except ImportError:
+        found = None
+    if not isinstance(found, Declaration):
+        raise SpecpipeError(f"proposer._target_={target}: its module declares no proposer (no DECLARATION). Pick "
+                            "one of conf/proposer/.")
+    return found
+
+
+def declared_proposers() -> dict[str, Declaration]:
+    """Every proposer of conf/proposer/, by its YAML's name."""
+    from omegaconf import OmegaConf
+
+    from specpipe.config import conf_dir
+
+    found = {}
+    for path in sorted((conf_dir() / "proposer").glob("*.yaml")):
+        found[path.stem] = declaration_of(OmegaConf.load(path))
+    return found

@@ -1,0 +1,23 @@
+"""`Kind`: what differs between trained proposers; everything else in `specpipe train` is
+shared. A trainable proposer declares `trainer=<module>` (specpipe/proposers/declaration.py),
+and that module holds its `KIND`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    fresh: Callable  # (cfg, target config, lm weight) -> a new untrained module
+    load: Callable  # folder -> module (a checkpoint)
+    save: Callable  # (module, folder, target=, extra=) -> folder
+    data: Callable  # (cached sequences, cfg) -> training data with .batches(size, generator)
+    trainer: Callable  # (module, target weights, training data, cfg) -> trainer with .step, .accuracy
+    figure: str  # the recipe's name for what .accuracy measures
+
+
+def kind_in(module: str) -> Kind:
+    return importlib.import_module(module).KIND
