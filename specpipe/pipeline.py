@@ -66,7 +66,9 @@ class Pipeline:
         self.chat = bool(target.tokenizer.chat_template) if chat is None else chat
         self.runner = runner if runner is not None else make_runner(target.model, engine=engine)
         if proposer is not None:
-            proposer.bind(self.runner)  # heads read the target's LM head and embeddings through it
+            proposer.bind(self.runner)
+            if not verifier.verifies_trees:
+                proposer.chains_only()  # heads read the target's LM head and embeddings through it
         self.hidden = tuple(proposer.hidden_layers) if proposer is not None else ()
         self.eos_ids = eos_ids_of(target.model, target.tokenizer)
         self.warnings: list = []  # compatibility warnings from the build (checks.Check)

@@ -33,6 +33,10 @@ class Proposer(ABC):
         """This proposer over a batch of `slots` sequences (see the module docstring)."""
         return PerSlot(self, slots)
 
+    def chains_only(self) -> None:
+        """The verifier takes chains only (default: nothing; a proposer whose tree is an option is
+        refused with such a verifier by the checks, one that drafts trees itself drafts paths)."""
+
     def bind(self, target: Runner) -> None:
         """The target's runner, once, before any generation (default: not needed)."""
 

@@ -13,6 +13,7 @@ from specpipe.types import DraftBlock, DraftTree, Verdict
 
 class Verifier(ABC):
     lossless: bool = True  # False only for verifiers that change the output distribution
+    verifies_trees: bool = True  # False: DraftTree drafts are refused (the proposer is told: chains_only)
 
     @abstractmethod
     def verify(self, draft: DraftBlock, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:

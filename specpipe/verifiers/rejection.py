@@ -20,6 +20,7 @@ from specpipe.verifiers.base import Verifier, first_false, verdict
 
 
 class RejectionVerifier(Verifier):
+    verifies_trees = False
     def __init__(self, sampling: SamplingParams):
         self.sampling = sampling
 

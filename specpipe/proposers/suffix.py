@@ -1,0 +1,257 @@
+"""`proposer=suffix`: suffix decoding (SuffixDecoding, Oliaro et al. 2024; Arctic Inference,
+vLLM `method: suffix`), model-free.
+
+Two suffix trees of bounded depth count every substring (up to `max_depth` tokens) seen so far:
+one over this request's prompt and output, one global over earlier requests' outputs (each after
+the last `max_depth` tokens of its prompt, so a repeated request matches at once) in this
+process (bounded by `max_cached_requests` and `max_cached_tokens`, least recently used evicted).
+A step finds the longest suffix of the text so far that the tree holds, then grows a draft from
+that node, most probable continuation first, a continuation's probability being the product of
+the shares of the counts along its path; growth stops at `min_token_prob`, at γ tokens, and at
+`max_spec_factor` × match length + `max_spec_offset` tokens (a long match earns a long draft:
+γ adapts to how much the text repeats). Of the two trees' drafts the one with the higher score
+(the expected number of accepted tokens) is used. It drafts a tree verified in one forward,
+or its best path where the verifier or a batch needs a chain. The draft has no probabilities:
+verifiers treat it as one-hot, which stays lossless.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.proposers.base import BatchProposer, PerSlot, Proposer
+from specpipe.proposers.declaration import Declaration
+from specpipe.state import DecodeState
+from specpipe.types import DraftBlock, DraftTree, Verdict
+
+NODE_BYTES = 240  # one node (slots object + its children dict), measured with sys.getsizeof
+
+
+class Node:
+    __slots__ = ("children", "count", "last")
+
+    def __init__(self):
+        self.children: dict[int, Node] = {}
+        self.count = 0  # occurrences of the substring ending here
+        self.last = -1  # the latest sequence inserted through this node (for LRU touches)
+
+
+class SuffixTree:
+    """Every substring of up to `depth` tokens of the sequences added, with occurrence counts.
+    Appending a token extends the (at most `depth`) suffixes that end at the sequence's end, so
+    a sequence of n tokens costs O(n·depth) time and at most n·depth nodes."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.root = Node()
+        self.nodes = 0
+
+    def start(self) -> list[Node]:
+        """The open suffixes of a new, empty sequence (only the empty one, the root)."""
+        return [self.root]
+
+    def append(self, open_: list[Node], token: int, sequence: int = -1) -> list[Node]:
+        """Extend each open suffix by `token`; returns the new open suffixes (index = length)."""
+        grown = [self.root]
+        for node in open_[: self.depth]:
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = Node()
+                self.nodes += 1
+            child.count += 1
+            child.last = sequence
+            grown.append(child)
+        return grown
+
+    def extend(self, open_: list[Node], tokens, sequence: int = -1) -> list[Node]:
+        for token in tokens:
+            open_ = self.append(open_, int(token), sequence)
+        return open_
+
+    def remove(self, tokens: list[int]) -> None:
+        """Take one added sequence out again (counts down, emptied nodes dropped)."""
+        for start in range(len(tokens)):
+            node = self.root
+            for token in tokens[start : start + self.depth]:
+                child = node.children[token]
+                child.count -= 1
+                if child.count == 0:
+                    self.nodes -= _size(child)
+                    del node.children[token]
+                    break
+                node = child
+
+    def match(self, context: list[int]) -> tuple[Node, int] | None:
+        """The node of the longest suffix of `context` the tree holds with a continuation."""
+        for length in range(min(len(context), self.depth - 1), 0, -1):
+            node = self.root
+            for token in context[-length:]:
+                node = node.children.get(token)
+                if node is None:
+                    break
+            if node is not None and node.children:
+                return node, length
+        return None
+
+
+def _size(node: Node) -> int:
+    return 1 + sum(_size(child) for child in node.children.values())
+
+
+@dataclass(frozen=True)
+class Speculation:
+    tokens: list[int]
+    parents: list[int]  # -1: follows the last committed token
+    score: float  # expected accepted tokens under the tree's counts
+    node: Node | None = None  # the matched node (its `last` sequence is touched when used)
+
+
+NOTHING = Speculation([], [], 0.0)
+
+
+def grow(node: Node, limit: int, min_prob: float, tree: bool) -> Speculation:
+    """At most `limit` continuations of `node`, most probable first (a child's probability: its
+    parent's times its share of the parent's children's counts), none below `min_prob`. A chain
+    follows only the most frequent child at each node (ties: the first seen)."""
+    tokens, parents, score, tie = [], [], 0.0, itertools.count()
+    frontier: list = []  # heap of (-probability, tie, token, node, parent index)
+
+    def offer(at: Node, reach: float, index: int) -> None:
+        total = sum(child.count for child in at.children.values())
+        ranked = sorted(at.children.items(), key=lambda item: -item[1].count)
+        for token, child in ranked[: None if tree else 1]:
+            prob = reach * child.count / total
+            if prob >= min_prob:
+                heapq.heappush(frontier, (-prob, next(tie), token, child, index))
+
+    offer(node, 1.0, -1)
+    while frontier and len(tokens) < limit:
+        prob, _, token, child, parent = heapq.heappop(frontier)
+        tokens.append(token)
+        parents.append(parent)
+        score -= prob
+        offer(child, -prob, len(tokens) - 1)
+    return Speculation(tokens, parents, score, node)
+
+
+class RequestCache:
+    """The global tree: earlier requests' outputs, at most `max_requests` of them and
+    `max_tokens` tokens in all (memory: at most max_tokens × depth nodes of NODE_BYTES), the
+    least recently used evicted first (used: added, or the source of a draft)."""
+
+    def __init__(self, depth: int, max_requests: int, max_tokens: int):
+        self.tree = SuffixTree(depth)
+        self.max_requests, self.max_tokens = max_requests, max_tokens
+        self.entries: OrderedDict[int, list[int]] = OrderedDict()
+        self.tokens = 0
+        self.ids = itertools.count()
+
+    def add(self, tokens: list[int], context: int = 0) -> None:
+        """An output, after `context` tokens of its prompt (nothing when it is only prompt)."""
+        tokens = tokens[-self.max_tokens:] if self.max_tokens else []  # an output longer than the bound keeps its end
+        if len(tokens) <= context or self.max_requests == 0:
+            return
+        entry = next(self.ids)
+        self.tree.extend(self.tree.start(), tokens, entry)
+        self.entries[entry] = tokens
+        self.tokens += len(tokens)
+        while len(self.entries) > self.max_requests or self.tokens > self.max_tokens:
+            _, evicted = self.entries.popitem(last=False)
+            self.tree.remove(evicted)
+            self.tokens -= len(evicted)
+
+    def touch(self, entry: int) -> None:
+        if entry in self.entries:
+            self.entries.move_to_end(entry)
+
+    def bytes(self) -> int:
+        return self.tree.nodes * NODE_BYTES
+
+
+class SuffixProposer(Proposer):
+    def __init__(self, cache: RequestCache, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
+                 min_token_prob: float = 0.1, tree: bool = True):
+        self.cache = cache  # shared by every copy of this proposer (a batch's slots included)
+        self.factor, self.offset, self.min_prob = max_spec_factor, max_spec_offset, min_token_prob
+        self.trees = tree  # False: the best path only (the pipeline sets it where the verifier needs chains)
+        self.local: SuffixTree | None = None  # this request's prompt and output
+        self.open: list[Node] = []
+        self.state: DecodeState | None = None
+        self.seen = self.prompt_len = 0  # tokens of state.tokens in the local tree; the prompt's length
+
+    def chains_only(self) -> None:
+        self.trees = False
+
+    def batched(self, slots: int) -> BatchProposer:
+        """Per-slot copies sharing the global tree; chains, as a batch's rows take no tree masks."""
+        batch = PerSlot(self, slots)
+        for proposer in batch.copies:
+            proposer.trees = False
+        return batch
+
+    def prefill(self, state: DecodeState, out=None) -> None:
+        if self.state is not None:  # the previous request is over: its output joins the global tree,
+            # after the prompt's last max_depth tokens (so a repeated prompt matches into it)
+            start = max(self.prompt_len - self.local.depth, 0)
+            self.cache.add(self.state.tokens[start:], self.prompt_len - start)
+        self.state, self.prompt_len = state, len(state.tokens)
+        self.local = SuffixTree(self.cache.tree.depth)
+        self.open = self.local.extend(self.local.start(), state.tokens)
+        self.seen = len(state.tokens)
+
+    def propose(self, state: DecodeState, gamma: int) -> DraftBlock | DraftTree:
+        self.open = self.local.extend(self.open, state.tokens[self.seen:])  # what was committed since
+        self.seen = len(state.tokens)
+        context = state.tokens[-self.local.depth:]
+        best, source = NOTHING, None
+        for tree in (self.local, self.cache.tree):
+            found = tree.match(context)
+            if found is None:
+                continue
+            node, length = found
+            limit = min(gamma, int(length * self.factor + self.offset + 1e-6))
+            speculation = grow(node, limit, self.min_prob, self.trees)
+            if speculation.score > best.score:
+                best, source = speculation, tree
+        if source is self.cache.tree:
+            self.cache.touch(best.node.last)
+        return _draft(best)
+
+    def memory(self) -> dict[str, int]:
+        local = self.local.nodes * NODE_BYTES if self.local is not None else 0
+        return {"suffix tree cache": self.cache.bytes() + local}
+
+
+def _draft(speculation: Speculation) -> DraftBlock | DraftTree:
+    tokens = torch.tensor(speculation.tokens, dtype=torch.long)  # [N]
+    if all(parent == i - 1 for i, parent in enumerate(speculation.parents)):
+        return DraftBlock(tokens)  # a chain needs no tree mask
+    return DraftTree(tokens, tuple(speculation.parents))
+
+
+def validate_options(options: dict) -> None:
+    problems = [f"proposer.{key}={options[key]} must be at least {low}" for key, low in
+                (("max_depth", 2), ("max_cached_requests", 0), ("max_cached_tokens", 0), ("max_spec_factor", 0),
+                 ("max_spec_offset", -1e9)) if key in options and options[key] < low]
+    if "min_token_prob" in options and not 0 <= options["min_token_prob"] <= 1:
+        problems.append(f"proposer.min_token_prob={options['min_token_prob']} must be a probability in [0, 1]")
+    if problems:
+        raise SpecpipeError("; ".join(problems) + " (see conf/proposer/suffix.yaml).")
+
+
+def build(*, context, max_depth: int = 24, max_cached_requests: int = 1000, max_cached_tokens: int = 50000,
+          max_spec_factor: float = 1.0, max_spec_offset: float = 0.0, min_token_prob: float = 0.1,
+          tree: bool = True) -> SuffixProposer:
+    validate_options(dict(max_depth=max_depth, max_cached_requests=max_cached_requests, min_token_prob=min_token_prob,
+                          max_cached_tokens=max_cached_tokens, max_spec_factor=max_spec_factor))
+    cache = RequestCache(max_depth, max_cached_requests, max_cached_tokens)
+    return SuffixProposer(cache, max_spec_factor, max_spec_offset, min_token_prob, tree)
+
+
+DECLARATION = Declaration("suffix", tree="auto", draft_probs=False)

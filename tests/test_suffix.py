@@ -1,0 +1,178 @@
+"""Suffix decoding: the trees' counts, matches, drafts and memory bound, and its output equal
+to plain decoding (greedy token for token, tree and chain; sampling in distribution)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPT, tiny_target
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.errors import SpecpipeError
+from specpipe.pipeline import Pipeline
+from specpipe.proposers.suffix import NODE_BYTES, RequestCache, SuffixTree, build, grow, validate_options
+from specpipe.sampling import SamplingParams
+from specpipe.types import DraftTree
+from specpipe.verifiers.greedy import GreedyVerifier
+from specpipe.verifiers.rejection import RejectionVerifier
+from specpipe.verifiers.typical import TypicalVerifier
+from test_rejection import CHI2_CRITICAL_1E6_DF7
+
+GREEDY = SamplingParams(temperature=0.0)
+REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
+
+
+def proposer(**options):
+    return build(context=None, **options)
+
+
+def test_counts_follow_every_substring_up_to_the_depth():
+    tree = SuffixTree(depth=3)
+    tree.extend(tree.start(), [1, 2, 3, 1, 2, 4])
+    node, length = tree.match([9, 1, 2])
+    assert length == 2  # [9, 1, 2] was never seen; its suffix [1, 2] twice
+    assert {token: child.count for token, child in node.children.items()} == {3: 1, 4: 1}
+    assert tree.root.children[1].count == 2 and tree.root.children[2].count == 2
+    assert 3 not in tree.root.children[1].children[2].children[3].children  # depth 3: no 4-token substrings
+    assert tree.match([5]) is None
+
+
+def test_a_draft_grows_most_probable_first_and_stops_at_min_token_prob():
+    tree = SuffixTree(depth=8)
+    tree.extend(tree.start(), [1, 2, 3, 5, 1, 2, 3, 5, 1, 2, 4, 6])
+    node, _ = tree.match([1, 2])
+    speculation = grow(node, limit=10, min_prob=0.3, tree=True)
+    # after [1, 2]: 3 twice, 4 once -> 3, 5, 1, 2 at 2/3 each (the path seen twice), then every
+    # node at 1/3: 4 and 6 (seen once), the two continuations of the second [1 2 3 5 1 2]...
+    assert speculation.tokens[:4] == [3, 5, 1, 2]
+    assert speculation.parents[:4] == [-1, 0, 1, 2]
+    assert len(speculation.tokens) == 10
+    assert 4 in speculation.tokens and speculation.parents[speculation.tokens.index(4)] == -1
+    assert speculation.score == pytest.approx(4 * 2 / 3 + 6 * 1 / 3)
+    chain = grow(node, limit=10, min_prob=0.3, tree=False)
+    assert chain.parents == list(range(-1, len(chain.tokens) - 1))  # one path: the most frequent child
+    assert 4 not in chain.tokens
+    assert grow(node, limit=10, min_prob=0.7, tree=True).tokens == []  # nothing is that likely
+
+
+def test_the_global_tree_evicts_the_least_recently_used_within_its_bounds():
+    cache = RequestCache(depth=4, max_requests=2, max_tokens=100)
+    cache.add([1, 2, 3, 4])
+    cache.add([5, 6, 7, 8])
+    cache.touch(0)  # the first was used since: the second is now the least recently used
+    cache.add([9, 10, 11, 12])
+    assert list(cache.entries) == [0, 2]
+    assert cache.tree.match([5, 6]) is None and cache.tree.match([1, 2]) is not None
+    fresh = SuffixTree(4)
+    for tokens in ([1, 2, 3, 4], [9, 10, 11, 12]):
+        fresh.extend(fresh.start(), tokens)
+    assert cache.tree.nodes == fresh.nodes  # eviction removed every node of the evicted output
+    by_tokens = RequestCache(depth=4, max_requests=100, max_tokens=10)
+    for start in range(0, 40, 4):
+        by_tokens.add(list(range(start, start + 4)))
+    assert by_tokens.tokens <= 10 and by_tokens.bytes() == by_tokens.tree.nodes * NODE_BYTES
+    assert by_tokens.tree.nodes <= 10 * 4  # memory: at most max_tokens × depth nodes
+    assert len(by_tokens.entries) == 2  # the two latest outputs
+
+
+def test_a_long_match_earns_a_long_draft():
+    suffix = proposer(max_spec_factor=0.5, max_spec_offset=1.0)
+    target = tiny_target()
+    pipe = Pipeline(target, suffix, GreedyVerifier(), FixedGamma(16))
+    from specpipe.state import DecodeState
+
+    prompt = list(range(2, 30)) + list(range(2, 12))  # the last 10 tokens repeat the start
+    state = DecodeState(pipe.runner, prompt, torch.Generator())
+    suffix.prefill(state, None)
+    draft = suffix.propose(state, 16)
+    assert draft.tokens.tolist() == list(range(12, 18))  # match 10 -> 0.5 × 10 + 1 = 6 tokens
+    short = DecodeState(pipe.runner, list(range(2, 30)) + [2, 3], torch.Generator())
+    suffix.prefill(short, None)
+    assert suffix.propose(short, 16).tokens.tolist() == [4, 5]  # match 2 -> 2 tokens
+
+
+VERIFIERS = {"greedy": GreedyVerifier, "typical": lambda: TypicalVerifier(GREEDY),
+             "rejection": lambda: RejectionVerifier(GREEDY)}  # rejection: chains (the proposer is told)
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS)
+@pytest.mark.parametrize("tree", [True, False])
+@pytest.mark.parametrize("gamma", [1, 4, 12])
+def test_greedy_equals_plain_across_requests(verifier, tree, gamma):
+    target = tiny_target(seed=0, eos=1)
+    plain = Pipeline(target, None, GreedyVerifier(), None)
+    pipe = Pipeline(target, proposer(tree=tree, max_spec_offset=2.0), VERIFIERS[verifier](), FixedGamma(gamma))
+    prompts = [PROMPT, REPEATING, [3, 60, 22], [44], PROMPT + REPEATING]
+    trees = 0
+    for served in range(2):  # the second pass drafts from the global tree of the first's outputs
+        for prompt in prompts:
+            for max_new in (1, 9, 40):
+                expected = plain.run(prompt, max_new_tokens=max_new, speculative=False)
+                got = pipe.run(prompt, max_new_tokens=max_new)
+                assert got.token_ids == expected.token_ids, (served, prompt, max_new)
+                assert got.finish_reason == expected.finish_reason
+                trees += isinstance(pipe.proposer.propose(_state(pipe, prompt, got.token_ids), gamma), DraftTree)
+    assert pipe.proposer.cache.entries, "earlier outputs reached the global tree"
+    if not tree or verifier == "rejection" or gamma == 1:
+        assert trees == 0
+
+
+def _state(pipe, prompt, output):
+    from specpipe.state import DecodeState
+
+    return DecodeState(pipe.runner, prompt + output, torch.Generator())
+
+
+def test_the_second_pass_of_a_repeated_workload_is_drafted_from_the_first():
+    target = tiny_target(seed=0, eos=1)
+    pipe = Pipeline(target, proposer(max_spec_offset=4.0), GreedyVerifier(), FixedGamma(12))
+    prompts = [[3, 60, 22], [44, 5], [9, 9, 31, 2]]
+    first = [pipe.run(p, max_new_tokens=48).stats for p in prompts]
+    second = [pipe.run(p, max_new_tokens=48).stats for p in prompts]
+    steps = lambda stats: sum(s.steps for s in stats)  # noqa: E731
+    assert steps(second) * 1.5 <= steps(first), (steps(first), steps(second))
+    # a repeated prompt matches the earlier request's prompt end at once: its first step drafts
+    # deep into the earlier answer (the first pass starts with nothing to match)
+    assert all(s.emitted_trace[0] >= 6 for s in second) and all(s.emitted_trace[0] == 1 for s in first)
+
+
+def test_sampling_keeps_the_target_distribution():
+    """The emitted second token's marginal over many seeds equals the target's exact marginal
+    (chi-square at 1e-6 over the 7 likeliest tokens and the rest, fixed seeds)."""
+    sampling = SamplingParams(temperature=2.0)
+    target = tiny_target(seed=0, eos=63)
+    prompt = REPEATING  # suffix drafts from the first step
+    pipe = Pipeline(target, proposer(), RejectionVerifier(sampling), FixedGamma(4), sampling)
+    plain = Pipeline(target, None, RejectionVerifier(sampling), None, sampling)
+    def next_probs(ids):  # [V] the target's sampling distribution after ids
+        plain.runner.reset()
+        return sampling.probs(plain.runner.forward(ids).logits[0, -1:])[0]
+
+    first = next_probs(prompt)
+    eos = 63  # a first token of EOS ends the output: counted with the rest
+    marginal = sum(first[t] * next_probs(prompt + [t]) for t in range(first.numel()) if t != eos)  # [V]
+    draws, counts, ended, accepted = 3000, torch.zeros(first.numel()), 0, 0
+    for seed in range(draws):
+        generation = pipe.run(prompt, max_new_tokens=2, seed=seed)
+        tokens, accepted = generation.token_ids, accepted + generation.stats.accepted
+        if len(tokens) < 2:
+            ended += 1
+        else:
+            counts[tokens[1]] += 1
+    top = marginal.argsort(descending=True)[:7]
+    rest = torch.ones_like(marginal, dtype=torch.bool)
+    rest[top] = False
+    cells = torch.cat([counts[top], counts[rest].sum()[None] + ended])
+    expected = torch.cat([marginal[top], marginal[rest].sum()[None] + first[eos]])
+    statistic = float(((cells - expected * draws) ** 2 / (expected * draws)).sum())
+    assert accepted > draws / 10  # the drafts were really verified (and often kept)
+    assert statistic < CHI2_CRITICAL_1E6_DF7
+    wrong = torch.roll(expected, 1)  # the test has power: a shifted distribution fails it
+    assert float(((cells - wrong * draws) ** 2 / (wrong * draws)).sum()) > 10 * CHI2_CRITICAL_1E6_DF7
+
+
+@pytest.mark.parametrize("options, key", [({"max_depth": 1}, "max_depth"), ({"min_token_prob": 1.5}, "min_token_prob"),
+                                          ({"max_cached_tokens": -1}, "max_cached_tokens")])
+def test_bad_options_are_refused_by_name(options, key):
+    with pytest.raises(SpecpipeError, match=key):
+        validate_options(options)
