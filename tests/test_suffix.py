@@ -139,9 +139,10 @@ def test_the_second_pass_of_a_repeated_workload_is_drafted_from_the_first():
 def test_sampling_keeps_the_target_distribution():
     """The emitted second token's marginal over many seeds equals the target's exact marginal
     (chi-square at 1e-6 over the 7 likeliest tokens and the rest, fixed seeds)."""
-    sampling = SamplingParams(temperature=2.0)
+    sampling = SamplingParams(temperature=0.3)
     target = tiny_target(seed=0, eos=63)
-    prompt = REPEATING  # suffix drafts from the first step
+    answer = Pipeline(target, None, GreedyVerifier(), None).run([3, 60, 22], max_new_tokens=8).token_ids
+    prompt = [3, 60, 22, *answer, 3, 60, 22]  # suffix drafts the greedy answer again: often kept
     pipe = Pipeline(target, proposer(), RejectionVerifier(sampling), FixedGamma(4), sampling)
     plain = Pipeline(target, None, RejectionVerifier(sampling), None, sampling)
     def next_probs(ids):  # [V] the target's sampling distribution after ids
@@ -151,7 +152,7 @@ def test_sampling_keeps_the_target_distribution():
     first = next_probs(prompt)
     eos = 63  # a first token of EOS ends the output: counted with the rest
     marginal = sum(first[t] * next_probs(prompt + [t]) for t in range(first.numel()) if t != eos)  # [V]
-    draws, counts, ended, accepted = 3000, torch.zeros(first.numel()), 0, 0
+    draws, counts, ended, accepted = 2000, torch.zeros(first.numel()), 0, 0
     for seed in range(draws):
         generation = pipe.run(prompt, max_new_tokens=2, seed=seed)
         tokens, accepted = generation.token_ids, accepted + generation.stats.accepted
@@ -165,7 +166,7 @@ def test_sampling_keeps_the_target_distribution():
     cells = torch.cat([counts[top], counts[rest].sum()[None] + ended])
     expected = torch.cat([marginal[top], marginal[rest].sum()[None] + first[eos]])
     statistic = float(((cells - expected * draws) ** 2 / (expected * draws)).sum())
-    assert accepted > draws / 10  # the drafts were really verified (and often kept)
+    assert accepted > draws / 4  # the drafts were really verified, and often kept
     assert statistic < CHI2_CRITICAL_1E6_DF7
     wrong = torch.roll(expected, 1)  # the test has power: a shifted distribution fails it
     assert float(((cells - wrong * draws) ** 2 / (wrong * draws)).sum()) > 10 * CHI2_CRITICAL_1E6_DF7
