@@ -28,6 +28,7 @@ class Check:
     status: str  # ok | warn | refuse | n/a
     why: str
     fix: str = ""
+    translated: bool = False  # tokenizer check: the draft's tokens are translated (it decodes one sequence at a time)
 
 
 def kind_of(node: DictConfig) -> str:
@@ -286,7 +287,7 @@ def check_early_stop(cfg: DictConfig) -> Check:
                  f"controller={kind_of(cfg.controller)} says")
 
 
-def check_batch(cfg: DictConfig, target_config, draft_config_loader) -> Check:
+def check_batch(cfg: DictConfig, target_config, draft_config_loader, translated: bool = False) -> Check:
     """Whether this composition decodes several sequences in one forward, and its batch schedule.
     (The same rules as `Pipeline.batch_refusal`, read from configs.)"""
     from specpipe.controllers.base import check_schedule
@@ -301,6 +302,8 @@ def check_batch(cfg: DictConfig, target_config, draft_config_loader) -> Check:
     reason = None if native else "the target runs on the hf engine, which has no batch rows"
     if reason is None and declared(cfg).drafts_tree(cfg.proposer):
         reason = f"proposer.tree: a {kind} tree's mask differs per row, which the batched forward does not take yet"
+    if reason is None and translated:
+        reason = "a draft with another tokenizer re-tokenises each sequence's text on its own"
     if reason is None and not declared(cfg).batches:
         reason = f"proposer={kind} drafts one sequence at a time"
     if reason is None and draft_model_name(cfg):
@@ -488,6 +491,7 @@ def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
     if "refuse" in (settings.status, options.status):  # later checks read these values
         return [settings, options]
     target_config = target_config_loader()
+    tokenizer = check_tokenizer(cfg, target_tokenizer_loader, draft_tokenizer_loader)
     return [
         settings,
         options,
@@ -495,11 +499,11 @@ def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
         check_lora(cfg),
         *check_precision(cfg),
         check_sampling(cfg),
-        check_tokenizer(cfg, target_tokenizer_loader, draft_tokenizer_loader),
+        tokenizer,
         check_heads(cfg, lambda: target_config),
         *check_engine(cfg, target_config),
         check_memory(cfg, target_config, draft_config_loader),
-        check_batch(cfg, target_config, draft_config_loader),
+        check_batch(cfg, target_config, draft_config_loader, tokenizer.translated),
         check_early_stop(cfg),
     ]
 

@@ -1,0 +1,171 @@
+"""`CrossDrafter`: a draft model whose tokenizer differs from the target's (`proposer=draft`
+picks it when the two tokenizers differ).
+
+The draft reads the committed text in its own tokens: after each verdict the target's tokens
+are decoded and re-encoded with the draft's tokenizer, and the draft's KV cache is cropped to
+the longest prefix it shares with them (usually all but the last few tokens), so only the tail
+is fed again. Two ways to draft, by what the verifier needs:
+
+- greedy (temperature 0): universal assisted generation (as transformers' UAG). The draft
+  decodes γ of its own tokens; their text, re-encoded by the target's tokenizer after a few
+  committed tokens of context, becomes a draft of up to γ target tokens. Greedy verification
+  keeps only what the target itself would emit, so any draft text is safe.
+- sampling: token-level intersection (TLI, Timor et al. 2025; vLLM `use_heterogeneous_vocab`).
+  The draft samples only among tokens whose text exists in both vocabularies, from its own
+  distribution restricted to them (sampling settings applied there); that distribution, placed
+  at the target's ids of those tokens, is the draft's `probs` for rejection sampling. The target's
+  distribution is never restricted: a token outside the intersection is still emitted through the
+  recovered-token residual, so the output is distributed exactly as the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpipe.engine import Runner, make_runner
+from specpipe.proposers.base import Proposer
+from specpipe.sampling import SamplingParams, sample
+from specpipe.state import DecodeState
+from specpipe.types import DraftBlock, Verdict
+
+LOOKBEHIND = 4  # committed target tokens re-encoded with a draft's text, so its first token splits as in running text
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: printable bytes stand for themselves, the others for
+    256 + n (the mapping every byte-level BPE tokenizer shares: Qwen, SmolLM2, Llama 3, GPT-2)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in keep:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def _is_byte_level(tokenizer) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and '"ByteLevel"' in backend.to_str()
+
+
+def token_texts(tokenizer) -> dict[int, tuple[str, bytes]]:
+    """id -> what the token stands for, comparable across tokenizers: ("special", its string)
+    for special tokens, ("text", its bytes) for the rest (byte-level BPE and SentencePiece
+    spellings both normalised to bytes)."""
+    special = set(tokenizer.all_special_ids)
+    byte_level = _is_byte_level(tokenizer)
+    decoder = _byte_decoder() if byte_level else {}
+    texts = {}
+    for token, index in tokenizer.get_vocab().items():
+        if index in special or token in getattr(tokenizer, "added_tokens_encoder", {}):
+            texts[index] = ("special", token)
+        elif byte_level and all(c in decoder for c in token):
+            texts[index] = ("text", bytes(decoder[c] for c in token))
+        elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # SentencePiece byte fallback
+            texts[index] = ("text", bytes([int(token[3:5], 16)]))
+        else:
+            texts[index] = ("text", token.replace("\u2581", " ").encode())
+    return texts
+
+
+class SharedVocab:
+    """The tokens both tokenizers have, by text: draft_ids[i] and target_ids[i] are the same text."""
+
+    def __init__(self, target_tokenizer, draft_tokenizer):
+        by_text = {text: index for index, text in token_texts(target_tokenizer).items()}
+        pairs = sorted((d, by_text[text]) for d, text in token_texts(draft_tokenizer).items() if text in by_text)
+        self.draft_ids = torch.tensor([d for d, _ in pairs], dtype=torch.long)  # [S]
+        self.target_ids = torch.tensor([t for _, t in pairs], dtype=torch.long)  # [S]
+        self.draft_size, self.target_size = len(draft_tokenizer), len(target_tokenizer)
+
+    @property
+    def size(self) -> int:
+        return int(self.draft_ids.numel())
+
+    def describe(self) -> str:
+        return (f"{self.size} tokens have the same text in both vocabularies ({self.size / self.draft_size:.0%} of "
+                f"the draft's {self.draft_size}, {self.size / self.target_size:.0%} of the target's {self.target_size})")
+
+
+class CrossDrafter(Proposer):
+    def __init__(self, model: torch.nn.Module, sampling: SamplingParams, target_tokenizer, draft_tokenizer, *,
+                 engine: str = "auto", precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
+        self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device)
+        self.sampling = sampling
+        self.target_tok, self.draft_tok = target_tokenizer, draft_tokenizer
+        self.shared = SharedVocab(target_tokenizer, draft_tokenizer)
+        self.cached: list[int] = []  # the draft ids whose keys and values are in the draft's cache
+        self.target_vocab = len(target_tokenizer)  # the target's logits width, set by bind
+
+    @classmethod
+    def on(cls, context, model: torch.nn.Module, draft_tokenizer, precision: str) -> "CrossDrafter":
+        return cls(model, context.sampling, context.tokenizer, draft_tokenizer, engine=context.engine,
+                   precision=precision, cache_len=context.cache_len, device=context.device)
+
+    @property
+    def batch_refusal(self) -> str | None:
+        return "a draft with another tokenizer re-tokenises each sequence's text on its own"
+
+    def bind(self, target: Runner) -> None:
+        self.target_vocab = target.vocab_size
+
+    def prefill(self, state: DecodeState, out=None) -> None:
+        self.runner.reset()
+        self.cached = []
+
+    def memory(self) -> dict[str, int]:
+        used = self.runner.memory()
+        return {"draft weights": used.weights, "draft KV cache": used.cache}
+
+    def _sync(self, tokens: list[int]) -> list[int]:
+        """Crop the draft's cache to what it shares with the committed text in draft tokens;
+        returns the draft ids to feed (at least one: the forward that predicts the next)."""
+        ids = self.draft_tok.encode(self.target_tok.decode(tokens), add_special_tokens=False) or [0]
+        keep = 0
+        for cached, new in zip(self.cached, ids[:-1]):
+            if cached != new:
+                break
+            keep += 1
+        self.runner.crop(keep)
+        self.cached = ids[:keep]
+        return ids[keep:]
+
+    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
+        feed = self._sync(state.tokens)
+        draft, tokens, probs = [], [], []
+        for i in range(gamma):
+            logits = self.runner.forward(feed, last_only=True).logits[0, -1]  # [V_draft]
+            self.cached += feed
+            if self.sampling.greedy:
+                token = int(logits.argmax())
+                top = float(torch.softmax(logits.float(), -1)[token])
+            else:
+                shared = self.sampling.probs(logits[self.shared.draft_ids])  # [S] the draft restricted to shared tokens
+                pick = int(sample(shared, state.rng))
+                token = int(self.shared.draft_ids[pick])
+                tokens.append(int(self.shared.target_ids[pick]))
+                placed = torch.zeros(self.target_vocab, dtype=torch.float32)  # [V] at the target's ids
+                placed[self.shared.target_ids] = shared.float()
+                probs.append(placed)
+                top = float(shared.max())
+            draft.append(token)
+            feed = [token]
+            if state.early_stop is not None and state.early_stop(i, top):
+                break
+        if not self.sampling.greedy:
+            return DraftBlock(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
+        return DraftBlock(torch.tensor(self._translate(state.tokens, draft)[:gamma], dtype=torch.long))
+
+    def _translate(self, committed: list[int], draft: list[int]) -> list[int]:
+        """The draft's text in target tokens, split as the target's tokenizer would in running text."""
+        text = self.draft_tok.decode(draft)
+        tail = committed[-LOOKBEHIND:]
+        ids = self.target_tok.encode(self.target_tok.decode(tail) + text, add_special_tokens=False)
+        if ids[: len(tail)] == tail:
+            return ids[len(tail):]
+        return self.target_tok.encode(text, add_special_tokens=False)
+
+    def commit(self, verdict: Verdict, out=None) -> None:
+        """Nothing: the next `propose` re-synchronises from the committed text."""
