@@ -72,16 +72,14 @@ def config_checks(cfg: DictConfig, *, fetch: bool = True, target_tokenizer=None)
     """The checks of `specpipe check`, `generate`, `bench` and `export`: one path for all.
     fetch=False (export): a zoo model not fetched yet is judged by its zoo entry (its tokenizer
     family) instead of being downloaded; its config is then unknown."""
-    def config(name):
+    def known(load, name):  # a model not fetched yet (export) is not downloaded: its config or tokenizer is unknown
         source = resolve(name, fetch=fetch)
-        return load_config(source) if fetch or source.is_dense_cached or _is_fetched(source) else None
+        return load(source) if fetch or source.is_dense_cached or _is_fetched(source) else None
 
-    def draft_tokenizer():  # a draft not fetched yet (export): its tokenizer is unknown, not downloaded
-        source = resolve(draft_model_name(cfg), fetch=fetch)
-        return load_tokenizer(source) if fetch or source.is_dense_cached or _is_fetched(source) else None
-
-    return run_checks(cfg, target_tokenizer or (lambda: load_tokenizer(resolve(cfg.model.name))), draft_tokenizer,
-                      lambda: config(cfg.model.name), lambda: config(draft_model_name(cfg)))
+    draft = draft_model_name(cfg)
+    return run_checks(cfg, target_tokenizer or (lambda: known(load_tokenizer, cfg.model.name)),
+                      lambda: known(load_tokenizer, draft), lambda: known(load_config, cfg.model.name),
+                      lambda: known(load_config, draft))
 
 
 def _is_fetched(source: ModelSource) -> bool:

@@ -1,7 +1,6 @@
 """`specpipe export vllm|sglang recipe=... [out=FILE]`: serving-engine settings for a composition.
 
-Takes the same settings as `generate` (usually just `recipe=`); loads no weights, except the
-target's LM head for a Medusa export (vLLM reads it from the heads' folder). vLLM: writes
+Takes the same settings as `generate` (usually just `recipe=`); loads no weights. vLLM: writes
 the speculative_config JSON (default speculative_config.json) and prints the `vllm serve`
 command. SGLang: prints the launch command (and writes it to `out=` when given). What has no
 equivalent is exported as the nearest setting, with a warning naming what is lost. The file's
@@ -37,19 +36,16 @@ def run(args: list[str]) -> int:
     overrides = [a for a in args[1:] if not a.startswith("out=")]
     cfg = compose(overrides, "generate")
     # what `specpipe check` refuses, export refuses: a composition that cannot run is not exported
-    refuse_if_any(config_checks(cfg, fetch=False))
+    checks = config_checks(cfg, fetch=False)
+    refuse_if_any(checks)
     path = Path(out or "speculative_config.json")
     if args[0] == "vllm" or out:  # sglang writes nothing without out=
         writable_output(path.parent, f"out={path}", files=(path.name,))
-    plan = plan_of(cfg)
-    plan.folder = path.parent
-    medusa_dir = path.parent / "medusa-vllm"
+    plan = plan_of(cfg, checks)
     result = vllm.export(plan) if args[0] == "vllm" else sglang.export(plan)
     err = Console(stderr=True)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-    if result.settings.get("method") == "medusa":
-        _write_medusa(cfg, plan, medusa_dir, err)
     if result.engine == "vllm" and result.settings:
         written = save_or_keep(lambda to: write_json(to, result.settings), path, "the speculative_config")
         err.print(f"speculative_config ({result.engine} {result.version}): {written}")
@@ -59,14 +55,3 @@ def run(args: list[str]) -> int:
         err.print(f"command: {written}")
     print(result.command)
     return 0
-
-
-def _write_medusa(cfg, plan, folder: Path, err: Console) -> None:
-    from specpipe.heads.io import save_medusa_for_vllm
-    from specpipe.models.loader import load_model, resolve
-
-    with err.status("writing the heads with the target's LM head for vLLM…"):
-        lm_weight = load_model(resolve(cfg.model.name)).get_output_embeddings().weight
-        save_or_keep(lambda to: save_medusa_for_vllm(Path(plan.heads), lm_weight, to), folder,
-                     "the Medusa heads for vLLM")
-    err.print(f"medusa heads for vLLM: {folder}")

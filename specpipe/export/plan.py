@@ -8,6 +8,7 @@ its original checkpoint (the zoo's GGUF is a 4-bit copy of it), anything else as
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ class ExportPlan:
     heads: str | None = None  # trained heads: the folder, absolute
     tree: list | dict | None = None  # the proposer's tree option; None: a chain
     batch_schedule: dict[int, int] = field(default_factory=dict)  # batch size -> γ (0: speculation off there)
-    folder: Path = Path(".")  # where the export writes files an engine loads (Medusa for vLLM)
+    translated: bool = False  # the draft model has another tokenizer than the target
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -39,13 +40,15 @@ class ExportPlan:
         """The smallest batch size at which the schedule switches speculation off, if any."""
         return min((size for size, gamma in self.batch_schedule.items() if gamma == 0), default=None)
 
-    def settings_for(self, engine: str, version: str) -> dict | None:
-        """The proposer's own mapping to `engine` (None: nothing to speculate with)."""
+    def settings_for(self, engine: str, version: str) -> tuple[dict | None, list[str]]:
+        """The proposer's own mapping to `engine` (None: nothing to speculate with), and the
+        warnings: the plan's and what the mapping says it loses (on a copy: the plan is reusable)."""
         mapping = self.proposer.export.get(engine)
         if mapping is None:
             raise SpecpipeError(f"proposer={self.proposer.name} has no {engine} {version} export (its module declares "
                                 "none).")
-        return mapping(self)
+        own = dataclasses.replace(self, warnings=list(self.warnings))
+        return mapping(own), own.warnings
 
 
 def engine_model(name: str) -> str:
@@ -56,7 +59,12 @@ def engine_model(name: str) -> str:
     return str(path.resolve()) if path.exists() else name
 
 
-def plan_of(cfg: DictConfig) -> ExportPlan:
+def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
+    """checks: the config's `config_checks` (run here, without fetching models, when None)."""
+    if checks is None:
+        from specpipe.build import config_checks
+
+        checks = config_checks(cfg, fetch=False)
     declaration = declared(cfg)
     gamma, lost = _fixed_gamma(cfg, declaration.name)
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
@@ -68,6 +76,7 @@ def plan_of(cfg: DictConfig) -> ExportPlan:
     if cfg.model.name in zoo.ZOO:
         plan.warnings.append(f"{cfg.model.name} is exported as {plan.target}, the original checkpoint of the "
                              "zoo's 4-bit GGUF: the engine serves the original weights.")
+    plan.translated = any(check.translated for check in checks)
     if declaration.draft_model == "target":
         plan.draft = plan.target
     elif declaration.draft_model:

@@ -43,16 +43,6 @@ def save_medusa(heads: MedusaHeads, folder: Path, *, target: str, extra: dict | 
     return _write_folder(folder, config, tensors)
 
 
-def save_medusa_for_vllm(heads_dir: Path, lm_weight, folder: Path) -> Path:
-    """A copy vLLM loads as is: the blocks plus the target's LM head as `lm_head.weight`
-    (vLLM reads the shared head from the checkpoint, not from the target)."""
-    heads = load_medusa(heads_dir)
-    config = {**read_config(heads_dir, "medusa"), "original_lm_head": True}
-    tensors = {n: t.contiguous() for n, t in heads.state_dict().items() if not n.startswith("lm_heads.")}
-    tensors["lm_head.weight"] = (lm_weight if heads.shared_lm_head else heads.lm_heads[0].weight).detach().contiguous()
-    return _write_folder(folder, config, tensors)
-
-
 def load_medusa(folder: Path) -> MedusaHeads:
     config = read_config(folder, "medusa")
     heads = MedusaHeads(config["hidden_size"], config["vocab_size"], config["num_heads"],

@@ -43,15 +43,23 @@ def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, tempe
 
 
 def _vllm(plan) -> dict:
-    from specpipe.export.vllm import DRAFT_MODEL_NOTE
+    config = {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma}
+    if plan.translated:  # vLLM's token-level intersection (TLI), greedy draft sampling only
+        plan.warnings.append("the draft has another tokenizer: exported with use_heterogeneous_vocab (vLLM drafts "
+                             "greedily among the shared tokens only); specpipe's re-tokenised greedy drafts, which "
+                             "also reach target tokens the draft's vocabulary lacks, are lost.")
+        config["use_heterogeneous_vocab"] = True
+    return config
 
-    plan.warnings.append(DRAFT_MODEL_NOTE)
-    return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma}
 
+def _sglang(plan) -> dict | None:
+    from specpipe.export.sglang import VERSION, chain
 
-def _sglang(plan) -> dict:
-    from specpipe.export.sglang import chain
-
+    if plan.translated:
+        plan.warnings.append(f"the draft has another tokenizer, and SGLang {VERSION}'s STANDALONE refuses a draft "
+                             "whose vocabulary differs: the command serves the plain target. vLLM serves it "
+                             "(use_heterogeneous_vocab).")
+        return None
     return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **chain(plan.gamma)}
 
 

@@ -263,8 +263,8 @@ def _vllm(plan) -> dict:
 
     read_config(plan.heads, "eagle")  # a clear error now, not at vLLM's start-up
     if plan.tree:
-        plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE as a chain (its speculative_token_tree is "
-                             f"a static tree); EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
+        plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE as a chain (it has no token tree); "
+                             f"EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
     return {"method": "eagle", "model": plan.heads, "num_speculative_tokens": plan.gamma}
 
 

@@ -148,26 +148,21 @@ def build(*, context, heads: str, num_heads: int | None = None, tree: list | Non
     return MedusaProposer(loaded, context.sampling, tree)
 
 
-def _vllm(plan) -> dict:
-    """vLLM builds as many heads as num_speculative_tokens and loads the shared LM head from the
-    heads' own checkpoint: the export command writes a copy of the heads with the target's LM head
-    to <out folder>/medusa-vllm."""
+def _vllm(plan) -> None:
     from specpipe.export.vllm import VERSION
-    from specpipe.heads.io import read_config
 
-    heads = read_config(plan.heads, "medusa")
-    if plan.tree:
-        plan.warnings.append(f"proposer.tree: vLLM {VERSION}'s Medusa proposer drafts a chain (each head's top "
-                             "token); the candidate tree is lost.")
-    return {"method": "medusa", "model": str((plan.folder / "medusa-vllm").resolve()),
-            "num_speculative_tokens": heads["num_heads"]}
+    plan.warnings.append(f"vLLM {VERSION} has no Medusa (method medusa is gone from its SpeculativeConfig): the "
+                         "command serves the plain target and the heads' speedup is lost. Train an EAGLE head "
+                         "(specpipe train proposer=eagle), which both engines serve.")
+    return None
 
 
 def _sglang(plan) -> None:
     from specpipe.export.sglang import ALGORITHMS, VERSION
 
     plan.warnings.append(f"SGLang {VERSION} has no Medusa (its algorithms: {', '.join(ALGORITHMS)}): the command "
-                         "serves the plain target, and the heads' speedup is lost. vLLM serves Medusa heads.")
+                         "serves the plain target, and the heads' speedup is lost. Train an EAGLE head "
+                         "(specpipe train proposer=eagle), which both engines serve.")
     return None
 
 

@@ -55,10 +55,10 @@ def _vllm(plan) -> dict:
 def _sglang(plan) -> dict:
     from specpipe.export.sglang import VERSION
 
-    plan.warnings.append(f"SGLang {VERSION} runs NGRAM on CUDA only.")
+    plan.warnings.append(f"proposer.ngram_min / ngram_max: SGLang {VERSION} has no match-window flags; its NGRAM "
+                         "matches any suffix up to --speculative-ngram-max-trie-depth (18) in a trie of earlier "
+                         "prompts and outputs, so it may draft where specpipe's lookup would not.")
     return {"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": plan.gamma + 1,
-            "--speculative-ngram-min-match-window-size": int(plan.options["ngram_min"]),
-            "--speculative-ngram-max-match-window-size": int(plan.options["ngram_max"]),
             "--speculative-ngram-min-bfs-breadth": 1, "--speculative-ngram-max-bfs-breadth": 1}
 
 

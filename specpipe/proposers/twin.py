@@ -25,19 +25,23 @@ def build(*, context, quantize: str = "int8") -> ModelDrafter:
 
 
 def _vllm(plan) -> dict:
-    from specpipe.export.vllm import DRAFT_MODEL_NOTE
-
-    plan.warnings += [DRAFT_MODEL_NOTE, "twin: vLLM has no int8 copy of the target as a draft; exported as the "
-                      "target drafting for itself with fp8 weights (quantization=fp8, the nearest GPU setting)."]
+    plan.warnings.append(f"twin: vLLM has no {plan.options.get('quantize')} copy of the target as a draft; exported "
+                         "as the target drafting for itself with fp8 weights (quantization=fp8, the nearest GPU "
+                         "setting).")
     return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma, "quantization": "fp8"}
 
 
 def _sglang(plan) -> dict:
     from specpipe.export.sglang import VERSION, chain
 
-    plan.warnings.append(f"twin: SGLang {VERSION} has no flag to quantize the draft, so the target drafts for "
-                         "itself at full cost and this cannot pay; prefer a smaller draft model or ngram there.")
-    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **chain(plan.gamma)}
+    flags = {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **chain(plan.gamma)}
+    if plan.options.get("quantize") == "int8":  # int8 weights: SGLang's nearest is int8 weights and activations
+        plan.warnings.append("twin: proposer.quantize=int8 exported as --speculative-draft-model-quantization "
+                             "w8a8_int8 (int8 activations too; a draft may use any precision, the target verifies).")
+        return {**flags, "--speculative-draft-model-quantization": "w8a8_int8"}
+    plan.warnings.append(f"twin: SGLang {VERSION} has no {plan.options.get('quantize')} draft quantization, so the "
+                         "target drafts for itself at full cost and this cannot pay; use proposer.quantize=int8.")
+    return flags
 
 
 DECLARATION = Declaration("twin", draft_model="target", early_stop=True, peer="hf-assisted",
