@@ -134,8 +134,14 @@ def check_sampling(cfg: DictConfig) -> Check:
                      "use verifier=rejection for lossless sampling")
     if name == "greedy" and (cfg.top_k or cfg.top_p < 1.0):
         return Check("sampling", "warn", "top_k / top_p have no effect on greedy decoding")
+    declaration = declared(cfg)
+    notes = ""
+    if cfg.temperature > 0 and not declaration.draft_probs:
+        notes += f"; proposer={declaration.name} drafts without probabilities (one-hot: lossless, kept less often)"
+    if name == "rejection" and declaration.tree == "auto":
+        notes += f"; proposer={declaration.name} drafts its best path (rejection sampling verifies chains)"
     return Check("sampling", "ok", f"verifier={name} honours temperature={cfg.temperature}, "
-                 f"top_k={cfg.top_k}, top_p={cfg.top_p} identically on target and draft")
+                 f"top_k={cfg.top_k}, top_p={cfg.top_p} identically on target and draft{notes}")
 
 
 def check_tokenizer(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader) -> Check:

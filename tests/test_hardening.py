@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from specpipe.build import build_pipeline, config_checks
@@ -193,9 +194,34 @@ def test_the_cli_refuses_them_in_check_generate_and_export(model_dirs):
     target = f"model={model_dirs / 'target'}"
     for command in (["check"], ["generate"], ["export", "vllm"]):
         refused(specpipe(*command, target, "temperature=nan", "verifier=rejection"), "temperature=nan")
-    alien = [target, "proposer=draft", f"proposer.model={model_dirs / 'alien'}"]
+    disjoint = [target, "proposer=draft", f"proposer.model={_disjoint_draft(model_dirs)}"]
     for command in (["check"], ["export", "vllm"], ["export", "sglang"]):
-        refused(specpipe(*command, *alien), "tokenizer")
+        refused(specpipe(*command, *disjoint), "shares no token text")
+
+
+def _disjoint_draft(model_dirs):
+    """A draft whose tokenizer has not one token text in common with the target's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from conftest import VOCAB, tiny_model
+
+    folder = model_dirs / "disjoint"
+    if not folder.exists():
+        words = Tokenizer(models.WordLevel(vocab={f"zz{i}": i for i in range(VOCAB)}, unk_token="zz0"))
+        words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tiny_model(9, dtype=torch.float32).save_pretrained(folder)
+        PreTrainedTokenizerFast(tokenizer_object=words, eos_token="zz1", unk_token="zz0").save_pretrained(folder)
+    return folder
+
+
+def test_a_draft_with_another_tokenizer_is_checked_and_exported(model_dirs):
+    alien = [f"model={model_dirs / 'target'}", "proposer=draft", f"proposer.model={model_dirs / 'alien'}"]
+    vllm = specpipe("export", "vllm", *alien, f"out={model_dirs / 'alien-export' / 'spec.json'}")
+    assert vllm.returncode == 0, vllm.stderr
+    assert json.loads((model_dirs / "alien-export" / "spec.json").read_text())["use_heterogeneous_vocab"] is True
+    sglang = specpipe("export", "sglang", *alien)
+    assert sglang.returncode == 0 and "refuses a draft whose vocabulary differs" in " ".join(sglang.stderr.split())
 
 
 def test_generate_json_is_strict(model_dirs):

@@ -2,10 +2,12 @@
 baselines in the bench table.
 
 - `hf-assisted`: `generate(assistant_model=...)` with the proposer's own draft model (the
-  draft or twin, at the precision specpipe uses), transformers' default assistant schedule.
+  draft or twin, at the precision specpipe uses), transformers' default assistant schedule; a
+  draft with another tokenizer runs as transformers' universal assisted generation.
 - `hf-prompt-lookup`: `generate(prompt_lookup_num_tokens=γ)`, transformers' n-gram lookup
   (max_matching_ngram_size from `proposer.ngram_max` when the proposer is ngram).
-- `auto`: the counterpart of the proposer (draft, twin: hf-assisted; ngram: hf-prompt-lookup).
+- `auto`: the counterpart the proposer declares (`DECLARATION.peer`: draft, twin: hf-assisted;
+  ngram: hf-prompt-lookup; the others none).
 - `hf-batched` (a request load, `requests=`): transformers' plain batched `generate`, static
   batches of `concurrency` requests, left-padded (its assisted generation refuses batches).
 
@@ -138,7 +140,11 @@ def _assisted(pipeline, cfg) -> Peer:
             f"peer=hf-assisted needs a draft model, and proposer={proposer_kind(cfg)} has none. Use "
             "proposer=draft or proposer=twin with it, or peer=hf-prompt-lookup."
         )
-    return Peer("hf-assisted", _hf_generate(pipeline, assistant_model=hf_model(runner)))
+    options = {"assistant_model": hf_model(runner)}
+    draft_tokenizer = getattr(pipeline.proposer, "draft_tok", None)
+    if draft_tokenizer is not None:  # another tokenizer: transformers' universal assisted generation
+        options.update(tokenizer=pipeline.target.tokenizer, assistant_tokenizer=draft_tokenizer)
+    return Peer("hf-assisted", _hf_generate(pipeline, **options))
 
 
 def _prompt_lookup(pipeline, cfg) -> Peer:

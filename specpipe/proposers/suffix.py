@@ -87,17 +87,21 @@ class SuffixTree:
                     break
                 node = child
 
-    def match(self, context: list[int]) -> tuple[Node, int] | None:
-        """The node of the longest suffix of `context` the tree holds with a continuation."""
-        for length in range(min(len(context), self.depth - 1), 0, -1):
+    def matches(self, context: list[int]):
+        """(node, length) of every suffix of `context` the tree holds, shortest first (a suffix
+        the tree lacks has no longer one either), up to len(context) - 1 tokens and depth - 1."""
+        for length in range(1, min(len(context), self.depth)):
             node = self.root
             for token in context[-length:]:
                 node = node.children.get(token)
                 if node is None:
-                    break
-            if node is not None and node.children:
-                return node, length
-        return None
+                    return
+            yield node, length
+
+    def match(self, context: list[int]) -> tuple[Node, int] | None:
+        """The longest suffix of `context` the tree holds with a continuation."""
+        found = [(node, length) for node, length in self.matches(context) if node.children]
+        return found[-1] if found else None
 
 
 def _size(node: Node) -> int:
@@ -117,16 +121,16 @@ NOTHING = Speculation([], [], 0.0)
 
 def grow(node: Node, limit: int, min_prob: float, tree: bool) -> Speculation:
     """At most `limit` continuations of `node`, most probable first (a child's probability: its
-    parent's times its share of the parent's children's counts), none below `min_prob`. A chain
-    follows only the most frequent child at each node (ties: the first seen)."""
+    parent's times count(child) / count(parent), so occurrences that end the text count against
+    every continuation), none below `min_prob`. A chain follows only the most frequent child at
+    each node (ties: the first seen)."""
     tokens, parents, score, tie = [], [], 0.0, itertools.count()
     frontier: list = []  # heap of (-probability, tie, token, node, parent index)
 
     def offer(at: Node, reach: float, index: int) -> None:
-        total = sum(child.count for child in at.children.values())
         ranked = sorted(at.children.items(), key=lambda item: -item[1].count)
         for token, child in ranked[: None if tree else 1]:
-            prob = reach * child.count / total
+            prob = reach * child.count / at.count
             if prob >= min_prob:
                 heapq.heappush(frontier, (-prob, next(tie), token, child, index))
 
@@ -210,15 +214,12 @@ class SuffixProposer(Proposer):
         self.seen = len(state.tokens)
         context = state.tokens[-self.local.depth:]
         best, source = NOTHING, None
-        for tree in (self.local, self.cache.tree):
-            found = tree.match(context)
-            if found is None:
-                continue
-            node, length = found
-            limit = min(gamma, int(length * self.factor + self.offset + 1e-6))
-            speculation = grow(node, limit, self.min_prob, self.trees)
-            if speculation.score > best.score:
-                best, source = speculation, tree
+        for tree in (self.local, self.cache.tree):  # the local tree first: it wins ties
+            for node, length in tree.matches(context):  # every match length; ties: the longer
+                limit = min(gamma, int(length * self.factor + self.offset + 1e-6))
+                speculation = grow(node, limit, self.min_prob, self.trees)
+                if speculation.score > best.score or (speculation.score == best.score and source is tree):
+                    best, source = speculation, tree
         if source is self.cache.tree:
             self.cache.touch(best.node.last)
         return _draft(best)
