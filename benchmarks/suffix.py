@@ -39,8 +39,9 @@ def pipelines(args) -> dict[str, Pipeline]:
         return Pipeline(plain.target, proposer, GreedyVerifier(), FixedGamma(gamma, 1, gamma), runner=plain.runner)
     return {"plain": plain,
             f"ngram γ={args.gamma_ngram}": on_target(NgramProposer(4, 2), args.gamma_ngram),
-            f"suffix γ≤{args.gamma_suffix}": on_target(suffix.build(context=None, tree=not args.chain),
-                                                       args.gamma_suffix)}
+            f"suffix γ≤{args.gamma_suffix}": on_target(suffix.build(
+                context=None, tree=not args.chain, min_token_prob=args.min_token_prob,
+                max_spec_factor=args.max_spec_factor), args.gamma_suffix)}
 
 
 def main() -> None:
@@ -52,10 +53,13 @@ def main() -> None:
     parser.add_argument("--gamma-suffix", type=int, default=8)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--chain", action="store_true", help="suffix drafts its best path only")
+    parser.add_argument("--min-token-prob", type=float, default=0.1)
+    parser.add_argument("--max-spec-factor", type=float, default=1.0)
+    parser.add_argument("--categories", nargs="+", default=CATEGORIES)
     args = parser.parse_args()
     torch.manual_seed(0)
     pipes = pipelines(args)
-    prompts = [p for c in CATEGORIES for p in load_prompts("dev", [c])[: args.per_category]]
+    prompts = [p for c in args.categories for p in load_prompts("dev", [c])[: args.per_category]]
     plain = pipes["plain"]
     plain.run(plain.encode(prompts[0]["messages"]), max_new_tokens=8, speculative=False)  # warm-up
     for served in range(1, args.passes + 1):
@@ -70,8 +74,8 @@ def main() -> None:
                 rows[prompt["category"], name].append((speedup, gen.stats.mean_accepted_length, exact,
                                                        reference.stats.tokens_per_s))
                 print(f"pass {served} {prompt['id']:14s} {name:12s} {gen.stats.tokens_per_s:7.2f} tok/s "
-                      f"x{speedup:.2f} τ={gen.stats.mean_accepted_length:.2f} exact={'yes' if exact else 'NO'}",
-                      flush=True)
+                      f"x{speedup:.2f} τ={gen.stats.mean_accepted_length:.2f} exact={'yes' if exact else 'NO'} "
+                      f"propose {gen.stats.propose_s:.2f}s verify {gen.stats.verify_s:.2f}s", flush=True)
         table(rows, pipes, served, args)
 
 
@@ -80,7 +84,7 @@ def table(rows, pipes, served: int, args) -> None:
     print(f"\n{args.model}, pass {served} of {args.passes}, {args.tokens} tokens, greedy")
     print("| category | plain tok/s | " + " | ".join(f"{n} speedup (τ)" for n in names) + " | exact |")
     print("|---|---|" + "---|" * len(names) + "---|")
-    for category in [*CATEGORIES, "overall"]:
+    for category in [*args.categories, "overall"]:
         pick = (lambda key: key[0] == category) if category != "overall" else (lambda key: True)
         cells = []
         for name in names:

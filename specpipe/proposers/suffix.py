@@ -128,8 +128,14 @@ def grow(node: Node, limit: int, min_prob: float, tree: bool) -> Speculation:
     frontier: list = []  # heap of (-probability, tie, token, node, parent index)
 
     def offer(at: Node, reach: float, index: int) -> None:
-        ranked = sorted(at.children.items(), key=lambda item: -item[1].count)
-        for token, child in ranked[: None if tree else 1]:
+        if not at.children:
+            return
+        least = min_prob * at.count / reach  # a child needs this count to reach min_prob
+        if tree:  # a short match's node can have hundreds of children: rank only those that qualify
+            ranked = sorted(((t, c) for t, c in at.children.items() if c.count >= least), key=lambda i: -i[1].count)
+        else:
+            ranked = [max(at.children.items(), key=lambda item: item[1].count)]
+        for token, child in ranked:
             prob = reach * child.count / at.count
             if prob >= min_prob:
                 heapq.heappush(frontier, (-prob, next(tie), token, child, index))
