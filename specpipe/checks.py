@@ -276,6 +276,25 @@ def batch_size(cfg: DictConfig) -> int:
     return max(int(cfg.get("concurrency") or 1), int(cfg.get("batch") or 1))
 
 
+def check_proposer(cfg: DictConfig) -> Check:
+    """What the proposer declares of itself, in words (the first row of `specpipe check`)."""
+    d = declared(cfg)
+    if d.name == "none":
+        return Check("proposer", "n/a", "plain decoding with the target")
+    reads = {"target": "drafts in the target's own token ids", "same": "a second model with the target's tokenizer",
+             "any": "a second model, its tokenizer the target's or translated"}[d.tokenizer]
+    shape = {"never": "a chain", "option": "a chain, or a tree with proposer.tree",
+             "auto": "a tree where the verifier takes one, else its best path"}[d.tree]
+    parts = [reads, shape, "with draft probabilities" if d.draft_probs else "one-hot drafts (no probabilities)"]
+    if d.hidden != "none":
+        parts.append(f"reads the target's {d.hidden} hidden states")
+    if d.heads:
+        parts.append("trained heads" + (" (specpipe train)" if d.trainer else ""))
+    parts.append("stops early when a controller asks" if d.early_stop else "ignores a controller's early stop")
+    parts.append(f"exports to {', '.join(d.export) or 'no engine'}")
+    return Check("proposer", "ok", f"{d.name}: " + "; ".join(parts))
+
+
 def check_early_stop(cfg: DictConfig) -> Check:
     """A controller that stops drafts early (controller=confidence) needs a proposer that asks it."""
     from specpipe.build import call_target
@@ -501,6 +520,7 @@ def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
     return [
         settings,
         options,
+        check_proposer(cfg),
         check_early_exit(cfg, target_config),
         check_lora(cfg),
         *check_precision(cfg),

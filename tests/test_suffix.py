@@ -31,9 +31,11 @@ def test_counts_follow_every_substring_up_to_the_depth():
     tree.extend(tree.start(), [1, 2, 3, 1, 2, 4])
     node, length = tree.match([9, 1, 2])
     assert length == 2  # [9, 1, 2] was never seen; its suffix [1, 2] twice
-    assert {token: child.count for token, child in node.children.items()} == {3: 1, 4: 1}
-    assert tree.root.children[1].count == 2 and tree.root.children[2].count == 2
-    assert 3 not in tree.root.children[1].children[2].children[3].children  # depth 3: no 4-token substrings
+    assert {token: tree.count[child] for token, child in tree.children[node].items()} == {3: 1, 4: 1}
+    one, two = tree.children[0][1], tree.children[0][2]
+    assert tree.count[one] == 2 and tree.count[two] == 2
+    deepest = tree.children[tree.children[one][2]][3]  # [1, 2, 3]
+    assert tree.children[deepest] == {}  # depth 3: no 4-token substrings
     assert tree.match([5]) is None
 
 
@@ -41,7 +43,7 @@ def test_a_draft_grows_most_probable_first_and_stops_at_min_token_prob():
     tree = SuffixTree(depth=8)
     tree.extend(tree.start(), [1, 2, 3, 5, 1, 2, 3, 5, 1, 2, 4, 6])
     node, _ = tree.match([1, 2])
-    speculation = grow(node, limit=10, min_prob=0.3, tree=True)
+    speculation = grow(tree, node, limit=10, min_prob=0.3, branch=True)
     # after [1, 2]: 3 twice, 4 once -> 3, 5, 1, 2 at 2/3 each (the path seen twice), then every
     # node at 1/3: 4 and 6 (seen once), the two continuations of the second [1 2 3 5 1 2]...
     assert speculation.tokens[:4] == [3, 5, 1, 2]
@@ -49,10 +51,19 @@ def test_a_draft_grows_most_probable_first_and_stops_at_min_token_prob():
     assert len(speculation.tokens) == 10
     assert 4 in speculation.tokens and speculation.parents[speculation.tokens.index(4)] == -1
     assert speculation.score == pytest.approx(4 * 2 / 3 + 6 * 1 / 3)
-    chain = grow(node, limit=10, min_prob=0.3, tree=False)
+    chain = grow(tree, node, limit=10, min_prob=0.3, branch=False)
     assert chain.parents == list(range(-1, len(chain.tokens) - 1))  # one path: the most frequent child
     assert 4 not in chain.tokens
-    assert grow(node, limit=10, min_prob=0.7, tree=True).tokens == []  # nothing is that likely
+    assert grow(tree, node, limit=10, min_prob=0.7, branch=True).tokens == []  # nothing is that likely
+
+
+def test_the_trees_are_invisible_to_the_garbage_collector():
+    """Full collections would walk every node otherwise (pauses of 0.4 s measured mid-propose)."""
+    import gc
+
+    tree = SuffixTree(depth=8)
+    tree.extend(tree.start(), list(range(50)) * 4)
+    assert tree.nodes > 300 and not any(gc.is_tracked(children) for children in tree.children)
 
 
 def test_the_global_tree_evicts_the_least_recently_used_within_its_bounds():
@@ -67,6 +78,7 @@ def test_the_global_tree_evicts_the_least_recently_used_within_its_bounds():
     for tokens in ([1, 2, 3, 4], [9, 10, 11, 12]):
         fresh.extend(fresh.start(), tokens)
     assert cache.tree.nodes == fresh.nodes  # eviction removed every node of the evicted output
+    assert cache.tree.free  # ... and their slots are reused by later outputs
     by_tokens = RequestCache(depth=4, max_requests=100, max_tokens=10)
     for start in range(0, 40, 4):
         by_tokens.add(list(range(start, start + 4)))
