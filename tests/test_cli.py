@@ -140,6 +140,7 @@ def test_hydra_flags_with_a_recipe():
     assert _split_flags(["a=1", "-m", "b=2,3", "--cfg", "job", "c=4"]) == (["-m", "--cfg", "job"], ["a=1", "b=2,3", "c=4"])
 
 
+@pytest.mark.full  # 47 s in CI (six CLI runs); test_hardening keeps each prompt form verbatim in CI
 def test_several_prompts_decode_as_a_batch_each_verbatim(model_dirs):
     """Several prompt= are a batch (2 at a time here, so one joins mid-run); each row equals that
     prompt decoded alone. Prompts are text, not Hydra syntax: commas, parentheses, quotes, `=`

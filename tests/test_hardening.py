@@ -215,6 +215,7 @@ def _disjoint_draft(model_dirs):
     return folder
 
 
+@pytest.mark.full  # two CLI runs; the exports themselves are golden files in CI (test_export)
 def test_a_draft_with_another_tokenizer_is_checked_and_exported(model_dirs):
     alien = [f"model={model_dirs / 'target'}", "proposer=draft", f"proposer.model={model_dirs / 'alien'}"]
     vllm = specpipe("export", "vllm", *alien, f"out={model_dirs / 'alien-export' / 'spec.json'}")

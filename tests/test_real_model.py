@@ -65,6 +65,7 @@ def test_chat_template_is_applied():
     assert raw == pipeline.target.tokenizer("Hello", add_special_tokens=False)["input_ids"] and len(raw) < len(ids)
 
 
+@pytest.mark.full  # 52 s; bench, tune and export run on tiny models and the README examples in CI
 def test_smollm2_bench_tune_and_export(tmp_path):
     """The real model through bench (with transformers' prompt lookup as a peer), tune and export."""
     from specpipe.bench.results import read_results

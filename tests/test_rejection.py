@@ -1,6 +1,6 @@
 """The rejection verifier's output distribution equals the target's, checked statistically.
 
-Each test draws >= 100k drafts from a draft distribution, verifies them against fixed target
+Each test draws >= 50k drafts from a draft distribution, verifies them against fixed target
 logits and compares the emitted tokens with the exact target distribution by a chi-square test
 at a significance of 1e-6 (a correct verifier fails it once in a million seeds; the seeds are
 fixed, so the test does not flake). The same statistic run on a deliberately wrong verifier
@@ -17,7 +17,7 @@ from specpipe.types import DraftBlock
 from specpipe.verifiers.rejection import RejectionVerifier
 
 V = 8
-DRAWS = 100_000
+DRAWS = 50_000
 CHI2_CRITICAL_1E6_DF7 = 40.52  # scipy.stats.chi2.isf(1e-6, 7)
 
 

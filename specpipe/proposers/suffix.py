@@ -248,7 +248,7 @@ class SuffixProposer(Proposer):
 
     def memory(self) -> dict[str, int]:
         local = self.local.nodes * NODE_BYTES if self.local is not None else 0
-        return {"suffix tree cache": self.cache.bytes() + local}
+        return {"suffix trees": self.cache.bytes() + local}  # the global one shared by a batch's slots: counted once
 
 
 def _draft(speculation: Speculation) -> DraftBlock | DraftTree:
