@@ -40,7 +40,8 @@ class Declaration:
     # engine (vllm | sglang) -> (ExportPlan) -> the engine's settings for this proposer, or None
     # (nothing to speculate with); the mapping appends what it loses to plan.warnings
     export: Mapping[str, Callable] = field(default_factory=dict)
-    # (target tokenizer, draft tokenizer, target name, draft name) -> Check, for tokenizer="any"
+    # (target tokenizer, draft tokenizer, target name, draft name, temperature) -> Check, for tokenizer="any"
+    # (the tokenizers are None when not fetched yet: export)
     vocabulary: Callable | None = None
 
     def __post_init__(self):
