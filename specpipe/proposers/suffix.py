@@ -28,7 +28,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.proposers.base import BatchProposer, PerSlot, Proposer
 from specpipe.proposers.declaration import Declaration
 from specpipe.state import DecodeState
-from specpipe.types import DraftBlock, DraftTree, Verdict
+from specpipe.types import DraftBlock, DraftTree
 
 NODE_BYTES = 200  # one node: its children dict and three list slots (sys.getsizeof, a few children)
 
