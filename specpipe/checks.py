@@ -256,14 +256,20 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
         return Check("heads", "refuse", f"proposer={kind} needs proposer.heads=DIR (trained heads)",
                      f"train some: specpipe train proposer={kind} model={cfg.model.name}; or use a recipe that "
                      f"ships them: recipe=recipes/smollm2-135m/{kind}.yaml")
+    read = declared(cfg).read_heads or (lambda folder: read_config(folder, kind))
     try:
-        heads = read_config(cfg.proposer.heads, kind)
+        heads = read(cfg.proposer.heads)
     except SpecpipeError as err:
         return Check("heads", "refuse", str(err), f"train heads: specpipe train proposer={kind} model={cfg.model.name}")
     target = target_config_loader()  # None: not fetched (export), only the trained-for name is compared
     problems = [f"{what} {heads.get(key)} vs the target's {getattr(target, key, None)}"
                 for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
                 if target is not None and heads.get(key) != getattr(target, key, None)]
+    layers = getattr(target, "num_hidden_layers", None)
+    outside = [k for k in heads.get("reads_layers", ()) if layers is not None and not 0 < k < layers]
+    if target is not None and outside:  # 0 would be the embeddings, which no runner hands over
+        problems.append(f"it reads the hidden states entering layers {list(heads['reads_layers'])}, and the "
+                        f"target's layers that can be read are 1..{layers - 1}")
     trained_for = heads.get("specpipe", {}).get("target")
     if problems:
         return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} do not fit {cfg.model.name}: "

@@ -85,6 +85,8 @@ class TrainConfig:
     layers: int = 1  # medusa: residual blocks per head
     intermediate_size: int = 0  # eagle: the head's MLP width (0: the target's)
     unroll: int = 1  # eagle: extra passes on the head's own feature guesses (0: teacher forcing only)
+    ttt: int = 4  # eagle3: training-time test steps (the head unrolled on its own outputs, a loss on each)
+    target_layers: list[int] = field(default_factory=list)  # eagle3: target layers whose input it fuses ([]: 2, L/2, L-3)
     sources: list[str] = field(default_factory=lambda: ["stdlib", "docs"])  # offline text
     tokens: int = 60000  # training text, in target tokens
     distill: int = 0  # self-distillation: the target's own answers to this many offline prompts

@@ -1,4 +1,4 @@
-"""`specpipe train proposer=medusa|eagle model=...`: heads for a frozen target, shipped as a recipe.
+"""`specpipe train proposer=medusa|eagle|eagle3 model=...`: heads for a frozen target, shipped as a recipe.
 
 1. Text from offline sources (`sources=[stdlib,docs]`), `tokens=` in all, in `seq_len` pieces,
    and the target's own answers to `distill=` offline instructions (cached, resumable).
@@ -34,7 +34,7 @@ from specpipe.checks import declared, non_finite, proposer_kind
 from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
 from specpipe.models.loader import load_model, load_tokenizer, resolve
-from specpipe.engine import make_runner, pick_engine
+from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.models.quantize import quantize_model
 from specpipe.outputs import save_or_keep, why, writable_output
 from specpipe.prompts import load_prompts
@@ -62,11 +62,11 @@ def run(cfg: DictConfig) -> int:
     err = Console(stderr=True)
     started = time.perf_counter()
     source = resolve(cfg.model.name)
-    cached = _features(cfg, source, err)
     weights = _target_weights(source)
+    cached = _features(cfg, source, kind.layers(cfg, weights.config), err)
     split = max(1, int(len(cached) * cfg.held_out))
     train, held = kind.data(cached[:-split], cfg), kind.data(cached[-split:], cfg)
-    module, first_epoch = _start(cfg, kind, weights, checkpoint, err)
+    module, first_epoch = _start(cfg, kind, weights, cached[:-split], checkpoint, err)
     trainer = kind.trainer(module, weights, train, cfg)
     if first_epoch and (checkpoint / "trainer.pt").exists():
         trainer.optimizer.load_state_dict(torch.load(checkpoint / "trainer.pt")["optimizer"])
@@ -84,8 +84,9 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
-    """The target's features over corpus text and its own answers: computed once, cached.
+def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) -> list[dict]:
+    """The target's features (at the runner's hidden-state keys `layers`, side by side) over
+    corpus text and its own answers: computed once, cached.
 
     The two parts have their own folders: a run with more `distill=` answers reuses the corpus
     features whole and the answers' earlier shards (the instructions are a fixed sequence)."""
@@ -93,7 +94,8 @@ def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
     model = quantize_model(load_model(source), cfg.model.quantize)  # distillation decodes with transformers
     engine = pick_engine(model, cfg.engine, cfg.model.quantize)
     target = {"format": 4, "model": cfg.model.name, "quantize": cfg.model.quantize,
-              **({"engine": engine} if engine != "hf" else {})}  # hf: the key older caches were written with
+              **({"engine": engine} if engine != "hf" else {}),  # hf: the key older caches were written with
+              **({"layers": list(layers)} if layers != (FINAL,) else {})}  # likewise FINAL alone
     parts = []
     if cfg.tokens:
         seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens)
@@ -110,7 +112,7 @@ def _features(cfg: DictConfig, source, err: Console) -> list[dict]:
     runner = make_runner(model, engine=engine, precision=cfg.model.quantize, cache_len=longest)
     with _progress(err) as progress:
         for key, seqs, starts in parts:
-            folder = features.compute(runner, seqs, features.feature_dir(key), progress, starts)
+            folder = features.compute(runner, seqs, features.feature_dir(key), progress, starts, layers)
             out += features.load(folder, len(seqs))
     return out
 
@@ -150,7 +152,7 @@ def _validate(cfg: DictConfig) -> None:
                             "trained, twins are the target, and lookup proposers read the prompt.")
     if non_finite(cfg):
         raise SpecpipeError(f"{'; '.join(non_finite(cfg))}: give every number a finite value.")
-    at_least = {"num_heads": 1, "layers": 1, "epochs": 1, "batch": 1, "seq_len": 2, "unroll": 0, "distill": 0,
+    at_least = {"num_heads": 1, "layers": 1, "epochs": 1, "batch": 1, "seq_len": 2, "unroll": 0, "ttt": 1, "distill": 0,
                 "distill_tokens": 1, "distill_batch": 1, "vocab_subset": 1, "intermediate_size": 0, "tokens": 0}
     low = [f"{key}={cfg[key]} (at least {bound})" for key, bound in at_least.items() if cfg[key] < bound]
     if low or not 0 < cfg.held_out < 1 or not cfg.lr > 0:
@@ -175,7 +177,7 @@ def _progress(console: Console) -> Progress:
                     console=console, transient=False)
 
 
-def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, checkpoint: Path, err: Console):
+def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, seqs: list[dict], checkpoint: Path, err: Console):
     """A fresh module, or the checkpoint of an interrupted run and its next epoch."""
     state = checkpoint / "trainer.pt"
     if cfg.resume and state.exists():
@@ -184,13 +186,15 @@ def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, checkpoint: Path
             err.print(f"resuming from {checkpoint} after epoch {saved['epoch'] + 1}")
             return kind.load(checkpoint), saved["epoch"] + 1
     torch.manual_seed(cfg.seed)
-    return kind.fresh(cfg, weights.config, weights.lm), 0
+    return kind.fresh(cfg, weights.config, weights.lm, seqs), 0
 
 
 def _run_key(cfg: DictConfig) -> dict:
     return {k: (list(v) if k == "sources" else v) for k, v in
             {"model": cfg.model.name, "proposer": proposer_kind(cfg), "num_heads": cfg.num_heads, "layers": cfg.layers,
-             "intermediate_size": cfg.intermediate_size, "unroll": cfg.unroll, "sources": cfg.sources, "distill": cfg.distill,
+             "intermediate_size": cfg.intermediate_size, "unroll": cfg.unroll, "ttt": cfg.ttt,
+             "target_layers": list(cfg.target_layers), "vocab_subset": cfg.vocab_subset,
+             "sources": cfg.sources, "distill": cfg.distill,
              "tokens": cfg.tokens, "seq_len": cfg.seq_len, "lr": cfg.lr, "batch": cfg.batch}.items()}
 
 

@@ -48,7 +48,8 @@ class EagleShape:
 
 
 class HeadCache:
-    """Keys and values of the rows fed so far: [kv heads, length, head dim] each."""
+    """Keys and values of the rows fed so far: [B, kv heads, length, head dim] each (B = 1
+    when decoding; training's unrolled steps keep a batch's earlier steps here)."""
 
     def __init__(self):
         self.keys: torch.Tensor | None = None
@@ -56,41 +57,46 @@ class HeadCache:
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[1]
+        return 0 if self.keys is None else self.keys.shape[2]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.keys is not None:
-            keys, values = torch.cat([self.keys, keys], 1), torch.cat([self.values, values], 1)
+            keys, values = torch.cat([self.keys, keys], 2), torch.cat([self.values, values], 2)
         self.keys, self.values = keys, values
         return keys, values
 
     def crop(self, length: int) -> None:
         if self.keys is not None:
-            self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
 
 
 class Attention(nn.Module):
-    def __init__(self, shape: EagleShape):
+    def __init__(self, shape: EagleShape, width: int | None = None):
+        """width: the rows' size (default the hidden size; EAGLE-3 attends over [embedding, feature], 2H)."""
         super().__init__()
         h, d = shape.hidden_size, shape.head_dim
+        width = width or h
         self.heads, self.kv_heads, self.head_dim = shape.num_attention_heads, shape.num_key_value_heads, d
-        self.q_proj = nn.Linear(h, self.heads * d, bias=False)
-        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.q_proj = nn.Linear(width, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
         inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                 cache: HeadCache | None) -> torch.Tensor:
-        """x [B, n, H]; positions [B, n]; mask [B, n, past + n] bool (None: causal); -> [B, n, H]."""
+        """x [B, n, width]; positions [B, n]; mask [B, n, past + n] bool (None: causal); -> [B, n, H]."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, n, d]
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = self._rope(q, positions), self._rope(k, positions)
-        if cache is not None:  # decoding: one sequence, its earlier rows in the cache
-            k, v = (t[None] for t in cache.append(k[0], v[0]))
+        if cache is not None:  # the earlier rows (decoding) or unrolled steps (training)
+            k, v = cache.append(k, v)
         groups = self.heads // self.kv_heads
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         if mask is None and k.shape[2] == n:
@@ -153,6 +159,10 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * shape.hidden_size, shape.hidden_size, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(shape)])
         self.draft_vocab: torch.Tensor | None = None  # [K] token ids it drafts from (None: all)
+
+    def fuse(self, target_features: torch.Tensor) -> torch.Tensor:
+        """The target's features as the head reads them: EAGLE's are the LM head's input, as they are."""
+        return target_features
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: HeadCache | None = None) -> torch.Tensor:

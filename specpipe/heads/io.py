@@ -40,7 +40,7 @@ def save_medusa(heads: MedusaHeads, folder: Path, *, target: str, extra: dict | 
         "specpipe": {"kind": "medusa", "target": target, **(extra or {})},
     }
     tensors = {name: t.detach().contiguous() for name, t in heads.state_dict().items()}
-    return _write_folder(folder, config, tensors)
+    return write_folder(folder, config, tensors)
 
 
 def load_medusa(folder: Path) -> MedusaHeads:
@@ -72,7 +72,7 @@ def save_eagle(head: EagleHead, folder: Path, *, target: str, extra: dict | None
     tensors = {name: t.detach().contiguous() for name, t in head.state_dict().items()}
     vocab = head.draft_vocab
     files = {} if vocab is None else {DRAFT_VOCAB: json.dumps([int(i) for i in vocab])}
-    return _write_folder(folder, config, tensors, files)
+    return write_folder(folder, config, tensors, files)
 
 
 def load_draft_vocab(folder: Path) -> torch.Tensor | None:
@@ -104,7 +104,7 @@ def read_config(folder: Path | str, kind: str) -> dict:
     return config
 
 
-def _write_folder(folder: Path, config: dict, tensors: dict, files: dict[str, str] | None = None) -> Path:
+def write_folder(folder: Path, config: dict, tensors: dict, files: dict[str, str] | None = None) -> Path:
     """Write into a temporary sibling folder, then swap it in: never a half-written checkpoint."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,10 @@ class Declaration:
     # engine (vllm | sglang) -> (ExportPlan) -> the engine's settings for this proposer, or None
     # (nothing to speculate with); the mapping appends what it loses to plan.warnings
     export: Mapping[str, Callable] = field(default_factory=dict)
+    # heads folder -> what the checks compare with the target before anything loads: {hidden_size,
+    # vocab_size, specpipe: {target}, reads_layers (the target layers whose input it reads, if any)}
+    # (default: specpipe/heads/io.py's `read_config` of config.json, by the proposer's name)
+    read_heads: Callable | None = None
     # (target tokenizer, draft tokenizer, target name, draft name, temperature) -> Check, for tokenizer="any"
     # (the tokenizers are None when not fetched yet: export)
     vocabulary: Callable | None = None

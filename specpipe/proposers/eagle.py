@@ -1,5 +1,10 @@
 """`proposer=eagle`: an EAGLE head drafts on the target's features, a chain or a dynamic tree.
 
+The drafting here serves EAGLE-3 too (specpipe/proposers/eagle3.py): a head declares the target
+layers it reads (`hidden_layers`: EAGLE the LM head's input, EAGLE-3 three decoder layers, fused
+by the head's `fuse`) and scores tokens through a `DraftLM` (EAGLE: rows of the target's LM head;
+EAGLE-3: its own LM head over its draft vocabulary). Everything else is this one implementation.
+
 The head keeps its own KV cache of rows (f_i, token i+1), one per committed position, every
 one computed from the target's true features. After each verdict the cache is cropped back
 to those rows, and the verify forward's features of the newly committed tokens become the
@@ -15,6 +20,7 @@ Since a child's score never exceeds its parent's, the kept set is a tree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,14 +49,18 @@ class TreeShape:
 
 
 class EagleProposer(Proposer):
-    hidden_layers = (FINAL,)
-
     def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
-                 quantize: str = "none"):
+                 quantize: str = "none", layers: tuple[int, ...] = (FINAL,),
+                 draft_lm: Callable[[Runner], "DraftLM"] | None = None):
+        """layers: the target's hidden-state keys the head reads, in the order its `fuse` takes
+        them; draft_lm: target -> the head's token scorer (default: the target's LM-head rows
+        of the head's draft vocabulary, in the `quantize` precision)."""
         self.head = head
         self.sampling = sampling
         self.tree = tree
         self.quantize = quantize
+        self.hidden_layers = tuple(layers)
+        self.draft_lm = draft_lm or (lambda target: DraftLM.target_rows(target, head.draft_vocab, quantize))
         self.target: Runner | None = None
         self.lm: DraftLM | None = None
         self.cache = HeadCache()
@@ -59,12 +69,12 @@ class EagleProposer(Proposer):
 
     def bind(self, target: Runner) -> None:
         self.target = target
-        self.lm = DraftLM(target, self.head.draft_vocab, self.quantize)
+        self.lm = self.draft_lm(target)
 
     def prefill(self, state: DecodeState, out: TargetOutput | None) -> None:
         self.cache, self.committed = HeadCache(), 0
         # the target's prefill saw prompt[:-1]: rows (f_i, prompt[i+1])
-        self.pending = (out.hidden[FINAL][0], state.tokens[1:]) if out is not None else None
+        self.pending = (self._features(out), state.tokens[1:]) if out is not None else None
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, gamma: int) -> DraftBlock | DraftTree:
@@ -86,18 +96,22 @@ class EagleProposer(Proposer):
 
     def memory(self) -> dict[str, int]:
         rows = 0 if self.lm is None or self.lm.rows is None else module_bytes(self.lm.rows)
-        cache = sum(t.numel() * t.element_size() for t in (self.cache.keys, self.cache.values) if t is not None)
-        return {"heads": module_bytes(self.head) + rows, "head KV cache": cache}
+        return {"heads": module_bytes(self.head) + rows, "head KV cache": self.cache.bytes()}
 
     def commit(self, verdict: Verdict, out: TargetOutput) -> None:
         # rows of the verify block on the accepted path: the features of the last committed
         # token and of each accepted draft token, each paired with the token that followed it
         rows = [0, *verdict.path] if verdict.path else list(range(verdict.n_accepted + 1))
         self.cache.crop(self.committed)
-        features, tokens = out.hidden[FINAL][0, rows], [*verdict.accepted_tokens, verdict.next_token]
+        features, tokens = self._features(out, rows), [*verdict.accepted_tokens, verdict.next_token]
         if self.pending is not None:  # a step without a draft (γ = 0) left its rows unfed: keep them, in order
             features, tokens = torch.cat([self.pending[0], features]), [*self.pending[1], *tokens]
         self.pending = (features, tokens)
+
+    def _features(self, out: TargetOutput, rows: list[int] | None = None) -> torch.Tensor:
+        """The head's input features [n, H] at the block's `rows` (all: None), from the target's layers."""
+        states = [out.hidden[key][0] if rows is None else out.hidden[key][0, rows] for key in self.hidden_layers]
+        return self.head.fuse(states[0] if len(states) == 1 else torch.cat(states, -1))
 
     def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor,
               mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -170,22 +184,30 @@ class EagleProposer(Proposer):
 
 
 class DraftLM:
-    """The target's LM head for drafting: all of it, or only the rows of the head's draft
-    vocabulary (the tokens it was trained to guess), in the head's precision. Other tokens get
-    -inf: never drafted, and verified by the target as always, so nothing is lost but a guess
-    the head could not make."""
+    """A head's token scorer: `scores` maps its outputs [..., H] to float32 logits over the
+    draft vocabulary `ids` (None: the whole vocabulary). Tokens outside it get -inf: never
+    drafted, and verified by the target as always, so nothing is lost but a guess the head
+    could not make."""
 
-    def __init__(self, target: Runner, ids: torch.Tensor | None, quantize: str = "none"):
-        self.target, self.ids = target, ids
-        self.rows = None if ids is None else _rows_linear(target.lm_head_weight()[ids], quantize)
-        self.vocab_size = target.vocab_size
-        self.size = self.vocab_size if ids is None else len(ids)  # tokens it can draft
+    def __init__(self, scores: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor | None, vocab_size: int,
+                 rows: torch.nn.Module | None = None):
+        self.scores, self.ids, self.vocab_size = scores, ids, vocab_size
+        self.rows = rows  # weights of its own (the LM-head rows of `target_rows`), for `memory`
+        self.size = vocab_size if ids is None else len(ids)  # tokens it can draft
+
+    @classmethod
+    def target_rows(cls, target: Runner, ids: torch.Tensor | None, quantize: str = "none") -> "DraftLM":
+        """The target's LM head: all of it, or only the rows of `ids`, in the head's precision."""
+        if ids is None:
+            return cls(target.lm_head, None, target.vocab_size)
+        rows = _rows_linear(target.lm_head_weight()[ids], quantize)
+        return cls(lambda hidden: rows(hidden.float()), ids, target.vocab_size, rows)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> float32 logits [..., V] (a full distribution, for sampling)."""
+        sub = self.scores(hidden)  # [..., K]
         if self.ids is None:
-            return self.target.lm_head(hidden)
-        sub = self.rows(hidden.float())  # [..., K]
+            return sub
         logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         logits[..., self.ids] = sub
         return logits
@@ -194,10 +216,8 @@ class DraftLM:
         """[..., H] -> the k best (log-probabilities, token ids) [..., k]. Greedy drafting and
         trees need no more, so a draft vocabulary is never spread over the full vocabulary
         (a scatter, argmax and softmax over 49k entries per draft token on SmolLM2)."""
-        if self.ids is None:
-            return torch.log_softmax(self.target.lm_head(hidden), -1).topk(k)
-        best = torch.log_softmax(self.rows(hidden.float()), -1).topk(k)
-        return best.values, self.ids[best.indices]
+        best = torch.log_softmax(self.scores(hidden), -1).topk(k)
+        return (best.values, best.indices) if self.ids is None else (best.values, self.ids[best.indices])
 
 
 def _rows_linear(rows: torch.Tensor, quantize: str) -> torch.nn.Module:

@@ -10,8 +10,8 @@ more times with every row's feature replaced by the previous pass's guess of it 
 of EAGLE-3's training-time test). Only rows whose label lies in the answer part of a distilled
 sequence count; the prompt is context.
 
-Held-out accuracy is measured the way the proposer drafts: from a true-feature cache, γ steps
-feeding each guess back; position k's figure is P(draft tokens 1..k all equal the target's).
+Held-out accuracy is measured by the proposer's own drafting (specpipe/train/drafting.py):
+position k's figure is P(draft tokens 1..k all equal the target's).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specpipe.heads.eagle import EagleHead, HeadCache
+from specpipe.heads.eagle import EagleHead
+from specpipe.train import drafting
+from specpipe.train.drafting import FrozenTarget
 
 
 class Rows:
@@ -98,44 +100,15 @@ class EagleTrainer:
         ce = nn.functional.cross_entropy(guessed[counted] @ self.subset_weight.T, labels, ignore_index=-100)
         return regression + self.ce_weight * ce
 
-    @torch.no_grad()
     def accuracy(self, rows: Rows, depth: int = 4, per_sequence: int = 8) -> list[float]:
-        """Per draft position k: P(the first k guesses all equal the target's greedy tokens)."""
-        self.head.eval()
-        hits, total = torch.zeros(depth), 0
-        # the target's own answers: their text is its greedy continuation, so draft token k can
-        # be scored against the target's prediction at k (other text diverges from it)
-        for s in [s for s in rows.seqs if s["start"] > 0] or rows.seqs:
-            for length in _sample_positions(s, depth, per_sequence):
-                hits += self._draft_hits(s, length, depth)
-                total += 1
-        self.head.train()
-        return (hits / max(total, 1)).tolist()
+        """Per draft position k: P(the first k guesses all equal the target's greedy tokens),
+        drafted by proposer=eagle's own code (specpipe/train/drafting.py)."""
+        from specpipe.proposers.eagle import EagleProposer
+        from specpipe.sampling import SamplingParams
 
-    def _draft_hits(self, s: dict, length: int, depth: int) -> torch.Tensor:
-        """Draft `depth` tokens after the first `length` tokens of s, as the proposer would."""
-        cache = HeadCache()
-        rows = length - 1  # true rows (f_i, token i+1), i < length - 1
-        embeds = self.embed_weight[s["tokens"][1:length].long()]
-        hidden = self.head(embeds[None], s["features"][None, :rows].float(), torch.arange(rows)[None], cache=cache)[0, -1]
-        hits = torch.zeros(depth)
-        for k in range(depth):
-            token = int(self.subset[(hidden @ self.subset_weight.T).argmax()])  # as DraftLM drafts
-            if token != int(s["argmax"][length - 1 + k]):  # the target's greedy token at this position
-                break
-            hits[k] = 1
-            hidden = self.head(self.embed_weight[token][None, None], hidden[None, None],
-                               torch.tensor([[rows + k]]), cache=cache)[0, -1]
-        return hits
-
-
-def _sample_positions(s: dict, depth: int, count: int) -> list[int]:
-    """Evenly spread lengths inside the answer, leaving room for `depth` target tokens."""
-    first, last = max(2, s["start"] + 1), len(s["tokens"]) - depth
-    if last <= first:
-        return []
-    step = max(1, (last - first) // count)
-    return list(range(first, last, step))[:count]
+        proposer = EagleProposer(self.head, SamplingParams())
+        return drafting.accuracy(proposer, FrozenTarget(self.embed_weight, self.lm_weight), rows.seqs,
+                                 [self.head.shape.hidden_size], depth, per_sequence)
 
 
 def _trainer(module, weights, train: Rows, cfg) -> EagleTrainer:
@@ -150,7 +123,7 @@ def _kind():
     from specpipe.heads.io import load_eagle, save_eagle
     from specpipe.train.kind import Kind
 
-    return Kind(fresh=lambda cfg, config, lm: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
+    return Kind(fresh=lambda cfg, config, lm, seqs: EagleHead(EagleShape.of_target(config, cfg.intermediate_size or None)),
                 load=load_eagle, save=save_eagle, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
                 figure="held_out_top1_per_position")  # draft tokens 1..k all right, drafted as the proposer does
 

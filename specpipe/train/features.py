@@ -37,10 +37,11 @@ def feature_dir(key: dict) -> Path:
 
 @torch.inference_mode()
 def compute(target: Runner, seqs: list[list[int]], folder: Path, progress: Progress | None = None,
-            starts: list[int] | None = None) -> Path:
-    """The target's features (its LM-head input) and argmax over each sequence, one forward per
-    sequence on the target's runner. starts: per sequence, the first position whose prediction
-    is learned (default 0)."""
+            starts: list[int] | None = None, layers: tuple[int, ...] = (FINAL,)) -> Path:
+    """The target's features (its hidden states at the runner keys `layers`, side by side: the
+    LM-head input by default) and argmax over each sequence, one forward per sequence on the
+    target's runner. starts: per sequence, the first position whose prediction is learned
+    (default 0)."""
     folder.mkdir(parents=True, exist_ok=True)
     starts = starts or [0] * len(seqs)
     shards = [(seqs[i : i + SHARD], starts[i : i + SHARD]) for i in range(0, len(seqs), SHARD)]
@@ -48,7 +49,7 @@ def compute(target: Runner, seqs: list[list[int]], folder: Path, progress: Progr
     for index, (shard, first) in enumerate(shards):
         path = folder / f"shard-{index:05d}.safetensors"
         if not _holds(path, len(shard)):  # a shorter run's last shard is rewritten when a run grows
-            _write_shard(target, shard, first, path)
+            _write_shard(target, shard, first, path, layers)
         if progress:
             progress.advance(task, len(shard))
     return folder
@@ -61,12 +62,13 @@ def _holds(path: Path, count: int) -> bool:
         return f.get_slice("lengths").get_shape()[0] == count
 
 
-def _write_shard(target: Runner, shard: list[list[int]], starts: list[int], path: Path) -> None:
+def _write_shard(target: Runner, shard: list[list[int]], starts: list[int], path: Path,
+                 layers: tuple[int, ...]) -> None:
     features, argmax = [], []
     for ids in shard:
         target.reset()
-        out = target.forward(ids, hidden=(FINAL,))
-        features.append(out.hidden[FINAL][0].to(torch.float16))  # [n, H]
+        out = target.forward(ids, hidden=layers)
+        features.append(torch.cat([out.hidden[key][0] for key in layers], -1).to(torch.float16))  # [n, H * layers]
         argmax.append(out.logits[0].argmax(-1).to(torch.int32))  # [n]
     tensors = {"features": torch.cat(features), "argmax": torch.cat(argmax),
                "lengths": torch.tensor([len(ids) for ids in shard], dtype=torch.int32),
@@ -85,7 +87,7 @@ def frequent_labels(labels: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def load(folder: Path, count: int | None = None) -> list[dict]:
-    """Per sequence (the first `count`): features [n, H] fp16, argmax [n], tokens [n], start
+    """Per sequence (the first `count`): features [n, H * layers] fp16, argmax [n], tokens [n], start
     (first counted position)."""
     out = []
     for path in sorted(folder.glob("shard-*.safetensors")):

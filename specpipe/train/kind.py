@@ -8,15 +8,19 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specpipe.engine import FINAL
+
 
 @dataclass(frozen=True)
 class Kind:
-    fresh: Callable  # (cfg, target config, lm weight) -> a new untrained module
+    fresh: Callable  # (cfg, target config, lm weight, training sequences) -> a new untrained module
     load: Callable  # folder -> module (a checkpoint)
     save: Callable  # (module, folder, target=, extra=) -> folder
     data: Callable  # (cached sequences, cfg) -> training data with .batches(size, generator)
     trainer: Callable  # (module, target weights, training data, cfg) -> trainer with .step, .accuracy
     figure: str  # the recipe's name for what .accuracy measures
+    # (cfg, target config) -> the runner's hidden-state keys whose features it trains on, side by side
+    layers: Callable = lambda cfg, config: (FINAL,)
 
 
 def kind_in(module: str) -> Kind:

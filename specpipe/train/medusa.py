@@ -93,7 +93,7 @@ def _kind():
     from specpipe.heads.io import load_medusa, save_medusa
     from specpipe.train.kind import Kind
 
-    return Kind(fresh=lambda cfg, config, lm: MedusaHeads(lm.shape[1], lm.shape[0], cfg.num_heads, cfg.layers),
+    return Kind(fresh=lambda cfg, config, lm, seqs: MedusaHeads(lm.shape[1], lm.shape[0], cfg.num_heads, cfg.layers),
                 load=load_medusa, save=save_medusa, data=lambda seqs, cfg: Examples(seqs, cfg.num_heads),
                 trainer=_trainer, figure="held_out_top1_per_head")  # each head alone
 

@@ -1,0 +1,138 @@
+"""Train an EAGLE-3 head on a frozen target's cached multi-layer features, by training-time test.
+
+Row i of a sequence is (fused features at i, token i+1) and learns the target's own prediction
+at i+1 (the token i+2): a cross-entropy over the head's draft vocabulary (the `vocab_subset`
+most frequent target predictions), nothing else (EAGLE-3 drops EAGLE's feature regression: the
+head's output need only serve the next draft step). The training-time test unrolls the head
+`ttt` steps as drafting does: at step j row i reads the head's own step j-1 output of row i
+with token i+1+j, sits at position i+j, attends to the true rows 0..i (step 0) and to its own
+rows of steps 1..j (the draft rows before it in a chain), and learns the target's prediction
+at i+1+j; step j's loss weighs 0.8^j (EAGLE-3's). Only labels inside the answer part of a
+distilled sequence count.
+
+Held-out accuracy is measured by proposer=eagle3's own drafting (specpipe/train/drafting.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specpipe.heads.eagle import HeadCache
+from specpipe.heads.eagle3 import Eagle3Head, Eagle3Shape, default_layers, engine_keys
+from specpipe.train import drafting
+from specpipe.train.drafting import FrozenTarget
+from specpipe.train.eagle import Rows as EagleRows
+
+STEP_WEIGHT = 0.8  # step j's loss weighs STEP_WEIGHT ** j
+
+
+class Rows(EagleRows):
+    """EAGLE's rows (the same batching by length) without the next-feature targets."""
+
+    def tensors(self, batch: list[int]) -> dict[str, torch.Tensor]:
+        """Padded [B, m] rows (m: longest sequence - 1): features f_i [B, m, F], next tokens
+        t_{i+1}, labels (the target's prediction at i+1), counted (label inside the answer)."""
+        seqs = [self.seqs[i] for i in batch]
+        m = max(len(s["tokens"]) for s in seqs) - 1
+        out = {"features": torch.zeros(len(seqs), m, seqs[0]["features"].shape[1]),
+               "tokens": torch.zeros(len(seqs), m, dtype=torch.long), "labels": torch.zeros(len(seqs), m, dtype=torch.long),
+               "counted": torch.zeros(len(seqs), m, dtype=torch.bool)}
+        for b, s in enumerate(seqs):
+            n = len(s["tokens"]) - 1
+            out["features"][b, :n] = s["features"][:-1].float()
+            out["tokens"][b, :n] = s["tokens"][1:].long()
+            out["labels"][b, :n] = s["argmax"][1:].long()
+            out["counted"][b, max(0, s["start"] - 1) : n] = True
+        return out
+
+
+def ttt_mask(m: int, step: int) -> torch.Tensor:
+    """[1, m, m * (step + 1)] bool: step `step`'s rows over the keys of steps 0..step: row i
+    sees rows 0..i of step 0 and row i of each later step (itself at the last)."""
+    eye = torch.eye(m, dtype=torch.bool)
+    return torch.cat([torch.ones(m, m, dtype=torch.bool).tril(), *[eye] * step], 1)[None]
+
+
+def shifted(t: torch.Tensor, by: int, fill) -> torch.Tensor:
+    """[B, m] -> [B, m], row i holding row i + by (the end filled)."""
+    return torch.cat([t[:, by:], t.new_full((t.shape[0], by), fill)], 1) if by else t
+
+
+class Eagle3Trainer:
+    def __init__(self, head: Eagle3Head, embed_weight: torch.Tensor, lm_weight: torch.Tensor, lr: float,
+                 ttt: int = 4):
+        self.head = head.float().train()
+        self.embed_weight, self.lm_weight = embed_weight.float(), lm_weight.float()  # [V, H] frozen, the target's
+        self.to_draft = torch.full((lm_weight.shape[0],), -100, dtype=torch.long)  # target id -> draft id
+        self.to_draft[head.draft_ids] = torch.arange(head.shape.draft_vocab_size)
+        self.ttt = ttt
+        self.optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+
+    def step(self, rows: Rows, batch: list[int]) -> float:
+        t = rows.tensors(batch)
+        loss = self.loss(t)
+        self.optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def loss(self, t: dict) -> torch.Tensor:
+        """The training-time test's weighted loss over `ttt` steps (see the module docstring)."""
+        b, m = t["tokens"].shape
+        features, cache, total = self.head.fuse(t["features"]), HeadCache(), 0.0
+        labels = torch.where(t["counted"], self.to_draft[t["labels"]], -100)  # [B, m]
+        for j in range(self.ttt):
+            positions = (torch.arange(m) + j).expand(b, m)
+            embeds = self.embed_weight[shifted(t["tokens"], j, 0)]
+            features = self.head(embeds, features, positions, ttt_mask(m, j), cache)  # [B, m, H]
+            wanted = shifted(labels, j, -100)
+            if (wanted >= 0).any():
+                ce = nn.functional.cross_entropy(self.head.logits(features).flatten(0, 1), wanted.flatten(),
+                                                 ignore_index=-100)
+                total = total + STEP_WEIGHT ** j * ce
+        return total
+
+    def accuracy(self, rows: Rows, depth: int = 4, per_sequence: int = 8) -> list[float]:
+        from specpipe.proposers.eagle3 import proposer_for  # the proposer imports the heads, not the trainer
+        from specpipe.sampling import SamplingParams
+
+        proposer = proposer_for(self.head, SamplingParams())
+        widths = [self.head.shape.target_hidden_size] * len(self.head.target_layers)
+        return drafting.accuracy(proposer, FrozenTarget(self.embed_weight, self.lm_weight), rows.seqs, widths,
+                                 depth, per_sequence)
+
+
+def fresh_head(cfg, config, lm_weight: torch.Tensor, draft_ids: torch.Tensor) -> Eagle3Head:
+    """A new head of the target's layer shape; its LM head and final norm start from the
+    target's (the rows of its draft vocabulary), so training refines a working guesser."""
+    layers = tuple(cfg.target_layers) if cfg.target_layers else default_layers(config.num_hidden_layers)
+    head = Eagle3Head(Eagle3Shape.of_target(config, len(draft_ids), layers, cfg.intermediate_size or None))
+    head.set_vocabulary(draft_ids)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(lm_weight[draft_ids])
+    return head
+
+
+def _trainer(module, weights, train: Rows, cfg) -> Eagle3Trainer:
+    return Eagle3Trainer(module, weights.embed, weights.lm, cfg.lr, ttt=cfg.ttt)
+
+
+def _kind():
+    from specpipe.heads.speculators import load_eagle3, save_eagle3
+    from specpipe.train.features import frequent_labels
+    from specpipe.train.kind import Kind
+
+    def fresh(cfg, config, lm, seqs):
+        ids = frequent_labels(torch.cat([s["argmax"] for s in seqs]), cfg.vocab_subset)
+        return fresh_head(cfg, config, lm, ids)
+
+    def layers(cfg, config) -> tuple[int, ...]:
+        return engine_keys(tuple(cfg.target_layers) if cfg.target_layers else default_layers(config.num_hidden_layers))
+
+    return Kind(fresh=fresh, load=load_eagle3, save=save_eagle3, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
+                figure="held_out_top1_per_position", layers=layers)
+
+
+KIND = _kind()
