@@ -88,9 +88,9 @@ class Eagle3Trainer:
             embeds = self.embed_weight[shifted(t["tokens"], j, 0)]
             features = self.head(embeds, features, positions, ttt_mask(m, j), cache)  # [B, m, H]
             wanted = shifted(labels, j, -100)
-            if (wanted >= 0).any():
-                ce = nn.functional.cross_entropy(self.head.logits(features).flatten(0, 1), wanted.flatten(),
-                                                 ignore_index=-100)
+            scored = wanted >= 0  # the LM head over only these rows: it is most of a step's cost
+            if scored.any():
+                ce = nn.functional.cross_entropy(self.head.logits(features[scored]), wanted[scored])
                 total = total + STEP_WEIGHT ** j * ce
         return total
 
