@@ -266,10 +266,10 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
                 for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
                 if target is not None and heads.get(key) != getattr(target, key, None)]
     layers = getattr(target, "num_hidden_layers", None)
-    outside = [k for k in heads.get("reads_layers", ()) if layers is not None and not 0 < k < layers]
+    outside = [k for k in heads.get("reads_layers", ()) if layers is not None and not 0 < k <= layers]
     if target is not None and outside:  # 0 would be the embeddings, which no runner hands over
         problems.append(f"it reads the hidden states entering layers {list(heads['reads_layers'])}, and the "
-                        f"target's layers that can be read are 1..{layers - 1}")
+                        f"target's that can be read are 1..{layers} ({layers}: the last layer's output)")
     trained_for = heads.get("specpipe", {}).get("target")
     if problems:
         return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} do not fit {cfg.model.name}: "
@@ -298,7 +298,8 @@ def check_proposer(cfg: DictConfig) -> Check:
              "auto": "a tree where the verifier takes one, else its best path"}[d.tree]
     parts = [reads, shape, "with draft probabilities" if d.draft_probs else "one-hot drafts (no probabilities)"]
     if d.hidden != "none":
-        parts.append(f"reads the target's {d.hidden} hidden states")
+        parts.append({"last": "reads the target's last hidden states (the LM head's input)",
+                      "layers": "reads hidden states of several of the target's layers"}[d.hidden])
     if d.heads:
         parts.append("trained heads" + (" (specpipe train)" if d.trainer else ""))
     parts.append("stops early when a controller asks" if d.early_stop else "ignores a controller's early stop")

@@ -1,4 +1,4 @@
-"""`specpipe train proposer=medusa|eagle`: features cached once, loss decreases, resume, recipe out."""
+"""`specpipe train proposer=medusa|eagle|eagle3`: features cached once, loss decreases, resume, recipe out."""
 
 from __future__ import annotations
 
@@ -111,10 +111,12 @@ def test_eagle_training_loss_decreases_within_a_few_steps(setup, tmp_path):
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
 
-def test_train_eagle_writes_a_head_and_a_recipe_that_decodes_losslessly(setup, tmp_path, monkeypatch):
+@pytest.mark.parametrize("proposer, epochs", [("eagle", 2), ("eagle3", 4)])  # EAGLE-3 has no feature target: slower
+def test_train_eagle_writes_a_head_and_a_recipe_that_decodes_losslessly(setup, tmp_path, monkeypatch, proposer,
+                                                                        epochs):
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
-    assert train_command.run(args(setup, tmp_path, "epochs=2", proposer="eagle")) == 0
-    recipe = load_recipe(tmp_path / "recipes" / "target" / "eagle.yaml")
+    assert train_command.run(args(setup, tmp_path, f"epochs={epochs}", proposer=proposer)) == 0
+    recipe = load_recipe(tmp_path / "recipes" / "target" / f"{proposer}.yaml")
     accuracy = recipe.measured["held_out_top1_per_position"]
     assert len(accuracy) == 4 and accuracy[0] > 0.2 and accuracy == sorted(accuracy, reverse=True)
     for tree in ([], ["proposer.tree={top_k: 2, nodes: 6}"]):
@@ -129,7 +131,7 @@ def test_train_eagle_writes_a_head_and_a_recipe_that_decodes_losslessly(setup, t
 def test_only_trainable_heads_are_accepted(setup, tmp_path):
     from specpipe.errors import SpecpipeError
 
-    with pytest.raises(SpecpipeError, match="nothing to train .* the trained proposers are eagle, medusa"):
+    with pytest.raises(SpecpipeError, match="nothing to train .* the trained proposers are eagle, eagle3, medusa"):
         train_command.run(compose([f"model={setup / 'target'}", "proposer=ngram"], "train"))
 
 

@@ -35,7 +35,7 @@ class Eagle3Shape:
     layer: EagleShape  # the decoder layer's shape (vocab_size: the target's)
     target_hidden_size: int
     draft_vocab_size: int
-    target_layers: tuple[int, ...]  # vLLM's aux layer ids: hidden states entering these target layers
+    target_layers: tuple[int, ...]  # vLLM's aux layer ids: hidden states entering these target layers (L: leaving the last)
     norm_before_residual: bool = False
 
     @classmethod
@@ -53,8 +53,10 @@ class Eagle3Shape:
 
 
 def default_layers(num_layers: int) -> tuple[int, int, int]:
-    """vLLM's and speculators' default: the hidden states entering layers 2, L/2 and L-3."""
-    return (2, num_layers // 2, num_layers - 3)
+    """vLLM's and speculators' default: the hidden states entering layers 2, L/2 and L-3 (a
+    target of fewer than 5 layers, a test's, reads ids 1..L as near those as it can; id L is
+    the last layer's output, before the final norm)."""
+    return tuple(max(1, min(k, num_layers)) for k in (2, num_layers // 2, num_layers - 3))
 
 
 def engine_keys(target_layers: tuple[int, ...]) -> tuple[int, ...]:
