@@ -102,6 +102,7 @@ class TrainConfig:
     dtype: str = "float32"  # the stored heads' precision (trained in float32; they decode in float32)
     seed: int = 0
     resume: bool = True  # continue an interrupted run from its last checkpoint
+    init: str = ""  # start from these trained heads (a folder train wrote) instead of fresh ones: train them further
     engine: str = "auto"  # the target's engine for feature extraction (see DecodeConfig)
     out: str = "recipes"  # heads go to <out>/<model>/<proposer>/, the recipe to <out>/<model>/<proposer>.yaml
 

@@ -77,6 +77,8 @@ CASES = {
     "eagle": [f"recipe={REPO / 'recipes/smollm2-135m/eagle.yaml'}", "gamma=5"],
     "eagle-tree": [f"recipe={REPO / 'recipes/smollm2-135m/eagle.yaml'}", "gamma=5", "proposer.tree={top_k: 4, nodes: 12}"],
     "medusa": [f"recipe={REPO / 'recipes/smollm2-135m/medusa.yaml'}"],
+    "eagle3": [f"recipe={REPO / 'recipes/smollm2-135m/eagle3.yaml'}", "gamma=5"],
+    "eagle3-tree": [f"recipe={REPO / 'recipes/smollm2-135m/eagle3.yaml'}", "gamma=5", "proposer.tree={top_k: 4, nodes: 12}"],
 }
 
 

@@ -32,6 +32,8 @@ SHIPPED = {  # the heads shipped in recipes/, as `specpipe generate recipe=...` 
     "eagle": [f"recipe={RECIPES / 'eagle.yaml'}"],
     "eagle-tree": [f"recipe={RECIPES / 'eagle.yaml'}", "proposer.tree={top_k: 3, nodes: 8}"],
     "medusa": [f"recipe={RECIPES / 'medusa.yaml'}"],
+    "eagle3": [f"recipe={RECIPES / 'eagle3.yaml'}"],
+    "eagle3-tree": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.tree={top_k: 3, nodes: 8}"],
 }
 
 
@@ -56,7 +58,7 @@ def greedy_equal_on(pipeline, prompts, tokens: int) -> int:
 
 @pytest.mark.parametrize("proposer, controller", [("twin", "fixed"), ("ngram", "fixed"), ("ngram", "cost"),
                                                   ("suffix", "fixed"), ("eagle", None), ("eagle-tree", None),
-                                                  ("medusa", None)])
+                                                  ("medusa", None), ("eagle3", None), ("eagle3-tree", None)])
 def test_smollm2_greedy_equals_plain(proposer, controller, prompts):
     overrides = SHIPPED.get(proposer) or [f"proposer={proposer}", f"controller={controller}"]
     pipeline = Pipeline.from_config(compose([*overrides, "gamma=4"]))

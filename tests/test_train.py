@@ -203,3 +203,21 @@ def test_the_learning_rate_warms_up_then_decays_to_zero():
     peak = factors.index(max(factors))
     assert 0 < factors[0] < 0.1 and 0.99 < max(factors) <= 1 and peak <= 3
     assert factors[peak:] == sorted(factors[peak:], reverse=True) and factors[-1] < 1e-9
+
+
+def test_init_trains_heads_further_from_where_they_are(setup, tmp_path, monkeypatch):
+    """init=DIR starts from trained heads: at a vanishing learning rate they come out as they went in."""
+    from safetensors.torch import load_file
+
+    from specpipe.errors import SpecpipeError
+
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    assert train_command.run(args(setup, tmp_path, "epochs=1", proposer="eagle3")) == 0
+    first = tmp_path / "recipes" / "target" / "eagle3"
+    again = args(setup, tmp_path / "again", "epochs=1", f"init={first}", "lr=1e-12", proposer="eagle3")
+    assert train_command.run(again) == 0
+    second = tmp_path / "again" / "recipes" / "target" / "eagle3"
+    before, after = (load_file(str(folder / "model.safetensors")) for folder in (first, second))
+    assert set(before) == set(after) and all(torch.allclose(before[k].float(), after[k].float(), atol=1e-6) for k in before)
+    with pytest.raises(SpecpipeError, match="init=.*no config.json"):
+        train_command.run(args(setup, tmp_path, f"init={tmp_path / 'nowhere'}", proposer="eagle3"))

@@ -158,6 +158,9 @@ def _validate(cfg: DictConfig) -> None:
     if low or not 0 < cfg.held_out < 1 or not cfg.lr > 0:
         raise SpecpipeError(f"train settings out of range: {', '.join(low) or 'none below their bounds'}; "
                             f"held_out={cfg.held_out} must be in (0, 1) and lr={cfg.lr} positive.")
+    if cfg.init and not (Path(cfg.init) / "config.json").is_file():
+        raise SpecpipeError(f"init={cfg.init}: no config.json there. Point init= at heads a `specpipe train "
+                            f"proposer={kind}` run wrote (e.g. recipes/<model>/{kind}), or leave it empty for fresh heads.")
     if cfg.distill_prompts:  # a bad file is refused by its line now, not after the corpus features
         load_prompts(cfg.distill_prompts)
     if not (cfg.tokens >= cfg.seq_len or (cfg.tokens == 0 and cfg.distill > 0)):
@@ -186,6 +189,9 @@ def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, seqs: list[dict]
             err.print(f"resuming from {checkpoint} after epoch {saved['epoch'] + 1}")
             return kind.load(checkpoint), saved["epoch"] + 1
     torch.manual_seed(cfg.seed)
+    if cfg.init:  # further training of heads trained before (their shape and vocabulary as they are)
+        err.print(f"starting from the heads in {cfg.init}")
+        return kind.load(Path(cfg.init)).float(), 0
     return kind.fresh(cfg, weights.config, weights.lm, seqs), 0
 
 
@@ -194,7 +200,7 @@ def _run_key(cfg: DictConfig) -> dict:
             {"model": cfg.model.name, "proposer": proposer_kind(cfg), "num_heads": cfg.num_heads, "layers": cfg.layers,
              "intermediate_size": cfg.intermediate_size, "unroll": cfg.unroll, "ttt": cfg.ttt,
              "target_layers": list(cfg.target_layers), "vocab_subset": cfg.vocab_subset,
-             "sources": cfg.sources, "distill": cfg.distill,
+             "sources": cfg.sources, "distill": cfg.distill, "init": cfg.init,
              "tokens": cfg.tokens, "seq_len": cfg.seq_len, "lr": cfg.lr, "batch": cfg.batch}.items()}
 
 
