@@ -58,7 +58,8 @@ def greedy_equal_on(pipeline, prompts, tokens: int) -> int:
 
 @pytest.mark.parametrize("proposer, controller", [("twin", "fixed"), ("ngram", "fixed"), ("ngram", "cost"),
                                                   ("suffix", "fixed"), ("eagle", None), ("eagle-tree", None),
-                                                  ("medusa", None), ("eagle3", None), ("eagle3-tree", None)])
+                                                  ("medusa", None), ("eagle3", None),
+                                                  pytest.param("eagle3-tree", None, marks=pytest.mark.full)])
 def test_smollm2_greedy_equals_plain(proposer, controller, prompts):
     overrides = SHIPPED.get(proposer) or [f"proposer={proposer}", f"controller={controller}"]
     pipeline = Pipeline.from_config(compose([*overrides, "gamma=4"]))
