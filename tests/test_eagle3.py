@@ -224,3 +224,22 @@ def test_heads_that_do_not_fit_are_refused_before_generation(tmp_path, target4_d
         cfg = compose([f"model={target4_dir}", "proposer=eagle3", f"proposer.heads={tmp_path / folder}"])
         with pytest.raises(SpecpipeError, match=words):
             Pipeline.from_config(cfg)
+
+
+def test_a_head_with_its_own_embeddings_drafts_with_them():
+    """speculators checkpoints carry `embed_tokens`: drafting reads those, not the target's
+    (the same unless the head trained them), and the output is still plain greedy's."""
+    from specpipe.heads.eagle import HeadCache
+
+    target = target4()
+    head = random_head(8)
+    own = target.model.get_input_embeddings().weight.detach() * 3.0
+    head.embed_tokens = torch.nn.Embedding.from_pretrained(own, freeze=True)
+    proposer = proposer_for(head, GREEDY)
+    plain, outs = run_both(target, proposer, GreedyVerifier(), 3)
+    assert outs[0].token_ids == plain.token_ids
+    proposer.cache = HeadCache()
+    features = torch.randn(2, 32, dtype=torch.float64)
+    got = proposer._feed(features, [4, 9], torch.arange(2))
+    want = head(own[[4, 9]][None], features[None], torch.arange(2)[None], cache=HeadCache())[0]
+    torch.testing.assert_close(got, want)

@@ -57,7 +57,8 @@ def greedy_equal_on(pipeline, prompts, tokens: int) -> int:
 
 
 @pytest.mark.parametrize("proposer, controller", [("twin", "fixed"), ("ngram", "fixed"), ("ngram", "cost"),
-                                                  ("suffix", "fixed"), ("eagle", None), ("eagle-tree", None),
+                                                  ("suffix", "fixed"), ("eagle", None),
+                                                  pytest.param("eagle-tree", None, marks=pytest.mark.full),
                                                   ("medusa", None), ("eagle3", None),
                                                   pytest.param("eagle3-tree", None, marks=pytest.mark.full)])
 def test_smollm2_greedy_equals_plain(proposer, controller, prompts):

@@ -117,7 +117,9 @@ class EagleProposer(Proposer):
               mask: torch.Tensor | None = None) -> torch.Tensor:
         """Rows (features [n, H], tokens, positions [n]) appended to the head cache -> guessed
         next features [n, H]; mask [1, n, cache + n] (None: causal)."""
-        embeds = self.target.embed(torch.tensor(tokens, dtype=torch.long))
+        ids = torch.tensor(tokens, dtype=torch.long)
+        own = getattr(self.head, "embed_tokens", None)  # a third-party EAGLE-3 head may bring its own
+        embeds = self.target.embed(ids) if own is None else own(ids).float()
         return self.head(embeds[None], features[None], positions[None], mask, self.cache)[0]
 
     def _chain(self, hidden: torch.Tensor, gamma: int, state: DecodeState) -> DraftBlock:

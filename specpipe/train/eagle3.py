@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import HeadCache
 from specpipe.heads.eagle3 import Eagle3Head, Eagle3Shape, default_layers, engine_keys
 from specpipe.train import drafting
@@ -104,11 +105,16 @@ class Eagle3Trainer:
                                  depth, per_sequence)
 
 
+def target_layers(cfg, config) -> tuple[int, ...]:
+    """The aux layer ids a run trains on: `target_layers=`, else vLLM's default for the target."""
+    return tuple(cfg.target_layers) if cfg.target_layers else default_layers(config.num_hidden_layers)
+
+
 def fresh_head(cfg, config, lm_weight: torch.Tensor, draft_ids: torch.Tensor) -> Eagle3Head:
-    """A new head of the target's layer shape; its LM head and final norm start from the
-    target's (the rows of its draft vocabulary), so training refines a working guesser."""
-    layers = tuple(cfg.target_layers) if cfg.target_layers else default_layers(config.num_hidden_layers)
-    head = Eagle3Head(Eagle3Shape.of_target(config, len(draft_ids), layers, cfg.intermediate_size or None))
+    """A new head of the target's layer shape; its LM head starts from the target's rows of its
+    draft vocabulary, so training refines a working guesser."""
+    head = Eagle3Head(Eagle3Shape.of_target(config, len(draft_ids), target_layers(cfg, config),
+                                            cfg.intermediate_size or None))
     head.set_vocabulary(draft_ids)
     with torch.no_grad():
         head.lm_head.weight.copy_(lm_weight[draft_ids])
@@ -116,6 +122,10 @@ def fresh_head(cfg, config, lm_weight: torch.Tensor, draft_ids: torch.Tensor) ->
 
 
 def _trainer(module, weights, train: Rows, cfg) -> Eagle3Trainer:
+    if module.target_layers != target_layers(cfg, weights.config):  # init= heads read other layers
+        raise SpecpipeError(f"init={cfg.init}: that head reads target layers {list(module.target_layers)}, and this "
+                            f"run's features are of {list(target_layers(cfg, weights.config))}: pass "
+                            f"target_layers={list(module.target_layers)}.")
     return Eagle3Trainer(module, weights.embed, weights.lm, cfg.lr, ttt=cfg.ttt)
 
 
@@ -128,11 +138,9 @@ def _kind():
         ids = frequent_labels(torch.cat([s["argmax"] for s in seqs]), cfg.vocab_subset)
         return fresh_head(cfg, config, lm, ids)
 
-    def layers(cfg, config) -> tuple[int, ...]:
-        return engine_keys(tuple(cfg.target_layers) if cfg.target_layers else default_layers(config.num_hidden_layers))
-
     return Kind(fresh=fresh, load=load_eagle3, save=save_eagle3, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
-                figure="held_out_top1_per_position", layers=layers)
+                figure="held_out_top1_per_position",
+                layers=lambda cfg, config: engine_keys(target_layers(cfg, config)))
 
 
 KIND = _kind()
