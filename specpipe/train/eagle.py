@@ -27,6 +27,8 @@ from specpipe.train.drafting import FrozenTarget
 class Rows:
     """Cached sequences as training rows, batched by padding similar lengths together."""
 
+    next_features = True  # EAGLE regresses f_{i+1}; EAGLE-3's rows go without it
+
     def __init__(self, seqs: list[dict]):
         self.seqs = [s for s in seqs if len(s["tokens"]) >= 3]
 
@@ -52,15 +54,17 @@ class Rows:
         n = max(len(s["tokens"]) for s in seqs) - 1
         out = {"features": torch.zeros(len(seqs), n, seqs[0]["features"].shape[1]),
                "tokens": torch.zeros(len(seqs), n, dtype=torch.long), "labels": torch.zeros(len(seqs), n, dtype=torch.long),
-               "next_features": torch.zeros(len(seqs), n, seqs[0]["features"].shape[1]),
                "counted": torch.zeros(len(seqs), n, dtype=torch.bool)}
+        if self.next_features:
+            out["next_features"] = torch.zeros_like(out["features"])
         for b, s in enumerate(seqs):
             m = len(s["tokens"]) - 1
             out["features"][b, :m] = s["features"][:-1].float()
             out["tokens"][b, :m] = s["tokens"][1:].long()
-            out["next_features"][b, :m] = s["features"][1:].float()
             out["labels"][b, :m] = s["argmax"][1:].long()
             out["counted"][b, max(0, s["start"] - 1) : m] = True  # the label at i+1 is part of the answer
+            if self.next_features:
+                out["next_features"][b, :m] = s["features"][1:].float()
         return out
 
 

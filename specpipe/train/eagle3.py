@@ -29,23 +29,9 @@ STEP_WEIGHT = 0.8  # step j's loss weighs STEP_WEIGHT ** j
 
 
 class Rows(EagleRows):
-    """EAGLE's rows (the same batching by length) without the next-feature targets."""
+    """EAGLE's rows (the same batching and padding) without the next-feature targets."""
 
-    def tensors(self, batch: list[int]) -> dict[str, torch.Tensor]:
-        """Padded [B, m] rows (m: longest sequence - 1): features f_i [B, m, F], next tokens
-        t_{i+1}, labels (the target's prediction at i+1), counted (label inside the answer)."""
-        seqs = [self.seqs[i] for i in batch]
-        m = max(len(s["tokens"]) for s in seqs) - 1
-        out = {"features": torch.zeros(len(seqs), m, seqs[0]["features"].shape[1]),
-               "tokens": torch.zeros(len(seqs), m, dtype=torch.long), "labels": torch.zeros(len(seqs), m, dtype=torch.long),
-               "counted": torch.zeros(len(seqs), m, dtype=torch.bool)}
-        for b, s in enumerate(seqs):
-            n = len(s["tokens"]) - 1
-            out["features"][b, :n] = s["features"][:-1].float()
-            out["tokens"][b, :n] = s["tokens"][1:].long()
-            out["labels"][b, :n] = s["argmax"][1:].long()
-            out["counted"][b, max(0, s["start"] - 1) : n] = True
-        return out
+    next_features = False
 
 
 def ttt_mask(m: int, step: int) -> torch.Tensor:
