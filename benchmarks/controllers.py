@@ -2,6 +2,7 @@
 
     python benchmarks/controllers.py --model smollm2-135m --proposer ngram --categories code-edit chat --prompts 3
     python benchmarks/controllers.py --model qwen2.5-coder-1.5b --proposer draft --categories code-edit chat --prompts 2
+    python benchmarks/controllers.py --recipe recipes/smollm2-135m/eagle3.yaml --only "fixed γ=2" cost
 
 Everything runs in one process on one loaded target, after one warm-up generation per
 controller: per prompt, the plain target, every controller, then the plain target again (its
@@ -21,7 +22,9 @@ from specpipe.exactness import first_divergence
 from specpipe.prompts import load_prompts
 
 CONTROLLERS = {
+    "fixed γ=1": ["controller=fixed", "gamma=1"],
     "fixed γ=2": ["controller=fixed", "gamma=2"],
+    "fixed γ=3": ["controller=fixed", "gamma=3"],
     "fixed γ=4": ["controller=fixed", "gamma=4"],
     "fixed γ=6": ["controller=fixed", "gamma=6"],
     "heuristic": ["controller=heuristic", "gamma=4"],
@@ -35,6 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--proposer", default="ngram")
+    parser.add_argument("--recipe", help="a recipe yaml (a trained head's): its proposer instead of --proposer")
     parser.add_argument("--categories", nargs="+", default=["code-edit", "chat"])
     parser.add_argument("--prompts", type=int, default=3, help="per category")
     parser.add_argument("--tokens", type=int, default=128)
@@ -43,7 +47,7 @@ def main() -> None:
                         help="blocks per prompt; each block runs the controllers in a rotated order")
     args = parser.parse_args()
     names = args.only or list(CONTROLLERS)
-    base = [f"model={args.model}", f"proposer={args.proposer}"]
+    base = [f"model={args.model}", f"recipe={args.recipe}" if args.recipe else f"proposer={args.proposer}"]
     first = build_pipeline(compose(base + CONTROLLERS[names[0]]))
     pipelines = {n: first if n == names[0] else _sharing(first, base + CONTROLLERS[n]) for n in names}
     rows = defaultdict(list)  # (category, name) -> [(speedup, stats, exact)]
@@ -89,7 +93,7 @@ def _sharing(first, overrides):
 
 
 def table(rows, args, names) -> None:
-    print(f"\n{args.model}, proposer={args.proposer}, greedy, {args.tokens} new tokens, "
+    print(f"\n{args.model}, {args.recipe or 'proposer=' + args.proposer}, greedy, {args.tokens} new tokens, "
           f"{args.prompts} prompts per category, {args.repeats} block(s) per prompt")
     print("| category | controller | speedup (median, min-max) | acceptance | τ | mean γ | exact |")
     print("|---|---|---|---|---|---|---|")

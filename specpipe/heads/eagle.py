@@ -97,15 +97,16 @@ class Attention(nn.Module):
         q, k = self._rope(q, positions), self._rope(k, positions)
         if cache is not None:  # the earlier rows (decoding) or unrolled steps (training)
             k, v = cache.append(k, v)
-        groups = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        # enable_gqa: each kv head serves its query heads without a copy of the whole cache per row
         if mask is None and k.shape[2] == n:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        elif mask is None and n == 1:  # a chain's draft row sees every row cached: no mask to build
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         else:
             if mask is None:  # causal over the new rows, everything cached before them
                 past = k.shape[2] - n
                 mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
