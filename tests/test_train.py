@@ -221,3 +221,17 @@ def test_init_trains_heads_further_from_where_they_are(setup, tmp_path, monkeypa
     assert set(before) == set(after) and all(torch.allclose(before[k].float(), after[k].float(), atol=1e-6) for k in before)
     with pytest.raises(SpecpipeError, match="init=.*no config.json"):
         train_command.run(args(setup, tmp_path, f"init={tmp_path / 'nowhere'}", proposer="eagle3"))
+
+
+def test_runners_are_built_only_when_a_cache_misses():
+    """`specpipe train` with every answer and feature shard cached builds no runner (OnFirstUse)."""
+    made = []
+
+    def make():
+        made.append(1)
+        return torch.nn.Identity()
+
+    lazy = train_command.OnFirstUse(make)
+    assert made == []  # nothing built until used
+    assert torch.equal(lazy(torch.ones(2)), torch.ones(2)) and lazy.training is True
+    assert made == [1]  # built once, then reused

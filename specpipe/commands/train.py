@@ -109,7 +109,7 @@ def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) ->
     out = []
     longest = max(len(ids) for _, seqs, _ in parts for ids in seqs)
     # the native engine reads the (packed) weights back at the same precision: the same values
-    runner = make_runner(model, engine=engine, precision=cfg.model.quantize, cache_len=longest)
+    runner = OnFirstUse(lambda: make_runner(model, engine=engine, precision=cfg.model.quantize, cache_len=longest))
     with _progress(err) as progress:
         for key, seqs, starts in parts:
             folder = features.compute(runner, seqs, features.feature_dir(key), progress, starts, layers)
@@ -129,8 +129,8 @@ def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> 
     decode = None
     if engine == "native":  # its answers may differ from transformers' in the last bits: a cache of their own
         key["engine"] = "native"
-        runner = make_runner(model, engine="native", precision=cfg.model.quantize)
-        decode = distill.batched_decoder(runner, model, tokenizer, cfg.distill_batch)
+        decode = OnFirstUse(lambda: distill.batched_decoder(
+            make_runner(model, engine="native", precision=cfg.model.quantize), model, tokenizer, cfg.distill_batch))
     with _progress(err) as progress:
         task = progress.add_task("self-distillation", total=len(prompts))
         started = time.perf_counter()
@@ -140,6 +140,25 @@ def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> 
     err.print(f"self-distillation: {len(prompts)} answers in {time.perf_counter() - started:.0f} s "
               f"({engine} engine; answers cached earlier are read back, not decoded)", highlight=False)
     return out
+
+
+class OnFirstUse:
+    """A runner (or decoder) built the first time it is used: with every answer and feature
+    shard cached, none is (building the 1.5B's native runner packs 3 GB of weights, ~1 min)."""
+
+    def __init__(self, make):
+        self._make, self._made = make, None
+
+    def _get(self):
+        if self._made is None:
+            self._made = self._make()
+        return self._made
+
+    def __getattr__(self, name: str):
+        return getattr(self._get(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self._get()(*args, **kwargs)
 
 
 def _validate(cfg: DictConfig) -> None:
