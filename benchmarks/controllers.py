@@ -89,7 +89,10 @@ def _sharing(first, overrides):
     cfg = compose(overrides)
     context, _ = checked_context(cfg)
     controller = call_target(cfg.controller, "controller", context)
-    return Pipeline(first.target, first.proposer, first.verifier, controller, first.sampling, first.chat)
+    # the same runner: a proposer binds to its pipeline's runner (a head reads its features), so
+    # a second runner would rebind the shared proposer away from the first pipeline's
+    return Pipeline(first.target, first.proposer, first.verifier, controller, first.sampling, first.chat,
+                    runner=first.runner)
 
 
 def table(rows, args, names) -> None:
