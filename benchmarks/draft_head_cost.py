@@ -91,7 +91,6 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a and not a.startswith("--")]
     recipes = [a for a in argv if "=" not in a and not a.startswith("--")] or [
         "recipes/smollm2-135m/eagle3.yaml", "recipes/smollm2-135m/eagle.yaml"]
-    torch.set_num_threads(int(options.get("threads", torch.get_num_threads())))
     for recipe in recipes:
         run(recipe, overrides, options)
 
