@@ -20,6 +20,7 @@ from specpipe.engine import FINAL, make_runner
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.eagle import EagleProposer, TreeShape, _rerank
+from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
@@ -236,3 +237,50 @@ def test_steps_without_a_draft_keep_every_row_for_the_head():
     assert proposer.committed + len(proposer.pending[1]) == len(PROMPT) + len(out.token_ids) - 1
     plain = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=30, speculative=False)
     assert out.token_ids == plain.token_ids
+
+
+class CountingLookup(NgramProposer):
+    """Prompt lookup that counts the drafts it found (to show a run used both sources)."""
+
+    found = 0
+
+    def propose(self, state, gamma):
+        block = super().propose(state, gamma)
+        self.found += bool(len(block.tokens))
+        return block
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 8)])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(tree, gamma):
+    """proposer.lookup: steps drafted by prompt lookup feed the head nothing; its rows wait and
+    are fed at the head's next draft, so the head cache still equals one pass over every
+    committed (feature, next token) pair, and the output equals plain decoding."""
+    target = tiny_target()
+    lookup = CountingLookup(ngram_max=3, ngram_min=1)
+    proposer = EagleProposer(random_head(8), GREEDY, tree, lookup=lookup)
+    plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(gamma), tokens=60)
+    for out in outs:
+        assert out.token_ids == plain.token_ids
+    assert lookup.found > 0 and proposer.committed > len(PROMPT) - 1  # both sources drafted
+    tokens = PROMPT + outs[1].token_ids
+    features = make_runner(target.model).forward(tokens, hidden=(FINAL,)).hidden[FINAL][0]
+    n = proposer.committed
+    assert n + len(proposer.pending[1]) == len(tokens) - 1
+    fresh = HeadCache()
+    embeds = target.model.get_input_embeddings()(torch.tensor(tokens[1 : n + 1]))
+    with torch.no_grad():
+        proposer.head(embeds[None], features[None, :n], torch.arange(n)[None], cache=fresh)
+    torch.testing.assert_close(proposer.cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
+
+
+def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target_dir):  # noqa: F811
+    save_eagle(random_head(9).float(), tmp_path / "heads", target=str(target_dir))
+    base = [f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / 'heads'}", "gamma=3"]
+    pipeline = Pipeline.from_config(compose([*base, "proposer.lookup={ngram_max: 3, ngram_min: 1}"]))
+    assert pipeline.proposer.lookup.ngram_max == 3
+    spec = pipeline.run(PROMPT, max_new_tokens=24)
+    assert spec.token_ids == pipeline.run(PROMPT, max_new_tokens=24, speculative=False).token_ids
+    for bad, words in (("{ngram_max: 4, n: 2}", "must be"), ("{ngram_max: 1, ngram_min: 2}", "ngram_min")):
+        with pytest.raises(SpecpipeError, match=words):
+            Pipeline.from_config(compose([*base, f"proposer.lookup={bad}"]))

@@ -16,6 +16,13 @@ Tree mode is EAGLE-2's dynamic tree: expand the `top_k` best nodes of each depth
 cumulative draft log-probability (each expansion is one head forward over top_k rows, with a
 tree mask on the head's cache), then rerank every node made and keep the best `nodes`.
 Since a child's score never exceeds its parent's, the kept set is a tree.
+
+With `lookup` (prompt lookup, proposer=ngram's matcher) a step first looks for an earlier
+occurrence of the text's last n tokens and, when one is found, drafts what followed it instead
+of asking the head: Arctic Inference's hybrid of suffix decoding and a model speculator. Lookup
+wins where the answer copies its input (code edits, summaries), the head where there is nothing
+to copy (chat, math). The head skips those steps; their committed rows wait in `pending` and
+are fed, in order, at its next draft, so its cache stays exact.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, module_bytes, quantize_model
 from specpipe.proposers.base import Proposer
 from specpipe.proposers.declaration import Declaration
+from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams, sample
 from specpipe.state import DecodeState
 from specpipe.types import DraftBlock, DraftTree, Verdict
@@ -51,11 +59,13 @@ class TreeShape:
 class EagleProposer(Proposer):
     def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
                  quantize: str = "none", layers: tuple[int, ...] = (FINAL,),
-                 draft_lm: Callable[[Runner], "DraftLM"] | None = None):
+                 draft_lm: Callable[[Runner], "DraftLM"] | None = None, lookup: NgramProposer | None = None):
         """layers: the target's hidden-state keys the head reads, in the order its `fuse` takes
         them; draft_lm: target -> the head's token scorer (default: the target's LM-head rows
-        of the head's draft vocabulary, in the `quantize` precision)."""
+        of the head's draft vocabulary, in the `quantize` precision); lookup: prompt lookup
+        tried before the head each step (None: the head always drafts)."""
         self.head = head
+        self.lookup = lookup
         self.sampling = sampling
         self.tree = tree
         self.quantize = quantize
@@ -78,6 +88,10 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, gamma: int) -> DraftBlock | DraftTree:
+        if self.lookup is not None:
+            copied = self.lookup.propose(state, gamma)
+            if len(copied.tokens):
+                return copied  # the head's pending rows wait for its next draft
         if self.pending is None:
             return DraftBlock.empty()  # a one-token prompt: no feature yet
         features, tokens = self.pending
@@ -256,7 +270,8 @@ def _depth(parents: list[int], node: int) -> int:
 
 
 def validate_options(options: dict) -> None:
-    """EAGLE-2's tree shape, checked before the head loads."""
+    """EAGLE-2's tree shape and the lookup's match lengths, checked before the head loads."""
+    make_lookup(options.get("lookup"))
     tree = options.get("tree")
     if tree is not None and (set(tree) - {"top_k", "nodes"} or not all(type(v) is int for v in tree.values())):
         raise SpecpipeError(f"proposer.tree={tree!r} must be {{top_k: N, nodes: M}} with integers, e.g. "
@@ -265,16 +280,38 @@ def validate_options(options: dict) -> None:
         TreeShape(**tree)
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16") -> EagleProposer:
+def make_lookup(options: dict | None) -> NgramProposer | None:
+    """proposer.lookup={ngram_max: N, ngram_min: M} (proposer=ngram's options) -> its matcher;
+    None: no lookup."""
+    if options is None:
+        return None
+    if not isinstance(options, dict) or set(options) - {"ngram_max", "ngram_min"} or \
+            not all(type(v) is int for v in options.values()):
+        raise SpecpipeError(f"proposer.lookup={options!r} must be {{ngram_max: N, ngram_min: M}} with integers "
+                            "(proposer=ngram's options), e.g. proposer.lookup={ngram_max: 4, ngram_min: 2}, or "
+                            "null for no lookup.")
+    return NgramProposer(**options)
+
+
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16",
+          lookup: dict | None = None) -> EagleProposer:
     """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
     before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a
-    chain; quantize: the head's precision (drafts may use any: the target verifies them)."""
+    chain; quantize: the head's precision (drafts may use any: the target verifies them);
+    lookup: prompt lookup's options, tried before the head each step (None: the head only)."""
     check_mode(quantize, "proposer.quantize")
     shape = None if tree is None else TreeShape(**dict(tree))
     # float32 first whatever the file holds: plain half-precision Linear layers are slow on CPUs
     # without native half arithmetic (this one has none); fbgemm's kernels read fp16 and compute in fp32
     head = quantize_model(load_eagle(heads).float(), quantize)
-    return EagleProposer(head, context.sampling, shape, quantize)
+    return EagleProposer(head, context.sampling, shape, quantize, lookup=make_lookup(lookup))
+
+
+def lookup_warning(plan, engine: str) -> None:
+    """The lookup runs in specpipe only: neither serving engine pairs prompt lookup with a head."""
+    if plan.options.get("lookup"):
+        plan.warnings.append(f"proposer.lookup: {engine} has no prompt lookup beside an EAGLE head (one method per "
+                             "server); exported as the head alone.")
 
 
 def _vllm(plan) -> dict:
@@ -284,6 +321,7 @@ def _vllm(plan) -> dict:
     from specpipe.heads.io import read_config
 
     read_config(plan.heads, "eagle")  # a clear error now, not at vLLM's start-up
+    lookup_warning(plan, f"vLLM {VERSION}")
     if plan.tree:
         plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE as a chain (it has no token tree); "
                              f"EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
@@ -293,8 +331,9 @@ def _vllm(plan) -> dict:
 def _sglang(plan) -> dict:
     """SGLang's EAGLE drafts EAGLE-2's dynamic tree itself: depth γ, top-k per step, and the
     number of nodes kept (plus the verified token)."""
-    from specpipe.export.sglang import chain
+    from specpipe.export.sglang import VERSION, chain
 
+    lookup_warning(plan, f"SGLang {VERSION}")
     shape = chain(plan.gamma) if not plan.tree else {
         "--speculative-num-steps": plan.gamma, "--speculative-eagle-topk": int(plan.tree["top_k"]),
         "--speculative-num-draft-tokens": int(plan.tree["nodes"]) + 1}

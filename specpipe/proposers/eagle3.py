@@ -15,7 +15,7 @@ from specpipe.heads.eagle3 import Eagle3Head, engine_keys
 from specpipe.heads.speculators import fit_summary, load_eagle3
 from specpipe.models.quantize import check_mode, quantize_model
 from specpipe.proposers.declaration import Declaration
-from specpipe.proposers.eagle import DraftLM, EagleProposer, TreeShape
+from specpipe.proposers.eagle import DraftLM, EagleProposer, TreeShape, lookup_warning, make_lookup
 from specpipe.proposers.eagle import validate_options as _validate_tree
 
 
@@ -24,24 +24,28 @@ def own_lm(head: Eagle3Head):
     return lambda target: DraftLM(head.logits, head.draft_ids, target.vocab_size)
 
 
-def proposer_for(head: Eagle3Head, sampling, tree: TreeShape | None = None, quantize: str = "none") -> EagleProposer:
+def proposer_for(head: Eagle3Head, sampling, tree: TreeShape | None = None, quantize: str = "none",
+                 lookup=None) -> EagleProposer:
     """proposer=eagle's drafting over this head's layers and LM head (also the trainer's accuracy)."""
-    return EagleProposer(head, sampling, tree, quantize, layers=engine_keys(head.target_layers), draft_lm=own_lm(head))
+    return EagleProposer(head, sampling, tree, quantize, layers=engine_keys(head.target_layers), draft_lm=own_lm(head),
+                         lookup=lookup)
 
 
 def validate_options(options: dict) -> None:
     _validate_tree(options)
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16") -> EagleProposer:
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16",
+          lookup: dict | None = None) -> EagleProposer:
     """heads: a speculators EAGLE-3 checkpoint folder (checked against the target before any
     weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a chain;
-    quantize: the head's precision (drafts may use any: the target verifies them)."""
+    quantize: the head's precision (drafts may use any: the target verifies them); lookup:
+    prompt lookup's options, tried before the head each step (None: the head only)."""
     check_mode(quantize, "proposer.quantize")
     shape = None if tree is None else TreeShape(**dict(tree))
     layers = context.target.model.config.num_hidden_layers  # for a head that names no aux layers
     head = quantize_model(load_eagle3(heads, layers).float(), quantize)  # float32 first: see proposer=eagle's build
-    return proposer_for(head, context.sampling, shape, quantize)
+    return proposer_for(head, context.sampling, shape, quantize, make_lookup(lookup))
 
 
 def _vllm(plan) -> dict:
@@ -49,6 +53,7 @@ def _vllm(plan) -> dict:
     from specpipe.export.vllm import VERSION
 
     fit_summary(plan.heads)  # a clear error now, not at vLLM's start-up
+    lookup_warning(plan, f"vLLM {VERSION}")
     if plan.tree:
         plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE-3 as a chain (it has no token tree); "
                              f"EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
@@ -57,9 +62,10 @@ def _vllm(plan) -> dict:
 
 def _sglang(plan) -> dict:
     """SGLang's EAGLE3 drafts EAGLE-2's dynamic tree itself, as its EAGLE does."""
-    from specpipe.export.sglang import chain
+    from specpipe.export.sglang import VERSION, chain
 
     fit_summary(plan.heads)
+    lookup_warning(plan, f"SGLang {VERSION}")
     shape = chain(plan.gamma) if not plan.tree else {
         "--speculative-num-steps": plan.gamma, "--speculative-eagle-topk": int(plan.tree["top_k"]),
         "--speculative-num-draft-tokens": int(plan.tree["nodes"]) + 1}
