@@ -277,10 +277,10 @@ def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(
 def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target_dir):  # noqa: F811
     save_eagle(random_head(9).float(), tmp_path / "heads", target=str(target_dir))
     base = [f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / 'heads'}", "gamma=3"]
-    pipeline = Pipeline.from_config(compose([*base, "proposer.lookup={ngram_max: 3, ngram_min: 1}"]))
-    assert pipeline.proposer.lookup.ngram_max == 3
+    pipeline = Pipeline.from_config(compose([*base, "proposer.lookup=true", "proposer.lookup_min=1"]))
+    assert (pipeline.proposer.lookup.ngram_min, pipeline.proposer.lookup.ngram_max) == (1, 4)
     spec = pipeline.run(PROMPT, max_new_tokens=24)
     assert spec.token_ids == pipeline.run(PROMPT, max_new_tokens=24, speculative=False).token_ids
-    for bad, words in (("{ngram_max: 4, n: 2}", "must be"), ("{ngram_max: 1, ngram_min: 2}", "ngram_min")):
+    for bad, words in (("proposer.lookup_min=abc", "is not an integer"), ("proposer.lookup_max=2", "1 <= lookup_min <= lookup_max")):
         with pytest.raises(SpecpipeError, match=words):
-            Pipeline.from_config(compose([*base, f"proposer.lookup={bad}"]))
+            Pipeline.from_config(compose([*base, "proposer.lookup=true", bad]))

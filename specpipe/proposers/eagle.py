@@ -271,7 +271,7 @@ def _depth(parents: list[int], node: int) -> int:
 
 def validate_options(options: dict) -> None:
     """EAGLE-2's tree shape and the lookup's match lengths, checked before the head loads."""
-    make_lookup(options.get("lookup"))
+    make_lookup(True, options.get("lookup_min", 3), options.get("lookup_max", 4))
     tree = options.get("tree")
     if tree is not None and (set(tree) - {"top_k", "nodes"} or not all(type(v) is int for v in tree.values())):
         raise SpecpipeError(f"proposer.tree={tree!r} must be {{top_k: N, nodes: M}} with integers, e.g. "
@@ -280,31 +280,28 @@ def validate_options(options: dict) -> None:
         TreeShape(**tree)
 
 
-def make_lookup(options: dict | None) -> NgramProposer | None:
-    """proposer.lookup={ngram_max: N, ngram_min: M} (proposer=ngram's options) -> its matcher;
-    None: no lookup."""
-    if options is None:
-        return None
-    if not isinstance(options, dict) or set(options) - {"ngram_max", "ngram_min"} or \
-            not all(type(v) is int for v in options.values()):
-        raise SpecpipeError(f"proposer.lookup={options!r} must be {{ngram_max: N, ngram_min: M}} with integers "
-                            "(proposer=ngram's options), e.g. proposer.lookup={ngram_max: 4, ngram_min: 2}, or "
-                            "null for no lookup.")
-    return NgramProposer(**options)
+def make_lookup(lookup: bool, lookup_min: int, lookup_max: int) -> NgramProposer | None:
+    """proposer.lookup=true: prompt lookup over matches of lookup_min..lookup_max tokens
+    (proposer=ngram's ngram_min / ngram_max; vLLM's prompt_lookup_min / _max); false: none."""
+    if not (type(lookup_min) is int and type(lookup_max) is int and 1 <= lookup_min <= lookup_max):
+        raise SpecpipeError(f"proposer.lookup_min={lookup_min!r} and proposer.lookup_max={lookup_max!r} must be "
+                            "integers with 1 <= lookup_min <= lookup_max (e.g. lookup_min=3 lookup_max=4).")
+    return NgramProposer(ngram_max=lookup_max, ngram_min=lookup_min) if lookup else None
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16",
-          lookup: dict | None = None) -> EagleProposer:
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16", lookup: bool = False,
+          lookup_min: int = 3, lookup_max: int = 4) -> EagleProposer:
     """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
     before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a
     chain; quantize: the head's precision (drafts may use any: the target verifies them);
-    lookup: prompt lookup's options, tried before the head each step (None: the head only)."""
+    lookup: prompt lookup (matches of lookup_min..lookup_max tokens) tried before the head each
+    step (false: the head only)."""
     check_mode(quantize, "proposer.quantize")
     shape = None if tree is None else TreeShape(**dict(tree))
     # float32 first whatever the file holds: plain half-precision Linear layers are slow on CPUs
     # without native half arithmetic (this one has none); fbgemm's kernels read fp16 and compute in fp32
     head = quantize_model(load_eagle(heads).float(), quantize)
-    return EagleProposer(head, context.sampling, shape, quantize, lookup=make_lookup(lookup))
+    return EagleProposer(head, context.sampling, shape, quantize, lookup=make_lookup(lookup, lookup_min, lookup_max))
 
 
 def lookup_warning(plan, engine: str) -> None:

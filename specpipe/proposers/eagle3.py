@@ -35,17 +35,18 @@ def validate_options(options: dict) -> None:
     _validate_tree(options)
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16",
-          lookup: dict | None = None) -> EagleProposer:
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16", lookup: bool = False,
+          lookup_min: int = 3, lookup_max: int = 4) -> EagleProposer:
     """heads: a speculators EAGLE-3 checkpoint folder (checked against the target before any
     weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a chain;
     quantize: the head's precision (drafts may use any: the target verifies them); lookup:
-    prompt lookup's options, tried before the head each step (None: the head only)."""
+    prompt lookup (matches of lookup_min..lookup_max tokens) tried before the head each step
+    (false: the head only)."""
     check_mode(quantize, "proposer.quantize")
     shape = None if tree is None else TreeShape(**dict(tree))
     layers = context.target.model.config.num_hidden_layers  # for a head that names no aux layers
     head = quantize_model(load_eagle3(heads, layers).float(), quantize)  # float32 first: see proposer=eagle's build
-    return proposer_for(head, context.sampling, shape, quantize, make_lookup(lookup))
+    return proposer_for(head, context.sampling, shape, quantize, make_lookup(lookup, lookup_min, lookup_max))
 
 
 def _vllm(plan) -> dict:
