@@ -14,8 +14,8 @@ SMOL="engine=native categories=[code,code-edit,chat,summarize,math] limit=2 max_
 # the head recipes as shipped (prompt lookup first, the head where nothing matches), then the heads alone
 specpipe bench recipe=recipes/smollm2-135m/eagle3.yaml $SMOL out=$OUT/smollm2-eagle3-lookup
 specpipe bench recipe=recipes/smollm2-135m/eagle.yaml $SMOL out=$OUT/smollm2-eagle-lookup
-specpipe bench recipe=recipes/smollm2-135m/eagle3.yaml proposer.lookup=null $SMOL out=$OUT/smollm2-eagle3
-specpipe bench recipe=recipes/smollm2-135m/eagle.yaml proposer.lookup=null $SMOL out=$OUT/smollm2-eagle
+specpipe bench recipe=recipes/smollm2-135m/eagle3.yaml proposer.lookup=false $SMOL out=$OUT/smollm2-eagle3
+specpipe bench recipe=recipes/smollm2-135m/eagle.yaml proposer.lookup=false $SMOL out=$OUT/smollm2-eagle
 specpipe bench recipe=recipes/smollm2-135m/medusa.yaml $SMOL out=$OUT/smollm2-medusa
 specpipe bench proposer=ngram gamma=4 $SMOL out=$OUT/smollm2-ngram
 if [ -n "$QWEN_HEADS" ]; then

@@ -103,12 +103,13 @@ def report(err: SpecpipeError) -> int:
 
 
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
-    from specpipe.config import conf_dir, expand_overrides
+    from specpipe.config import conf_dir, expand_overrides, with_shipped_recipe
 
     if command in PROMPT_COMMANDS:
         overrides, prompts = take_prompts(overrides)
         if prompts:
             task = functools.partial(task, prompts=prompts)
+        overrides = with_shipped_recipe(overrides, command, conf_dir())
     if any(arg.startswith("-") for arg in overrides):
         flags, settings = _split_flags(overrides)
         # Hydra reads its flags before the overrides: a recipe's settings, which expansion puts

@@ -186,6 +186,26 @@ def expand_overrides(overrides: list[str], conf: Path) -> list[str]:
     return _rewrite_models(front + user, conf)
 
 
+def with_shipped_recipe(overrides: list[str], command: str, conf: Path) -> list[str]:
+    """`recipe=` of the shipped recipe of a zoo target (recipes/<model>/specpipe.yaml: the
+    strategy `specpipe tune` measured best for it) put first, when the user names no proposer,
+    strategy or recipe: plain `specpipe generate` decodes with what pays on that model. Their
+    own settings still win (gamma=, controller=, ...). Nothing for other targets: a folder
+    holding its own specpipe.yaml already applies it, and a model without one gets conf/'s
+    defaults."""
+    given = _given(overrides)
+    if any(key.partition(".")[0] in ("proposer", "strategy", "recipe") for key in given):
+        return overrides
+    model = given.get("model") or _default_model(command, conf)
+    found = recipes.shipped_recipe(model) if model in _known_models(conf) else None
+    return overrides if found is None else [f"recipe={found}", *overrides]  # quoted by expand_overrides
+
+
+def _default_model(command: str, conf: Path) -> str:
+    defaults = OmegaConf.load(conf / f"{command}.yaml").get("defaults", [])
+    return next((entry["model"] for entry in defaults if isinstance(entry, DictConfig) and "model" in entry), "")
+
+
 def _given(overrides: list[str]) -> dict[str, str]:
     given = {}
     for arg in overrides:

@@ -198,6 +198,14 @@ def find_recipe(value: str) -> Path:
                         f"{RECIPE_FILE}, or a model name with recipes/<name>/{RECIPE_FILE}.")
 
 
+def shipped_recipe(model: str) -> Path | None:
+    """recipes/<model>/specpipe.yaml of this checkout (or of the working directory), if any."""
+    for root in (Path(__file__).resolve().parents[1] / "recipes", Path("recipes")):
+        if (root / model / RECIPE_FILE).is_file():
+            return (root / model / RECIPE_FILE).resolve()
+    return None
+
+
 def load_recipe(value: str | Path) -> Recipe:
     path = find_recipe(str(value))
     data = _read_yaml(path, "recipe")

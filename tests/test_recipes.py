@@ -160,3 +160,23 @@ def test_strategy_files_are_checked_too(tmp_path):
     path = write(tmp_path / "s.yaml", {"proposer": "ngram", "command": "rm -rf /"})
     with pytest.raises(SpecpipeError, match="'command' is not a strategy setting"):
         load_strategy(str(path))
+
+
+def test_plain_generate_on_a_zoo_target_applies_its_shipped_recipe():
+    """`specpipe generate` (and `check`) with no proposer, strategy or recipe decodes with
+    recipes/<model>/specpipe.yaml where the checkout ships one; naming any of them, or a target
+    without one, leaves conf/'s defaults."""
+    from specpipe.config import conf_dir, with_shipped_recipe
+    from specpipe.recipe import shipped_recipe
+
+    shipped = shipped_recipe("smollm2-135m")
+    assert shipped is not None and shipped.name == "specpipe.yaml"
+    applied = with_shipped_recipe(["gamma=3"], "generate", conf_dir())
+    assert applied[0].startswith("recipe=") and "smollm2-135m" in applied[0] and applied[1:] == ["gamma=3"]
+    cfg = compose(applied)
+    strategy = load_recipe(shipped).strategy
+    assert cfg.recipe and cfg.gamma == 3
+    assert cfg.proposer._target_ == f"specpipe.proposers.{strategy['proposer']}.build"
+    for own in (["proposer=twin"], ["proposer.ngram_max=5"], ["strategy=ngram"], ["recipe=smollm2-135m"],
+                ["model=qwen2.5-coder-1.5b"]):
+        assert with_shipped_recipe(own, "check", conf_dir()) == own

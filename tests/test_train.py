@@ -88,6 +88,7 @@ def test_train_writes_heads_and_a_recipe_and_resumes(setup, tmp_path, monkeypatc
 
     recipe = load_recipe(tmp_path / "recipes" / "target" / "medusa.yaml")
     assert (recipe.strategy["controller"], recipe.strategy["gamma"]) == ("fixed", 4)  # one guess per head
+    assert "proposer.lookup" not in recipe.strategy  # Medusa's proposer takes no lookup
     accuracy = recipe.measured["held_out_top1_per_head"]
     # held out: the target's own answers; chance is 1/64 (measured here: 0.20 with the native
     # engine's batched answers, 0.30 with transformers' on the hf engine: fp16 near-ties part a few)
@@ -121,6 +122,7 @@ def test_train_eagle_writes_a_head_and_a_recipe_that_decodes_losslessly(setup, t
     accuracy = recipe.measured["held_out_top1_per_position"]
     assert len(accuracy) == 4 and accuracy[0] > 0.2 and accuracy == sorted(accuracy, reverse=True)
     assert recipe.strategy["controller"] == "confidence"  # the head's confidence gates its drafting
+    assert recipe.strategy["proposer.lookup"] is True  # prompt lookup first, the head where nothing matches
     for tree in ([], ["proposer.tree={top_k: 2, nodes: 6}"]):
         pipeline = Pipeline.from_config(compose([f"recipe={recipe.path}", f"model={setup / 'target'}", "gamma=3",
                                                  *tree]))

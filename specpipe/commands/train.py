@@ -276,10 +276,14 @@ def _controller(cfg: DictConfig) -> dict:
     γ 6): on SmolLM2 that was the best overall of fixed γ 1/2/4, cost and confidence for both
     EAGLE heads (README, "Draft heads"), since their acceptance falls fast with depth and each
     draft token costs ~8% of a plain step. Medusa
-    heads guess all positions at once: a fixed γ of their number."""
-    if declared(cfg).early_stop:
-        return {"controller": "confidence", "gamma_max": max(6, cfg.num_heads)}
-    return {"controller": "fixed", "gamma": cfg.num_heads}
+    heads guess all positions at once: a fixed γ of their number. A head that takes a lookup
+    gets it (proposer.lookup): prompt lookup copies what heads trained here guess worst (code
+    edits, summaries), measured 1.09x -> 1.66x overall for the SmolLM2 EAGLE-3 head."""
+    declaration = declared(cfg)
+    lookup = {"proposer.lookup": True} if declaration.lookup else {}
+    if declaration.early_stop:
+        return {**lookup, "controller": "confidence", "gamma_max": max(6, cfg.num_heads)}
+    return {**lookup, "controller": "fixed", "gamma": cfg.num_heads}
 
 
 def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], examples: int, seconds: float) -> dict:

@@ -34,6 +34,7 @@ class Declaration:
     tree: str = "never"
     draft_probs: bool = True  # False: no distribution (one-hot drafts: lossless, lower acceptance when sampling)
     early_stop: bool = False  # honours a controller's early stop (controller=confidence)
+    lookup: bool = False  # takes proposer.lookup: prompt lookup tried first, its own drafting where nothing matches
     batches: bool = True  # a batch drafts every row (False: one sequence at a time)
     peer: str | None = None  # transformers' counterpart in bench (`peer=auto`)
     trainer: str | None = None  # module whose `KIND` trains it (`specpipe train proposer=<name>`)

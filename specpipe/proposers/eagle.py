@@ -337,5 +337,5 @@ def _sglang(plan) -> dict:
     return {"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": plan.heads, **shape}
 
 
-DECLARATION = Declaration("eagle", heads=True, hidden="last", tree="option", early_stop=True,
+DECLARATION = Declaration("eagle", heads=True, hidden="last", tree="option", early_stop=True, lookup=True,
                           trainer="specpipe.train.eagle", export={"vllm": _vllm, "sglang": _sglang})

@@ -73,6 +73,6 @@ def _sglang(plan) -> dict:
     return {"--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": plan.heads, **shape}
 
 
-DECLARATION = Declaration("eagle3", heads=True, hidden="layers", tree="option", early_stop=True,
+DECLARATION = Declaration("eagle3", heads=True, hidden="layers", tree="option", early_stop=True, lookup=True,
                           trainer="specpipe.train.eagle3", read_heads=fit_summary,
                           export={"vllm": _vllm, "sglang": _sglang})
