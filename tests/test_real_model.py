@@ -32,7 +32,7 @@ SHIPPED = {  # the heads shipped in recipes/, as `specpipe generate recipe=...` 
     "eagle": [f"recipe={RECIPES / 'eagle.yaml'}"],
     "eagle-tree": [f"recipe={RECIPES / 'eagle.yaml'}", "proposer.tree={top_k: 3, nodes: 8}"],
     "medusa": [f"recipe={RECIPES / 'medusa.yaml'}"],
-    "eagle3": [f"recipe={RECIPES / 'eagle3.yaml'}"],
+    "eagle3": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.lookup=false"],  # the head alone (eagle: with lookup)
     "eagle3-tree": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.tree={top_k: 3, nodes: 8}"],
 }
 
