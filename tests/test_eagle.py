@@ -281,6 +281,7 @@ def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target
     assert (pipeline.proposer.lookup.ngram_min, pipeline.proposer.lookup.ngram_max) == (1, 4)
     spec = pipeline.run(PROMPT, max_new_tokens=24)
     assert spec.token_ids == pipeline.run(PROMPT, max_new_tokens=24, speculative=False).token_ids
-    for bad, words in (("proposer.lookup_min=abc", "is not an integer"), ("proposer.lookup_max=2", "1 <= lookup_min <= lookup_max")):
+    for bad, words in (("proposer.lookup_min=abc", "is not an integer"),
+                       ("proposer.lookup_max=2", "1 <= lookup_min <= lookup_max")):
         with pytest.raises(SpecpipeError, match=words):
             Pipeline.from_config(compose([*base, "proposer.lookup=true", bad]))
