@@ -184,3 +184,13 @@ def test_a_draft_with_another_tokenizer_keeps_the_real_targets_output(prompts):
                                              "proposer.model=smollm2-135m", "gamma=4"]))
     assert type(pipeline.proposer).__name__ == "CrossDrafter"
     assert greedy_equal_on(pipeline, prompts, 32) > 0  # the translated drafts are kept some of the time
+
+
+@pytest.mark.full  # loads Qwen2.5-Coder-1.5B (~1.1 GB fetched once, ~3.4 GB in memory)
+def test_the_shipped_qwen_head_keeps_the_real_targets_output(prompts):
+    """The EAGLE-3 head shipped for Qwen2.5-Coder-1.5B, as its recipe runs it (prompt lookup
+    first) and alone: the real 1.5B target's greedy output either way."""
+    recipe = RECIPES.parent / "qwen2.5-coder-1.5b" / "eagle3.yaml"
+    for extra in ([], ["proposer.lookup=false", "controller=fixed", "gamma=4"]):
+        pipeline = Pipeline.from_config(compose(["model=qwen2.5-coder-1.5b", f"recipe={recipe}", *extra]))
+        assert greedy_equal_on(pipeline, prompts, 32) > 0  # the head (or lookup) is right some of the time
