@@ -33,13 +33,13 @@ from specpipe.bench.results import environment, now
 from specpipe.checks import declared, non_finite, proposer_kind
 from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
-from specpipe.models.loader import load_model, load_tokenizer, resolve
+from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
 from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.models.quantize import quantize_model
 from specpipe.outputs import save_or_keep, why, writable_output
 from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
-from specpipe.train import data, distill, features
+from specpipe.train import data, distill, features, self_instruct
 from specpipe.proposers.declaration import declared_proposers
 from specpipe.train.kind import Kind, kind_in
 from specpipe.train.prompts import instructions
@@ -54,6 +54,9 @@ class TargetWeights:
 
 def run(cfg: DictConfig) -> int:
     _validate(cfg)
+    source = resolve(cfg.model.name)
+    if cfg.distill and cfg.instructions != "templates" and not cfg.distill_prompts:
+        self_instruct.user_turn_prefix(load_tokenizer(source))  # refused now: no chat template, no requests
     name = proposer_kind(cfg)
     kind = kind_in(declared(cfg).trainer)
     folder = Path(cfg.out) / model_slug(cfg.model.name)
@@ -61,7 +64,6 @@ def run(cfg: DictConfig) -> int:
     writable_output(folder, f"out={cfg.out}", files=(f"{name}.yaml",), folders=(name,))
     err = Console(stderr=True)
     started = time.perf_counter()
-    source = resolve(cfg.model.name)
     weights = _target_weights(source)
     cached = _features(cfg, source, kind.layers(cfg, weights.config), err)
     split = max(1, int(len(cached) * cfg.held_out))
@@ -104,7 +106,7 @@ def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) ->
     if cfg.distill:
         answers = _distilled(cfg, model, tokenizer, engine, err)
         key = {**target, "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens,
-               "seed": cfg.seed}
+               "seed": cfg.seed, **({"instructions": cfg.instructions} if cfg.instructions != "templates" else {})}
         parts.append((key, [ids for ids, _ in answers], [start for _, start in answers]))
     out = []
     longest = max(len(ids) for _, seqs, _ in parts for ids in seqs)
@@ -123,8 +125,8 @@ def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> 
     if cfg.distill_prompts:
         prompts = [p["messages"][-1]["content"] for p in load_prompts(cfg.distill_prompts)][: cfg.distill]
     else:
-        prompts = instructions(cfg.distill, cfg.seed)
-    key = {"model": cfg.model.name, "quantize": cfg.model.quantize, "prompts": cfg.distill_prompts or "instructions",
+        prompts = _instructions(cfg, model, tokenizer, engine, err)
+    key = {"model": cfg.model.name, "quantize": cfg.model.quantize, "prompts": cfg.distill_prompts or _source(cfg),
            "seed": cfg.seed, "tokens": cfg.distill_tokens}
     decode = None
     if engine == "native":  # its answers may differ from transformers' in the last bits: a cache of their own
@@ -140,6 +142,38 @@ def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> 
     err.print(f"self-distillation: {len(prompts)} answers in {time.perf_counter() - started:.0f} s "
               f"({engine} engine; answers cached earlier are read back, not decoded)", highlight=False)
     return out
+
+
+def _source(cfg: DictConfig) -> str:
+    """The instructions' name in cache keys ("instructions": the templates, the key caches had before)."""
+    return "instructions" if cfg.instructions == "templates" else f"instructions-{cfg.instructions}"
+
+
+def _instructions(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> list[str]:
+    """`distill` offline instructions: the templates', the target's own (self), or the two in turn
+    (mixed: templated ones at even indices). Each is a fixed sequence, so a longer run extends a
+    shorter one's list and reuses its answers."""
+    if cfg.instructions == "templates":
+        return instructions(cfg.distill, cfg.seed)
+    own = cfg.distill if cfg.instructions == "self" else cfg.distill // 2
+    prefix = self_instruct.user_turn_prefix(tokenizer)  # refuses a tokenizer without a chat template
+    key = {"model": cfg.model.name, "quantize": cfg.model.quantize, "seed": cfg.seed, "engine": engine,
+           "prefix": prefix, "version": 1}
+    sample = OnFirstUse(lambda: self_instruct.sample_rows(
+        make_runner(model, engine=engine, precision=cfg.model.quantize), LoadedModel("self-instruct", model, tokenizer),
+        cfg.distill_batch))
+    with _progress(err) as progress:
+        task = progress.add_task("self-written instructions", total=own)
+        started = time.perf_counter()
+        written = self_instruct.instructions(sample, prefix, own, cfg.seed, distill.cache_file(key, "instruct"),
+                                             batch=max(cfg.distill_batch * 2, 32),
+                                             on_round=lambda n: progress.update(task, completed=n))
+    err.print(f"self-written instructions: {own} in {time.perf_counter() - started:.0f} s (sampled earlier ones are "
+              "read back)", highlight=False)
+    if cfg.instructions == "self":
+        return written
+    templated = instructions(cfg.distill - own, cfg.seed)
+    return [x for pair in zip(templated, written) for x in pair] + templated[len(written):]
 
 
 class OnFirstUse:
@@ -180,6 +214,9 @@ def _validate(cfg: DictConfig) -> None:
     if cfg.init and not (Path(cfg.init) / "config.json").is_file():
         raise SpecpipeError(f"init={cfg.init}: no config.json there. Point init= at heads a `specpipe train "
                             f"proposer={kind}` run wrote (e.g. recipes/<model>/{kind}), or leave it empty for fresh heads.")
+    if cfg.instructions not in ("templates", "self", "mixed"):
+        raise SpecpipeError(f"instructions={cfg.instructions}: use templates (train/prompts.py), self (the target "
+                            "writes its own requests, from its chat template) or mixed (the two in turn).")
     if cfg.distill_prompts:  # a bad file is refused by its line now, not after the corpus features
         load_prompts(cfg.distill_prompts)
     if not (cfg.tokens >= cfg.seq_len or (cfg.tokens == 0 and cfg.distill > 0)):
@@ -219,7 +256,8 @@ def _run_key(cfg: DictConfig) -> dict:
             {"model": cfg.model.name, "proposer": proposer_kind(cfg), "num_heads": cfg.num_heads, "layers": cfg.layers,
              "intermediate_size": cfg.intermediate_size, "unroll": cfg.unroll, "ttt": cfg.ttt,
              "target_layers": list(cfg.target_layers), "vocab_subset": cfg.vocab_subset,
-             "sources": cfg.sources, "distill": cfg.distill, "init": cfg.init,
+             "sources": cfg.sources, "distill": cfg.distill, "instructions": cfg.instructions,
+             "distill_prompts": cfg.distill_prompts, "init": cfg.init,
              "tokens": cfg.tokens, "seq_len": cfg.seq_len, "lr": cfg.lr, "batch": cfg.batch}.items()}
 
 
@@ -295,6 +333,7 @@ def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], example
         "artifacts": {"heads": name},
         "measured": {**{k: [round(a, 4) for a in v] for k, v in figures.items()}, "train_positions": examples,
                      "tokens": cfg.tokens, "sources": list(cfg.sources), "distill": cfg.distill,
+                     **({"instructions": cfg.instructions} if cfg.distill and not cfg.distill_prompts else {}),
                      "distill_tokens": cfg.distill_tokens, "epochs": cfg.epochs,
                      "cpu_seconds_wall": round(seconds, 1), "machine": {k: v for k, v in environment().items()
                                                                         if k != "versions"}},

@@ -24,9 +24,11 @@ from specpipe.models.zoo import cache_root
 WINDOW = 8  # batches whose prompts are sorted by length together
 
 
-def cache_file(key: dict) -> Path:
+def cache_file(key: dict, kind: str = "") -> Path:
+    """The cache's JSONL for `key`; kind: a name part telling files of other contents apart."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return cache_root() / "distill" / f"{Path(str(key['model']).rstrip('/')).name}-{digest}.jsonl"
+    name = Path(str(key['model']).rstrip('/')).name
+    return cache_root() / "distill" / f"{name}-{kind + '-' if kind else ''}{digest}.jsonl"
 
 
 def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Path, batch: int = 32,
