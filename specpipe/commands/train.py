@@ -334,7 +334,7 @@ def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], example
         "measured": {**{k: [round(a, 4) for a in v] for k, v in figures.items()}, "train_positions": examples,
                      "tokens": cfg.tokens, "sources": list(cfg.sources), "distill": cfg.distill,
                      **({"instructions": cfg.instructions} if cfg.distill and not cfg.distill_prompts else {}),
-                     "distill_tokens": cfg.distill_tokens, "epochs": cfg.epochs,
+                     "distill_tokens": cfg.distill_tokens, "epochs": cfg.epochs, **({"init": cfg.init} if cfg.init else {}),
                      "cpu_seconds_wall": round(seconds, 1), "machine": {k: v for k, v in environment().items()
                                                                         if k != "versions"}},
         "versions": environment()["versions"],
