@@ -170,3 +170,15 @@ def test_cuda_greedy_speculative_equals_plain():
     draft = ModelDrafter(tiny_model(7, layers=1, dtype=torch.float32), SamplingParams(), device="cuda")
     spec = Pipeline(target, draft, GreedyVerifier(), FixedGamma(3), runner=make_runner(target.model, device="cuda"))
     assert spec.run(PROMPT, max_new_tokens=30).token_ids == want
+
+
+def test_a_config_read_from_a_gguf_names_no_architecture_but_is_native():
+    """A GGUF's config (before the first load writes its dense copy) has no `architectures`:
+    its model_type says the class, so engine=native is not refused on a fresh cache."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    from specpipe.engine.native_model import config_unsupported_reason
+
+    assert config_unsupported_reason(LlamaConfig(architectures=None)) is None
+    assert config_unsupported_reason(Qwen2Config(architectures=None)) is None
+    assert "is not a native architecture" in config_unsupported_reason(type("C", (), {"model_type": "gpt2"})())

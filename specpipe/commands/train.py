@@ -54,9 +54,6 @@ class TargetWeights:
 
 def run(cfg: DictConfig) -> int:
     _validate(cfg)
-    source = resolve(cfg.model.name)
-    if cfg.distill and cfg.instructions != "templates" and not cfg.distill_prompts:
-        self_instruct.user_turn_prefix(load_tokenizer(source))  # refused now: no chat template, no requests
     name = proposer_kind(cfg)
     kind = kind_in(declared(cfg).trainer)
     folder = Path(cfg.out) / model_slug(cfg.model.name)
@@ -64,6 +61,9 @@ def run(cfg: DictConfig) -> int:
     writable_output(folder, f"out={cfg.out}", files=(f"{name}.yaml",), folders=(name,))
     err = Console(stderr=True)
     started = time.perf_counter()
+    source = resolve(cfg.model.name)
+    if cfg.distill and cfg.instructions != "templates" and not cfg.distill_prompts:
+        self_instruct.user_turn_prefix(load_tokenizer(source))  # refused now: no chat template, no requests
     weights = _target_weights(source)
     cached = _features(cfg, source, kind.layers(cfg, weights.config), err)
     split = max(1, int(len(cached) * cfg.held_out))

@@ -35,7 +35,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 def config_unsupported_reason(config, architecture: str | None = None) -> str | None:
     """The same from a model's config alone (`specpipe check` loads no weights)."""
-    name = architecture or (getattr(config, "architectures", None) or ["unknown"])[0]
+    name = architecture or (getattr(config, "architectures", None) or [_causal_lm_class(config)])[0]
     if name not in FAMILIES:
         return f"{name} is not a native architecture (native: {', '.join(FAMILIES)})"
     if getattr(config, "hidden_act", "silu") != "silu":
@@ -47,6 +47,14 @@ def config_unsupported_reason(config, architecture: str | None = None) -> str | 
     if rope not in STATIC_ROPE:
         return f"rope scaling {rope!r} depends on the sequence length (native: {', '.join(STATIC_ROPE)})"
     return None
+
+
+def _causal_lm_class(config) -> str:
+    """The causal-LM class of a config that names no architectures (one read from a GGUF file
+    before its first load has written the dense copy): transformers' own class for its model_type."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None), "unknown")
 
 
 class KVCache:

@@ -41,8 +41,9 @@ def user_turn_prefix(tokenizer) -> list[int]:
 
 
 def sample_rows(runner, loaded, batch: int, temperature: float = 1.0, top_p: float = 0.95):
-    """(prefix ids, max_tokens, seeds) -> texts: the model's sampled continuations, `batch` rows
-    decoding at once on `runner` (specpipe's batched decoding: each row its own generator)."""
+    """A function (prefix ids, max_tokens, seeds) -> the model's sampled continuations of the
+    prefix, one a seed, `batch` rows decoding at once on `runner` (specpipe's batched decoding,
+    each row with its own generator)."""
     from specpipe.batch import Request
     from specpipe.pipeline import Pipeline
     from specpipe.sampling import SamplingParams
