@@ -91,8 +91,9 @@ class TrainConfig:
     tokens: int = 60000  # training text, in target tokens
     distill: int = 0  # self-distillation: the target's own answers to this many offline prompts
     distill_prompts: str = ""  # their JSONL (default: offline instructions, specpipe/train/prompts.py)
-    # the offline instructions: templates (train/prompts.py), self (the target writes them:
-    # train/self_instruct.py) or mixed (the two in turn)
+    # the offline instructions: templates (train/prompts.py), requests (written ones,
+    # train/requests.py, then the templates), self (the target writes them:
+    # train/self_instruct.py) or mixed (templates and self in turn)
     instructions: str = "templates"
     distill_tokens: int = 128  # answer length
     distill_batch: int = 16  # answers decoded at once (native engine: continuous batching; hf: static batches of 32)

@@ -39,7 +39,7 @@ from specpipe.models.quantize import quantize_model
 from specpipe.outputs import save_or_keep, why, writable_output
 from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
-from specpipe.train import data, distill, features, self_instruct
+from specpipe.train import data, distill, features, requests, self_instruct
 from specpipe.proposers.declaration import declared_proposers
 from specpipe.train.kind import Kind, kind_in
 from specpipe.train.prompts import instructions
@@ -62,7 +62,7 @@ def run(cfg: DictConfig) -> int:
     err = Console(stderr=True)
     started = time.perf_counter()
     source = resolve(cfg.model.name)
-    if cfg.distill and cfg.instructions != "templates" and not cfg.distill_prompts:
+    if cfg.distill and cfg.instructions in ("self", "mixed") and not cfg.distill_prompts:
         self_instruct.user_turn_prefix(load_tokenizer(source))  # refused now: no chat template, no requests
     weights = _target_weights(source)
     cached = _features(cfg, source, kind.layers(cfg, weights.config), err)
@@ -77,7 +77,7 @@ def run(cfg: DictConfig) -> int:
     recipe = _recipe(cfg, name, {kind.figure: accuracy}, len(train), time.perf_counter() - started)
 
     def write(to: Path) -> Path:  # heads and their recipe stay together: its artifact path is relative
-        kind.save(stored, to / name, target=cfg.model.name, extra={"held_out_top1": accuracy})
+        kind.save(stored, to / name, target=cfg.model.name, extra={"held_out_top1": accuracy}, **kind.save_options(cfg))
         return write_recipe(to / f"{name}.yaml", recipe)
 
     path = save_or_keep(write, folder, "the trained heads and their recipe")
@@ -106,7 +106,7 @@ def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) ->
     if cfg.distill:
         answers = _distilled(cfg, model, tokenizer, engine, err)
         key = {**target, "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens,
-               "seed": cfg.seed, **({"instructions": cfg.instructions} if cfg.instructions != "templates" else {})}
+               "seed": cfg.seed, **({"instructions": _named(cfg)} if cfg.instructions != "templates" else {})}
         parts.append((key, [ids for ids, _ in answers], [start for _, start in answers]))
     out = []
     longest = max(len(ids) for _, seqs, _ in parts for ids in seqs)
@@ -146,7 +146,13 @@ def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> 
 
 def _source(cfg: DictConfig) -> str:
     """The instructions' name in cache keys ("instructions": the templates, the key caches had before)."""
-    return "instructions" if cfg.instructions == "templates" else f"instructions-{cfg.instructions}"
+    return "instructions" if cfg.instructions == "templates" else f"instructions-{_named(cfg)}"
+
+
+def _named(cfg: DictConfig) -> str:
+    """`instructions=` as cache keys name it: the written requests with their file's digest, so an
+    edited file is not answered from the old one's cache."""
+    return f"requests-{requests.digest()}" if cfg.instructions == "requests" else cfg.instructions
 
 
 def _instructions(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> list[str]:
@@ -155,6 +161,8 @@ def _instructions(cfg: DictConfig, model, tokenizer, engine: str, err: Console) 
     shorter one's list and reuses its answers."""
     if cfg.instructions == "templates":
         return instructions(cfg.distill, cfg.seed)
+    if cfg.instructions == "requests":
+        return requests.instructions(cfg.distill, cfg.seed)
     own = cfg.distill if cfg.instructions == "self" else cfg.distill // 2
     prefix = self_instruct.user_turn_prefix(tokenizer)  # refuses a tokenizer without a chat template
     key = {"model": cfg.model.name, "quantize": cfg.model.quantize, "seed": cfg.seed, "engine": engine,
@@ -214,9 +222,10 @@ def _validate(cfg: DictConfig) -> None:
     if cfg.init and not (Path(cfg.init) / "config.json").is_file():
         raise SpecpipeError(f"init={cfg.init}: no config.json there. Point init= at heads a `specpipe train "
                             f"proposer={kind}` run wrote (e.g. recipes/<model>/{kind}), or leave it empty for fresh heads.")
-    if cfg.instructions not in ("templates", "self", "mixed"):
-        raise SpecpipeError(f"instructions={cfg.instructions}: use templates (train/prompts.py), self (the target "
-                            "writes its own requests, from its chat template) or mixed (the two in turn).")
+    if cfg.instructions not in ("templates", "requests", "self", "mixed"):
+        raise SpecpipeError(f"instructions={cfg.instructions}: use templates (train/prompts.py), requests (the "
+                            "written requests of prompts/requests.jsonl, then the templates), self (the target "
+                            "writes its own requests, from its chat template) or mixed (templates and self in turn).")
     if cfg.distill_prompts:  # a bad file is refused by its line now, not after the corpus features
         load_prompts(cfg.distill_prompts)
     if not (cfg.tokens >= cfg.seq_len or (cfg.tokens == 0 and cfg.distill > 0)):
@@ -299,7 +308,7 @@ def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: Dict
     """A checkpoint only makes a rerun resume: one that cannot be written stops nothing."""
     tmp = folder / "trainer.pt.tmp"
     try:
-        kind.save(module, folder, target=cfg.model.name)
+        kind.save(module, folder, target=cfg.model.name, **kind.save_options(cfg))
         torch.save({"optimizer": trainer.optimizer.state_dict(), "epoch": epoch, "key": _run_key(cfg)}, tmp)
         os.replace(tmp, folder / "trainer.pt")
     except OSError as exc:

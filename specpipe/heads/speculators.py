@@ -2,7 +2,8 @@
 
 A folder holds `config.json` and `model.safetensors`, as speculators 0.9.0's `save_pretrained`
 writes them: `speculators_model_type: eagle3`; `speculators_config` with the algorithm, one
-greedy proposal method (its `speculative_tokens`: γ) and the verifier (the target's hub id and
+greedy proposal method (its `speculative_tokens`: the steps the head was trained to draft,
+`specpipe train`'s `ttt`) and the verifier (the target's hub id and
 architectures: `vllm serve <folder>` serves that target with this head); `transformer_layer_config`
 (the decoder layer, a Llama config); `draft_vocab_size`, `norm_before_residual`,
 `target_hidden_size`, `eagle_aux_hidden_state_layer_ids` (the target layers whose input is

@@ -126,7 +126,9 @@ def _kind():
 
     return Kind(fresh=fresh, load=load_eagle3, save=save_eagle3, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
                 figure="held_out_top1_per_position",
-                layers=lambda cfg, config: engine_keys(target_layers(cfg, config)))
+                layers=lambda cfg, config: engine_keys(target_layers(cfg, config)),
+                # the speculators proposal's speculative_tokens: the steps the head was trained to draft
+                save_options=lambda cfg: {"gamma": cfg.ttt})
 
 
 KIND = _kind()

@@ -21,6 +21,8 @@ class Kind:
     figure: str  # the recipe's name for what .accuracy measures
     # (cfg, target config) -> the runner's hidden-state keys whose features it trains on, side by side
     layers: Callable = lambda cfg, config: (FINAL,)
+    # cfg -> keyword arguments of `save` that come from the run's settings
+    save_options: Callable = lambda cfg: {}
 
 
 def kind_in(module: str) -> Kind:
