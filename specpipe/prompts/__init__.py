@@ -1,7 +1,7 @@
 """Prompt sets: the built-in ones and the user's JSONL files, read through one validator.
 
 `dev`: 50 prompts in six categories (code, code-edit, chat, summarize, math, multiturn), what
-benchmarks measure. `requests`: 320 training requests in the first five (train/requests.py),
+benchmarks measure. `requests`: 280 training requests in the first five (train/requests.py),
 written apart from `dev`: a head never learns the prompts it is measured on. A file
 holds one JSON object a line: {"id", "category", "messages": [{"role", "content"}, ...],
 "max_new_tokens"} (only "messages" is required; a bare {"prompt": text} is one user message).
