@@ -12,6 +12,7 @@ the set is large, deterministic for a seed, and never the benchmark prompts.
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import re
 import site
@@ -59,9 +60,9 @@ _ITEMS = ("apples", "notebooks", "tickets", "coffees", "pencils", "sandwiches", 
 def instructions(count: int, seed: int = 0) -> list[str]:
     """`count` instructions, the five kinds taken in turn."""
     rng = random.Random(seed)
-    functions = _stdlib_functions()
+    functions = list(_stdlib_functions())  # shuffled below: a copy of the cached tuple
     rng.shuffle(functions)
-    passages = _passages()
+    passages = list(_passages())
     rng.shuffle(passages)
     makers = [lambda i: _code(functions[i % len(functions)]), lambda i: _edit(functions[-1 - i % len(functions)], rng),
               lambda i: _chat(rng), lambda i: _summary(passages[i % len(passages)], rng) if passages else _chat(rng),
@@ -100,7 +101,8 @@ def _math(rng: random.Random) -> str:
     ))
 
 
-def _stdlib_functions() -> list[tuple[str, str, str, str]]:
+@functools.cache
+def _stdlib_functions() -> tuple[tuple[str, str, str, str], ...]:
     """(name, args, first docstring line, source) of documented top-level functions, 4-30 lines."""
     out = []
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
@@ -109,15 +111,32 @@ def _stdlib_functions() -> list[tuple[str, str, str, str]]:
             tree = ast.parse(source)
         except (SyntaxError, UnicodeDecodeError, OSError):
             continue
+        lines = _SOURCE_LINES.findall(source)
         for node in tree.body:
             doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
             if doc and not node.name.startswith("_") and 4 <= node.end_lineno - node.lineno <= 30:
                 args = ", ".join(a.arg for a in node.args.args)
-                out.append((node.name, args, doc.strip().splitlines()[0], ast.get_source_segment(source, node)))
-    return out
+                out.append((node.name, args, doc.strip().splitlines()[0], _segment(lines, node)))
+    return tuple(out)
 
 
-def _passages() -> list[str]:
+# a source's lines as the parser splits them (\r\n, \r or \n; not str.splitlines' form feeds)
+_SOURCE_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _segment(lines: list[str], node: ast.stmt) -> str:
+    """ast.get_source_segment(source, node) from the source's lines, split once: that function
+    splits the whole file again for every node (half a minute over the standard library)."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset : node.end_col_offset].decode()
+    head = lines[first].encode()[node.col_offset :].decode()
+    tail = lines[last].encode()[: node.end_col_offset].decode()
+    return "".join([head, *lines[first + 1 : last], tail])
+
+
+@functools.cache
+def _passages() -> tuple[str, ...]:
     """Prose paragraphs (300-1200 characters, mostly letters, no licence text) from the documentation
     shipped with packages and the standard library's module docstrings."""
     docs = sorted(p for base in site.getsitepackages() for p in Path(base).glob("*/*")
@@ -135,7 +154,7 @@ def _passages() -> list[str]:
             letters = sum(c.isalpha() or c == " " for c in para)
             if 300 <= len(para) <= 1200 and letters > 0.9 * len(para) and not _LICENCE.search(para):
                 out.append(para)
-    return out
+    return tuple(out)
 
 
 def _read(path: Path) -> str:

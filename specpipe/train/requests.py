@@ -28,7 +28,7 @@ def instructions(count: int, seed: int = 0) -> list[str]:
     for p in load_prompts(NAME):
         by_kind.setdefault(p["category"], []).append(p["messages"][-1]["content"])
     written = [r for turn in zip_longest(*by_kind.values()) for r in turn if r is not None]
-    return (written + prompts.instructions(max(0, count - len(written)), seed))[:count]
+    return written[:count] + (prompts.instructions(count - len(written), seed) if count > len(written) else [])
 
 
 def digest() -> str:
