@@ -68,3 +68,15 @@ def test_train_answers_the_requests_and_keys_its_caches_by_the_files_digest(tmp_
     edited.write_text(BUILTIN["requests"].read_text().replace("Write", "Please write", 1))
     monkeypatch.setitem(BUILTIN, "requests", edited)
     assert train_command._source(compose(settings, "train")) != key
+
+
+def test_a_functions_source_is_cut_as_ast_cuts_it():
+    """The templates' function sources are cut from lines split once (train/prompts.py): the same text
+    as ast.get_source_segment, with CRLF and lone CR line ends, a form feed and non-ASCII text."""
+    import ast
+
+    source = ('"""m"""\r\ndef f(a):\r\n    """Doc é."""\r\n    x = "\x0c"  # ünï\r\n    return a\r\n'
+              'def g(b): return b  # one line\rdef h():\n    """h."""\n    pass')
+    lines = prompts._SOURCE_LINES.findall(source)
+    nodes = ast.parse(source).body[1:]
+    assert [prompts._segment(lines, n) for n in nodes] == [ast.get_source_segment(source, n) for n in nodes]
