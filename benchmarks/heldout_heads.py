@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from specpipe.commands.train import _target_weights
+from specpipe.errors import SpecpipeError
 from specpipe.heads.speculators import load_eagle3
 from specpipe.models.loader import resolve
-from specpipe.proposers.eagle3 import proposer_for
-from specpipe.sampling import SamplingParams
-from specpipe.train import drafting, features
+from specpipe.train import features
 from specpipe.train.drafting import FrozenTarget
+from specpipe.train.eagle3 import held_out
 
 
 def main() -> None:
@@ -38,15 +38,19 @@ def main() -> None:
     parser.add_argument("heads", nargs="+", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    weights = _target_weights(resolve(args.model))
-    held = features.load(args.features, args.count)[-args.last :]
-    target = FrozenTarget(weights.embed.float(), weights.lm.float())
-    for folder in args.heads:
-        head = load_eagle3(folder).float()
-        widths = [head.shape.target_hidden_size] * len(head.target_layers)
-        acc = drafting.accuracy(proposer_for(head, SamplingParams()), target, held, widths, args.depth,
-                                args.per_sequence)
-        print(f"{folder}: P(1..k right) {' '.join(f'{a:.3f}' for a in acc)}  held-out τ {1 + sum(acc):.3f}")
+    cached = features.load(args.features, args.count) if args.features.is_dir() else []
+    if len(cached) < args.count or not 0 < args.last <= args.count:
+        parser.error(f"--features {args.features} holds {len(cached)} cached sequences, and --count {args.count} "
+                     f"with --last {args.last} needs {args.count}: pass a feature cache folder of a train run "
+                     "(~/.cache/specpipe/features/<model>-<key>) and at most its sequence count.")
+    try:
+        weights = _target_weights(resolve(args.model))
+        target = FrozenTarget(weights.embed.float(), weights.lm.float())
+        for folder in args.heads:
+            acc = held_out(load_eagle3(folder).float(), target, cached[-args.last :], args.depth, args.per_sequence)
+            print(f"{folder}: P(1..k right) {' '.join(f'{a:.3f}' for a in acc)}  held-out τ {1 + sum(acc):.3f}")
+    except SpecpipeError as exc:
+        parser.exit(2, f"error: {exc}\n")
 
 
 if __name__ == "__main__":

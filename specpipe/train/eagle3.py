@@ -82,13 +82,18 @@ class Eagle3Trainer:
         return total
 
     def accuracy(self, rows: Rows, depth: int = 4, per_sequence: int = 8) -> list[float]:
-        from specpipe.proposers.eagle3 import proposer_for  # the proposer imports the heads, not the trainer
-        from specpipe.sampling import SamplingParams
+        return held_out(self.head, FrozenTarget(self.embed_weight, self.lm_weight), rows.seqs, depth, per_sequence)
 
-        proposer = proposer_for(self.head, SamplingParams())
-        widths = [self.head.shape.target_hidden_size] * len(self.head.target_layers)
-        return drafting.accuracy(proposer, FrozenTarget(self.embed_weight, self.lm_weight), rows.seqs, widths,
-                                 depth, per_sequence)
+
+def held_out(head: Eagle3Head, target: FrozenTarget, seqs: list[dict], depth: int = 4,
+             per_sequence: int = 8) -> list[float]:
+    """Per draft position k, P(head's first k greedy drafts all right) on cached `seqs`, drafted by
+    proposer=eagle3's own code (specpipe/train/drafting.py)."""
+    from specpipe.proposers.eagle3 import proposer_for  # the proposer imports the heads, not the trainer
+    from specpipe.sampling import SamplingParams
+
+    widths = [head.shape.target_hidden_size] * len(head.target_layers)
+    return drafting.accuracy(proposer_for(head, SamplingParams()), target, seqs, widths, depth, per_sequence)
 
 
 def target_layers(cfg, config) -> tuple[int, ...]:
