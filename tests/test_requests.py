@@ -1,5 +1,5 @@
 """`instructions=requests`: the written training requests (prompts/requests.jsonl), disjoint
-from the dev prompts, the kinds in turn, then the templates; cache keys carry the file's digest."""
+from the dev prompts, each bank's kinds in turn, then the templates; the caches check each request's text."""
 
 from __future__ import annotations
 
@@ -23,27 +23,32 @@ def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 
 def test_the_requests_cover_the_five_kinds_and_share_no_passage_with_the_dev_prompts():
-    bank = load_prompts("requests")
-    counts = {kind: sum(p["category"] == kind for p in bank) for kind in KINDS}
-    assert set(p["category"] for p in bank) == set(KINDS) and min(counts.values()) >= 45, counts
-    texts = [p["messages"][-1]["content"] for p in bank]
-    assert len(set(texts)) == len(texts)
     dev = set().union(*(_ngrams(m["content"], 8) for p in load_prompts("dev") for m in p["messages"]))
+    texts = []
+    for name in requests.BANKS:
+        bank = load_prompts(name)
+        counts = {kind: sum(p["category"] == kind for p in bank) for kind in KINDS}
+        assert set(p["category"] for p in bank) == set(KINDS) and min(counts.values()) >= 45, (name, counts)
+        texts += [p["messages"][-1]["content"] for p in bank]
+    assert len(set(texts)) == len(texts)  # no request twice, in a bank or across them
     shared = [t[:60] for t in texts if _ngrams(t, 8) & dev]  # 8 words in a row: a copied sentence or snippet
     assert not shared, shared
 
 
-def test_the_kinds_come_in_turn_then_the_templates():
+def test_the_kinds_come_in_turn_bank_after_bank_then_the_templates():
     first = requests.instructions(5)
-    kinds = {p["messages"][-1]["content"]: p["category"] for p in load_prompts("requests")}
+    kinds = {p["messages"][-1]["content"]: p["category"] for name in requests.BANKS for p in load_prompts(name)}
     assert [kinds[r] for r in first] == list(KINDS)  # any first count is balanced
+    one = len(load_prompts(requests.BANKS[0]))
+    assert [kinds[r] for r in requests.instructions(one + 5)[one:]] == list(KINDS)  # and the next bank's too
+    assert set(requests.instructions(one)) == {p["messages"][-1]["content"] for p in load_prompts(requests.BANKS[0])}
     total = len(kinds)
     longer = requests.instructions(total + 7, seed=3)
     assert longer[:total] == requests.instructions(total) and set(longer[:total]) == set(kinds)
-    assert longer[total:] == prompts.instructions(7, 3)  # past the file: the seed's templates
+    assert longer[total:] == prompts.instructions(7, 3)  # past the banks: the seed's templates
 
 
-def test_train_answers_the_requests_and_keys_its_caches_by_the_files_digest(tmp_path, monkeypatch):
+def test_train_answers_the_requests_and_answers_again_only_what_is_new_or_edited(tmp_path, monkeypatch):
     from specpipe.commands import train as train_command
     from specpipe.config import compose
     from specpipe.recipe import load_recipe
@@ -61,13 +66,22 @@ def test_train_answers_the_requests_and_keys_its_caches_by_the_files_digest(tmp_
     assert recipe.measured["instructions"] == "requests"
     config = json.loads((tmp_path / "recipes" / "chat-target" / "eagle3" / "config.json").read_text())
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2  # the ttt it trained
-    key = train_command._source(compose(settings, "train"))
-    assert key == f"instructions-requests-{requests.digest()}"
+    answers = next((tmp_path / "cache" / "distill").glob("chat-target-*.jsonl"))
+    assert len(answers.read_text().splitlines()) == 6
 
-    edited = tmp_path / "requests.jsonl"  # another file, another digest: its answers are not the old ones
-    edited.write_text(BUILTIN["requests"].read_text().replace("Write", "Please write", 1))
+    grown = [*settings[:3], "distill=8", *settings[4:]]  # two more requests, the second edited
+    second = requests.instructions(2)[1]
+    rows = [json.loads(line) for line in BUILTIN["requests"].read_text().splitlines()]
+    for row in rows:
+        if row["messages"][-1]["content"] == second:
+            row["messages"][-1]["content"] = "Please: " + second
+    edited = tmp_path / "requests.jsonl"
+    edited.write_text("".join(json.dumps(row) + "\n" for row in rows))
     monkeypatch.setitem(BUILTIN, "requests", edited)
-    assert train_command._source(compose(settings, "train")) != key
+    assert train_command.run(compose(grown, "train")) == 0
+    assert seen[1] == requests.instructions(8) and seen[1][1] == "Please: " + second
+    assert next((tmp_path / "cache" / "distill").glob("chat-target-*.jsonl")) == answers  # one cache: no digest
+    assert len(answers.read_text().splitlines()) == 6 + 3  # the edited request and the two new ones answered
 
 
 def test_a_functions_source_is_cut_as_ast_cuts_it():

@@ -200,6 +200,35 @@ def test_a_growing_sequence_list_reuses_its_feature_shards(setup, tmp_path, monk
     grown = features.load(folder, 16)
     assert [s["tokens"].tolist() for s in grown] == seqs
     assert len(features.load(folder, 10)) == 10  # a shorter run reads only its own sequences
+    edited = seqs[:5] + [seqs[5][:-1] + [seqs[5][-1] ^ 1]] + seqs[6:]  # one answer of shard 1 changed
+    features.compute(make_runner(target), edited, folder)
+    again = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*")}
+    assert [again[n] == after[n] for n in sorted(again)] == [True, False, True, True]
+    assert [s["tokens"].tolist() for s in features.load(folder, 16)] == edited
+
+
+def test_an_edited_or_added_prompt_is_answered_and_the_others_are_read_back(tmp_path):
+    """The answers' cache checks each prompt's text (train/distill.py): a list that grows or has
+    one prompt edited decodes only what is new."""
+    from specpipe.train import distill
+
+    model, tokenizer = tiny_model(0, dtype=torch.float32), tiny_tokenizer()
+    prompts = [f"w{i} w{i + 3} w{i + 7}" for i in range(2, 8)]
+    path = tmp_path / "answers.jsonl"
+    decoded = []
+
+    def decode(texts, tokens):
+        decoded.extend(texts)
+        return distill.generate(model, tokenizer, texts, tokens)
+
+    first = distill.answers(model, tokenizer, prompts[:4], 6, path, batch=2, decode=decode)
+    edited = prompts[:1] + ["w9 w9 w9"] + prompts[2:]  # the second edited, two added
+    decoded.clear()
+    got = distill.answers(model, tokenizer, edited, 6, path, batch=2, decode=decode)
+    assert sorted(decoded) == sorted(["w9 w9 w9", *prompts[4:]])
+    assert got[0] == first[0] and got[2:4] == first[2:4]
+    assert got == [distill.generate(model, tokenizer, [p], 6)[0] for p in edited]
+    assert distill.answers(model, tokenizer, prompts[:4], 6, path, batch=2, decode=decode)[1] == first[1]  # edited back
 
 
 def test_the_learning_rate_warms_up_then_decays_to_zero():

@@ -106,7 +106,7 @@ def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) ->
     if cfg.distill:
         answers = _distilled(cfg, model, tokenizer, engine, err)
         key = {**target, "distill_prompts": cfg.distill_prompts, "distill_tokens": cfg.distill_tokens,
-               "seed": cfg.seed, **({"instructions": _named(cfg)} if cfg.instructions != "templates" else {})}
+               "seed": cfg.seed, **({"instructions": cfg.instructions} if cfg.instructions != "templates" else {})}
         parts.append((key, [ids for ids, _ in answers], [start for _, start in answers]))
     out = []
     longest = max(len(ids) for _, seqs, _ in parts for ids in seqs)
@@ -145,14 +145,11 @@ def _distilled(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> 
 
 
 def _source(cfg: DictConfig) -> str:
-    """The instructions' name in cache keys ("instructions": the templates, the key caches had before)."""
-    return "instructions" if cfg.instructions == "templates" else f"instructions-{_named(cfg)}"
-
-
-def _named(cfg: DictConfig) -> str:
-    """`instructions=` as cache keys name it: the written requests with their file's digest, so an
-    edited file is not answered from the old one's cache."""
-    return f"requests-{requests.digest()}" if cfg.instructions == "requests" else cfg.instructions
+    """The instructions' name in cache keys ("instructions": the templates, the key caches had before).
+    The written requests' banks grow and may be edited, so no key names a file's content: the
+    answers' cache checks each request's text and the features' each answer's tokens (keys named
+    the file's digest before: one new request had every answer decoded again)."""
+    return "instructions" if cfg.instructions == "templates" else f"instructions-{cfg.instructions}"
 
 
 def _instructions(cfg: DictConfig, model, tokenizer, engine: str, err: Console) -> list[str]:
@@ -224,7 +221,7 @@ def _validate(cfg: DictConfig) -> None:
                             f"proposer={kind}` run wrote (e.g. recipes/<model>/{kind}), or leave it empty for fresh heads.")
     if cfg.instructions not in ("templates", "requests", "self", "mixed"):
         raise SpecpipeError(f"instructions={cfg.instructions}: use templates (train/prompts.py), requests (the "
-                            "written requests of prompts/requests.jsonl, then the templates), self (the target "
+                            "written requests of prompts/requests*.jsonl, then the templates), self (the target "
                             "writes its own requests, from its chat template) or mixed (templates and self in turn).")
     if cfg.distill_prompts:  # a bad file is refused by its line now, not after the corpus features
         load_prompts(cfg.distill_prompts)

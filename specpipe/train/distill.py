@@ -3,7 +3,9 @@
 Heads are judged on what the target says, so its answers are the best training text there is.
 Generating them is the slowest part of training on a CPU, so answers are appended to a JSONL
 file under the cache as each batch finishes: an interrupted run resumes where it stopped, and
-Medusa and EAGLE heads for the same target share one set of answers.
+Medusa and EAGLE heads for the same target share one set of answers. Each line carries a hash
+of its prompt's text, so a cache whose prompt list grows or is edited keeps the answers that
+still match and decodes the rest (lines written before the hash are taken by index).
 
 On the native engine the answers come from specpipe's own batched decoding (`BatchDecoder`,
 continuous batching: a finished answer's row takes the next prompt at once, no padding);
@@ -44,7 +46,8 @@ def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Pat
     decode = decode or (lambda texts, tokens: generate(model, tokenizer, texts, tokens))
     path.parent.mkdir(parents=True, exist_ok=True)
     _drop_cut_line(path)
-    done = _read(path)
+    done = {i: row for i, (*row, asked) in _read(path).items()
+            if i < len(prompts) and asked in (None, prompt_hash(prompts[i]))}  # an edited prompt: answered again
     todo = [i for i in range(len(prompts)) if i not in done]
     for window in range(0, len(todo), batch * WINDOW):
         group = sorted(todo[window : window + batch * WINDOW], key=lambda i: len(prompts[i]))
@@ -52,12 +55,17 @@ def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Pat
             indices = group[start : start + batch]
             rows = decode([prompts[i] for i in indices], max_new_tokens)
             with path.open("a") as f:
-                f.write("".join(json.dumps({"index": i, "ids": ids, "start": first}) + "\n"
-                                for i, (ids, first) in zip(indices, rows)))
+                f.write("".join(json.dumps({"index": i, "prompt": prompt_hash(prompts[i]), "ids": ids, "start": first})
+                                + "\n" for i, (ids, first) in zip(indices, rows)))
             done.update({i: (ids, first) for i, (ids, first) in zip(indices, rows)})
             if on_batch:
                 on_batch(len(rows))
-    return [done[i] for i in range(len(prompts))]
+    return [tuple(done[i]) for i in range(len(prompts))]
+
+
+def prompt_hash(prompt: str) -> str:
+    """What a cache line records of its prompt: enough to tell an edited one apart."""
+    return hashlib.sha256(prompt.encode()).hexdigest()[:16]
 
 
 def _drop_cut_line(path: Path) -> None:
@@ -69,13 +77,14 @@ def _drop_cut_line(path: Path) -> None:
         os.replace(tmp, path)
 
 
-def _read(path: Path) -> dict[int, tuple[list[int], int]]:
-    """Finished answers by prompt index. Lines without an index (written before batching by
-    length) are in prompt order."""
-    done: dict[int, tuple[list[int], int]] = {}
+def _read(path: Path) -> dict[int, tuple[list[int], int, str | None]]:
+    """Finished answers by prompt index, with their prompt's hash (None on older lines); a later
+    line for an index (the answer to its edited prompt) replaces an earlier one. Lines without an
+    index (written before batching by length) are in prompt order."""
+    done: dict[int, tuple[list[int], int, str | None]] = {}
     for n, line in enumerate(path.read_text().splitlines() if path.exists() else []):
         d = json.loads(line)
-        done[d.get("index", n)] = (d["ids"], d["start"])
+        done[d.get("index", n)] = (d["ids"], d["start"], d.get("prompt"))
     return done
 
 

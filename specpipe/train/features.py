@@ -5,10 +5,11 @@ and the target's own greedy prediction there (int32); per sequence, the first po
 counts (a self-distilled answer's prompt is context, not something to learn or score). Heads
 learn to predict the target's predictions (self-distillation on teacher-forced text), so their
 guesses are what greedy verification will accept. Shards of `SHARD` sequences are written
-atomically and skipped when present, so an interrupted run resumes; a new setting (model,
-text, precision) gets a new folder. A list that only grows (self-distilled answers: `distill=`
-counts instructions from a fixed sequence) keeps one folder, so a longer run reuses a shorter
-one's shards.
+atomically and skipped when they hold the same tokens, so an interrupted run resumes; a new
+setting (model, text, precision) gets a new folder. A list that only grows (self-distilled
+answers: `distill=` counts instructions from a fixed sequence) keeps one folder, so a longer
+run reuses a shorter one's shards, and a shard whose sequences changed (an edited request's
+new answer) is computed again.
 """
 
 from __future__ import annotations
@@ -48,18 +49,20 @@ def compute(target: Runner, seqs: list[list[int]], folder: Path, progress: Progr
     task = progress.add_task("target features", total=len(seqs)) if progress else None
     for index, (shard, first) in enumerate(shards):
         path = folder / f"shard-{index:05d}.safetensors"
-        if not _holds(path, len(shard)):  # a shorter run's last shard is rewritten when a run grows
+        if not _holds(path, shard):  # a shorter run's last shard is rewritten when a run grows
             _write_shard(target, shard, first, path, layers)
         if progress:
             progress.advance(task, len(shard))
     return folder
 
 
-def _holds(path: Path, count: int) -> bool:
+def _holds(path: Path, shard: list[list[int]]) -> bool:
+    """Whether the file at `path` holds the features of exactly these sequences."""
     if not path.exists():
         return False
     with safe_open(str(path), "pt") as f:
-        return f.get_slice("lengths").get_shape()[0] == count
+        lengths, tokens = f.get_tensor("lengths"), f.get_tensor("tokens")
+    return lengths.tolist() == [len(ids) for ids in shard] and tokens.tolist() == [t for ids in shard for t in ids]
 
 
 def _write_shard(target: Runner, shard: list[list[int]], starts: list[int], path: Path,
