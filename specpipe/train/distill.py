@@ -46,7 +46,7 @@ def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Pat
     decode = decode or (lambda texts, tokens: generate(model, tokenizer, texts, tokens))
     path.parent.mkdir(parents=True, exist_ok=True)
     _drop_cut_line(path)
-    done = {i: row for i, (*row, asked) in _read(path).items()
+    done = {i: (ids, first) for i, (ids, first, asked) in _read(path).items()
             if i < len(prompts) and asked in (None, prompt_hash(prompts[i]))}  # an edited prompt: answered again
     todo = [i for i in range(len(prompts)) if i not in done]
     for window in range(0, len(todo), batch * WINDOW):
@@ -60,7 +60,7 @@ def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, path: Pat
             done.update({i: (ids, first) for i, (ids, first) in zip(indices, rows)})
             if on_batch:
                 on_batch(len(rows))
-    return [tuple(done[i]) for i in range(len(prompts))]
+    return [done[i] for i in range(len(prompts))]
 
 
 def prompt_hash(prompt: str) -> str:
