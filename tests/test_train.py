@@ -268,3 +268,32 @@ def test_runners_are_built_only_when_a_cache_misses():
     assert made == []  # nothing built until used
     assert torch.equal(lazy(torch.ones(2)), torch.ones(2)) and lazy.training is True
     assert made == [1]  # built once, then reused
+
+
+def test_init_with_a_larger_vocab_subset_grows_the_draft_vocabulary(setup, tmp_path, monkeypatch):
+    """init= with vocab_subset above the head's draft vocabulary adds the most frequent tokens it
+    lacks: its own rows kept, the added rows the target's LM-head rows, everything else as it was."""
+    from specpipe.heads.speculators import load_eagle3
+
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    assert train_command.run(args(setup, tmp_path, "epochs=1", "vocab_subset=8", proposer="eagle3")) == 0
+    first = load_eagle3(tmp_path / "recipes" / "target" / "eagle3")
+    again = args(setup, tmp_path / "again", "epochs=1", "vocab_subset=20", "lr=1e-12",
+                 f"init={tmp_path / 'recipes' / 'target' / 'eagle3'}", proposer="eagle3")
+    assert train_command.run(again) == 0
+    second = load_eagle3(tmp_path / "again" / "recipes" / "target" / "eagle3")
+    old, new = first.draft_ids, second.draft_ids
+    assert len(old) == 8 and len(new) == 20 and bool(second.t2d[old].all()) and int(second.t2d.sum()) == 20
+    lm = setup_lm_head(setup)
+    at_old = torch.searchsorted(new, old)
+    added = torch.ones(20, dtype=torch.bool).index_fill_(0, at_old, False)
+    assert torch.allclose(second.lm_head.weight[at_old].float(), first.lm_head.weight.float(), atol=1e-6)
+    assert torch.allclose(second.lm_head.weight[added].float(), lm[new[added]].to(first.lm_head.weight.dtype).float(), atol=1e-6)
+    assert torch.allclose(second.fc.weight.float(), first.fc.weight.float(), atol=1e-6)
+
+
+def setup_lm_head(setup) -> torch.Tensor:
+    """[V, H] the tiny target's LM head, as the trainer reads it."""
+    from specpipe.models.loader import resolve
+
+    return train_command._target_weights(resolve(str(setup / "target"))).lm

@@ -251,9 +251,9 @@ def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, seqs: list[dict]
             err.print(f"resuming from {checkpoint} after epoch {saved['epoch'] + 1}")
             return kind.load(checkpoint), saved["epoch"] + 1
     torch.manual_seed(cfg.seed)
-    if cfg.init:  # further training of heads trained before (their shape and vocabulary as they are)
+    if cfg.init:  # further training of heads trained before (their shape as it is; see Kind.grow)
         err.print(f"starting from the heads in {cfg.init}")
-        return kind.load(Path(cfg.init)).float(), 0
+        return kind.grow(kind.load(Path(cfg.init)).float(), cfg, weights.lm, seqs), 0
     return kind.fresh(cfg, weights.config, weights.lm, seqs), 0
 
 

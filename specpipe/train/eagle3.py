@@ -15,6 +15,8 @@ Held-out accuracy is measured by proposer=eagle3's own drafting (specpipe/train/
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -112,6 +114,30 @@ def fresh_head(cfg, config, lm_weight: torch.Tensor, draft_ids: torch.Tensor) ->
     return head
 
 
+def grown(head: Eagle3Head, size: int, labels: torch.Tensor, lm_weight: torch.Tensor) -> Eagle3Head:
+    """`head` with its draft vocabulary grown to `size` by the most frequent of `labels` [n] it
+    lacks: its trained rows kept, each added token's LM-head row the target's (as a fresh head's
+    rows start). A head already that large, or labels with nothing new, come back as they are."""
+    counts = torch.bincount(labels.long(), minlength=len(head.t2d))
+    counts[head.t2d] = 0  # the tokens it drafts already
+    added = counts.topk(min(size - head.shape.draft_vocab_size, int((counts > 0).sum()))).indices \
+        if size > head.shape.draft_vocab_size else counts[:0]
+    if not len(added):
+        return head
+    ids = torch.cat([head.draft_ids, added]).sort().values  # [K'] target ids
+    out = Eagle3Head(dataclasses.replace(head.shape, draft_vocab_size=len(ids))).to(head.norm.weight.dtype)
+    kept = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    missing, unexpected = out.load_state_dict(kept, strict=False)
+    assert sorted(missing) == ["d2t", "lm_head.weight", "t2d"] and not unexpected, (missing, unexpected)
+    out.set_vocabulary(ids)
+    with torch.no_grad():
+        rows = lm_weight[ids].to(out.lm_head.weight.dtype)  # [K', H]
+        rows[torch.searchsorted(ids, head.draft_ids)] = head.lm_head.weight
+        out.lm_head.weight.copy_(rows)
+    out.embed_tokens = head.embed_tokens
+    return out
+
+
 def _trainer(module, weights, train: Rows, cfg) -> Eagle3Trainer:
     if module.target_layers != target_layers(cfg, weights.config):  # init= heads read other layers
         raise SpecpipeError(f"init={cfg.init}: that head reads target layers {list(module.target_layers)}, and this "
@@ -121,6 +147,8 @@ def _trainer(module, weights, train: Rows, cfg) -> Eagle3Trainer:
 
 
 def _kind():
+    from rich.console import Console
+
     from specpipe.heads.speculators import load_eagle3, save_eagle3
     from specpipe.train.features import frequent_labels
     from specpipe.train.kind import Kind
@@ -129,7 +157,15 @@ def _kind():
         ids = frequent_labels(torch.cat([s["argmax"] for s in seqs]), cfg.vocab_subset)
         return fresh_head(cfg, config, lm, ids)
 
-    return Kind(fresh=fresh, load=load_eagle3, save=save_eagle3, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
+    def grow(head, cfg, lm, seqs):
+        size = head.shape.draft_vocab_size
+        head = grown(head, cfg.vocab_subset, torch.cat([s["argmax"] for s in seqs]), lm)
+        if head.shape.draft_vocab_size != size:
+            Console(stderr=True).print(f"draft vocabulary grown from {size} to {head.shape.draft_vocab_size} tokens "
+                                       f"(vocab_subset={cfg.vocab_subset})")
+        return head
+
+    return Kind(fresh=fresh, load=load_eagle3, grow=grow, save=save_eagle3, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
                 figure="held_out_top1_per_position",
                 layers=lambda cfg, config: engine_keys(target_layers(cfg, config)),
                 # the speculators proposal's speculative_tokens: the steps the head was trained to draft

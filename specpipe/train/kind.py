@@ -23,6 +23,9 @@ class Kind:
     layers: Callable = lambda cfg, config: (FINAL,)
     # cfg -> keyword arguments of `save` that come from the run's settings
     save_options: Callable = lambda cfg: {}
+    # (module from init=, cfg, lm weight, training sequences) -> the module to train further: as it
+    # is, or (EAGLE-3) with its draft vocabulary grown to the run's vocab_subset
+    grow: Callable = lambda module, cfg, lm, seqs: module
 
 
 def kind_in(module: str) -> Kind:
