@@ -4,6 +4,9 @@ specpipe nor its dependencies). Tensors travel in safetensors files.
 
     python speculators_side.py read HEAD_DIR INPUTS OUT      speculators' classes read a head specpipe saved
     python speculators_side.py write HEAD_DIR INPUTS OUT     speculators saves a tiny head of its own
+    python speculators_side.py load HEAD_DIR INPUTS OUT      speculators' from_pretrained loads a head
+                                                             specpipe saved (sharded too; its verifier
+                                                             entry: a local folder)
 
 INPUTS holds `embed` [V, H] (the target's embeddings), `hidden` [1, T, 3H] (the fused layers'
 input) and `ids` [1, T]; OUT gets `step0`, `step1`: the draft ids of speculators' own forward
@@ -31,6 +34,17 @@ def read(head_dir: str, inputs: dict) -> tuple[Eagle3DraftModel, dict]:
                    "speculative_tokens": config.speculators_config.proposal_methods[0].speculative_tokens,
                    "verifier": config.speculators_config.verifier.name_or_path,
                    "missing": sorted(result.missing_keys), "unexpected": sorted(result.unexpected_keys)}
+
+
+def load(head_dir: str, inputs: dict) -> tuple[Eagle3DraftModel, dict]:
+    """The way a user loads a head: from_pretrained, which reads transformers' shards and index."""
+    config = SpeculatorModelConfig.from_pretrained(head_dir)
+    config.transformer_layer_config._attn_implementation = "eager"  # noqa: SLF001
+    model = Eagle3DraftModel.from_pretrained(head_dir, config=config, local_files_only=True)
+    state = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    save_file({k: v.contiguous() for k, v in state.items() if not k.startswith(("embed_tokens", "verifier_"))},
+              str(Path(head_dir).parent / "loaded.safetensors"))
+    return model, {"config_class": type(config).__name__, "draft_vocab_size": config.draft_vocab_size}
 
 
 def write(head_dir: str, inputs: dict) -> tuple[Eagle3DraftModel, dict]:
@@ -65,7 +79,7 @@ def write(head_dir: str, inputs: dict) -> tuple[Eagle3DraftModel, dict]:
 
 def main(mode: str, head_dir: str, inputs_path: str, out: str) -> None:
     inputs = load_file(inputs_path)
-    model, report = (read if mode == "read" else write)(head_dir, inputs)
+    model, report = {"read": read, "write": write, "load": load}[mode](head_dir, inputs)
     model = model.float().eval()
     with torch.no_grad():
         model.embed_tokens.weight.copy_(inputs["embed"])

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from specpipe.heads.eagle import HeadCache
 from specpipe.heads.speculators import load_eagle3, save_eagle3
 from specpipe.train.eagle3 import shifted, ttt_mask
-from test_eagle3 import LAYERS, VOCAB, random_head, target4
+from test_eagle3 import LAYERS, VOCAB, random_head, target4, target4_dir  # noqa: F401 (target4_dir: a fixture)
 
 
 def _python() -> str | None:
@@ -102,5 +102,30 @@ def test_specpipe_loads_what_speculators_writes(tmp_path):
     head = load_eagle3(tmp_path / "e3").float()
     assert head.target_layers == (1, 2, 3) and head.draft_ids.tolist() == list(range(0, VOCAB, 2))
     assert head.embed_tokens is not None  # speculators stores the embeddings it was given
+    mine = specpipe_steps(head, load_file(str(given)))
+    assert torch.equal(steps["step0"], mine[0]) and torch.equal(steps["step1"], mine[1])
+
+
+def test_speculators_loads_a_sharded_head(tmp_path, monkeypatch, target4_dir):
+    """Past SHARD_BYTES a head is saved as transformers' shards and index: specpipe reads it back
+    bit-exact, and speculators' own from_pretrained loads the same tensors and drafts the same ids."""
+    import specpipe.heads.io as io
+
+    monkeypatch.setattr(io, "SHARD_BYTES", 4000)
+    head = random_head(11, torch.arange(0, VOCAB, 3)).float()
+    save_eagle3(head, tmp_path / "e3", target=str(target4_dir), gamma=4)  # the verifier: a local folder
+    files = sorted(p.name for p in (tmp_path / "e3").iterdir())
+    assert "model.safetensors" not in files and "model.safetensors.index.json" in files
+    shards = [load_file(str(tmp_path / "e3" / f)) for f in files if f.startswith("model-")]
+    assert len(shards) > 1 and all(len(s) == 1 or sum(t.numel() * t.element_size() for t in s.values()) <= 4000
+                                   for s in shards)  # a tensor over the bound sits alone
+    loaded = load_eagle3(tmp_path / "e3")
+    assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in head.state_dict().items())
+    embed = target4(torch.float32).model.get_input_embeddings().weight.detach()
+    given = inputs(tmp_path, embed)
+    steps, report = side("load", tmp_path / "e3", given, tmp_path)
+    assert report["config_class"] == "Eagle3SpeculatorConfig" and report["draft_vocab_size"] == len(head.d2t)
+    theirs = load_file(str(tmp_path / "loaded.safetensors"))
+    assert set(theirs) == set(head.state_dict()) and all(torch.equal(theirs[k], t) for k, t in head.state_dict().items())
     mine = specpipe_steps(head, load_file(str(given)))
     assert torch.equal(steps["step0"], mine[0]) and torch.equal(steps["step1"], mine[1])

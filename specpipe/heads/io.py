@@ -12,6 +12,8 @@ lists the token ids the head was trained to guess: drafting scores only those ro
 head, a fraction of its cost (SmolLM2's full LM head is a fifth of the model's weights).
 A `specpipe` entry in config.json names the target the heads were trained on, so a mismatch
 is refused before anything loads (`read_config`, used by the checks).
+Weights over 40 MB are written as transformers' shards and index (`write_weights`): heads ship in
+git beside their recipes, and no file there passes 50 MB.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from specpipe.heads.eagle import EagleHead, EagleShape
 from specpipe.heads.medusa import MedusaHeads
 
 CONFIG, WEIGHTS, DRAFT_VOCAB = "config.json", "model.safetensors", "draft_vocab.json"
+INDEX = "model.safetensors.index.json"  # transformers' index of a sharded checkpoint
+SHARD_BYTES = 40_000_000  # heads are shipped in git beside recipes: no file over 50 MB
 
 
 def save_medusa(heads: MedusaHeads, folder: Path, *, target: str, extra: dict | None = None) -> Path:
@@ -51,8 +55,41 @@ def load_medusa(folder: Path) -> MedusaHeads:
     return heads.eval()
 
 
+def read_weights(folder: Path | str) -> dict[str, torch.Tensor]:
+    """A folder's tensors: `model.safetensors`, or the shards its `model.safetensors.index.json`
+    maps them to (transformers' layout, which vLLM and speculators load too)."""
+    folder = Path(folder)
+    index = folder / INDEX
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [WEIGHTS]
+    if missing := [name for name in files if not (folder / name).is_file()]:
+        raise SpecpipeError(f"{folder} lacks {', '.join(missing)}: copy the whole heads folder, or train the "
+                            "heads again (specpipe train).")
+    return {name: t for file in files for name, t in load_file(str(folder / file)).items()}
+
+
+def write_weights(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """`model.safetensors`, or past `SHARD_BYTES`, files `model-0000i-of-0000n.safetensors` of at
+    most that much each (a larger tensor alone in its own) and their index."""
+    shards, room = [], 0  # [{name: tensor}], bytes left in the last shard
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        if not shards or size > room:
+            shards.append({})
+            room = SHARD_BYTES
+        shards[-1][name], room = t, room - size
+    if len(shards) <= 1:
+        save_file(tensors, str(folder / WEIGHTS))
+        return
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        save_file(shard, str(folder / name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": {k: n for n, s in zip(names, shards) for k in s}}
+    (folder / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+
+
 def _load_into(module, folder: Path, what: str) -> None:
-    state = load_file(str(Path(folder) / WEIGHTS))
+    state = read_weights(folder)
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise SpecpipeError(f"The {what} in {folder} do not match their config.json (missing {missing[:3]}, "
@@ -111,7 +148,7 @@ def write_folder(folder: Path, config: dict, tensors: dict, files: dict[str, str
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; heads are shipped and shared
-        save_file(tensors, str(tmp / WEIGHTS))
+        write_weights(tensors, tmp)
         (tmp / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
         for name, text in (files or {}).items():
             (tmp / name).write_text(text + "\n")

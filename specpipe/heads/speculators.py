@@ -1,13 +1,13 @@
 """EAGLE-3 heads as `speculators` checkpoints (the format vLLM loads EAGLE-3 heads in).
 
-A folder holds `config.json` and `model.safetensors`, as speculators 0.9.0's `save_pretrained`
-writes them: `speculators_model_type: eagle3`; `speculators_config` with the algorithm, one
-greedy proposal method (its `speculative_tokens`: the steps the head was trained to draft,
-`specpipe train`'s `ttt`) and the verifier (the target's hub id and
-architectures: `vllm serve <folder>` serves that target with this head); `transformer_layer_config`
-(the decoder layer, a Llama config); `draft_vocab_size`, `norm_before_residual`,
-`target_hidden_size`, `eagle_aux_hidden_state_layer_ids` (the target layers whose input is
-fused); weights as specpipe/heads/eagle3.py lists them, `d2t` and `t2d` included. specpipe
+A folder holds `config.json` and `model.safetensors` (past 40 MB, its shards and their index), as
+speculators 0.9.0's `save_pretrained` writes them: `speculators_model_type: eagle3`;
+`speculators_config` with the algorithm, one greedy proposal method (its `speculative_tokens`:
+the steps the head was trained to draft, `specpipe train`'s `ttt`) and the verifier (the
+target's hub id and architectures: `vllm serve <folder>` serves that target with this head);
+`transformer_layer_config` (the decoder layer, a Llama config); `draft_vocab_size`,
+`norm_before_residual`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids` (the target
+layers whose input is fused); weights as specpipe/heads/eagle3.py lists them, `d2t` and `t2d` included. specpipe
 leaves out `embed_tokens` (the target's; speculators and vLLM both take the target's when it is
 missing, and SmolLM2's would take 56 MB) and writes what it knows of the training beside it, in
 `specpipe.json` (speculators' config classes validate config.json's keys).
@@ -24,12 +24,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleShape
 from specpipe.heads.eagle3 import Eagle3Head, Eagle3Shape
-from specpipe.heads.io import CONFIG, WEIGHTS, write_folder
+from specpipe.heads.io import CONFIG, read_weights, write_folder
 
 SPECPIPE = "specpipe.json"  # what specpipe knows of a head it trained: its target, its figures
 VERSION = "0.9.0"  # the speculators release whose format this is
@@ -66,7 +65,7 @@ def load_eagle3(folder: Path | str, target_layers: int | None = None) -> Eagle3H
     target's layer count, for a checkpoint that names no aux layers (vLLM's default then)."""
     shape = _shape(folder, _config(folder), target_layers)
     head = Eagle3Head(shape)
-    state = {_rename(k): v for k, v in load_file(str(Path(folder) / WEIGHTS)).items()}
+    state = {_rename(k): v for k, v in read_weights(folder).items()}
     if "d2t" not in state and shape.draft_vocab_size == shape.layer.vocab_size:  # no draft vocabulary: the target's
         state["d2t"] = head.d2t
     if "t2d" not in state and "d2t" in state:  # vLLM reads d2t alone; t2d follows from it
