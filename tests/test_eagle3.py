@@ -173,6 +173,22 @@ def test_save_then_load_is_bit_exact_in_the_speculators_layout(tmp_path):
     assert json.loads((tmp_path / "e3" / "specpipe.json").read_text())["held_out_top1"] == [0.5]
 
 
+def test_a_head_past_the_shard_bound_is_saved_in_shards_and_loads_bit_exact(tmp_path, monkeypatch):
+    import specpipe.heads.io as io
+
+    monkeypatch.setattr(io, "SHARD_BYTES", 4000)
+    head = random_head(6, torch.tensor([2, 3, 5, 7, 11, 13, 40])).float()
+    save_eagle3(head, tmp_path / "e3", target="tiny")
+    files = {p.name for p in (tmp_path / "e3").iterdir()}
+    assert "model.safetensors" not in files and "model.safetensors.index.json" in files
+    assert len([f for f in files if f.startswith("model-")]) > 1
+    loaded = load_eagle3(tmp_path / "e3")
+    assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in head.state_dict().items())
+    (tmp_path / "e3" / sorted(f for f in files if f.startswith("model-"))[0]).unlink()
+    with pytest.raises(SpecpipeError, match="lacks model-00001"):
+        load_eagle3(tmp_path / "e3")
+
+
 def test_a_specforge_layout_head_loads(tmp_path):
     """The EAGLE authors' / SpecForge layout: a Llama config at the top, `midlayer.` weights."""
     head = random_head(7).float()

@@ -7,8 +7,8 @@ the steps the head was trained to draft, `specpipe train`'s `ttt`) and the verif
 target's hub id and architectures: `vllm serve <folder>` serves that target with this head);
 `transformer_layer_config` (the decoder layer, a Llama config); `draft_vocab_size`,
 `norm_before_residual`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids` (the target
-layers whose input is fused); weights as specpipe/heads/eagle3.py lists them, `d2t` and `t2d` included. specpipe
-leaves out `embed_tokens` (the target's; speculators and vLLM both take the target's when it is
+layers whose input is fused); weights as specpipe/heads/eagle3.py lists them, `d2t` and `t2d`
+included. specpipe leaves out `embed_tokens` (the target's; speculators and vLLM both take the target's when it is
 missing, and SmolLM2's would take 56 MB) and writes what it knows of the training beside it, in
 `specpipe.json` (speculators' config classes validate config.json's keys).
 

@@ -118,12 +118,12 @@ def grown(head: Eagle3Head, size: int, labels: torch.Tensor, lm_weight: torch.Te
     """`head` with its draft vocabulary grown to `size` by the most frequent of `labels` [n] it
     lacks: its trained rows kept, each added token's LM-head row the target's (as a fresh head's
     rows start). A head already that large, or labels with nothing new, come back as they are."""
+    room = size - head.shape.draft_vocab_size
     counts = torch.bincount(labels.long(), minlength=len(head.t2d))
     counts[head.t2d] = 0  # the tokens it drafts already
-    added = counts.topk(min(size - head.shape.draft_vocab_size, int((counts > 0).sum()))).indices \
-        if size > head.shape.draft_vocab_size else counts[:0]
-    if not len(added):
+    if room <= 0 or not counts.any():
         return head
+    added = counts.topk(min(room, int((counts > 0).sum()))).indices
     ids = torch.cat([head.draft_ids, added]).sort().values  # [K'] target ids
     out = Eagle3Head(dataclasses.replace(head.shape, draft_vocab_size=len(ids))).to(head.norm.weight.dtype)
     kept = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
@@ -165,7 +165,8 @@ def _kind():
                                        f"(vocab_subset={cfg.vocab_subset})")
         return head
 
-    return Kind(fresh=fresh, load=load_eagle3, grow=grow, save=save_eagle3, data=lambda seqs, cfg: Rows(seqs), trainer=_trainer,
+    return Kind(fresh=fresh, load=load_eagle3, grow=grow, save=save_eagle3, data=lambda seqs, cfg: Rows(seqs),
+                trainer=_trainer,
                 figure="held_out_top1_per_position",
                 layers=lambda cfg, config: engine_keys(target_layers(cfg, config)),
                 # the speculators proposal's speculative_tokens: the steps the head was trained to draft
