@@ -98,6 +98,26 @@ def test_exact_precisions_are_bitwise_across_block_sizes(family, precision):
         assert torch.equal(rows, singles[:k]), k
 
 
+@pytest.mark.parametrize("shape", [(1536, 8960), (4608, 1536), (600, 576)])
+def test_bf16_kernel_rows_are_bitwise_at_real_model_shapes(shape):
+    """Tiny models' matrices are too small to reach oneDNN's other kernels: at Qwen2.5-1.5B's
+    down projection (K = 8960) on an AMX CPU, a 1-row `F.linear` and a 2-row one disagree (and 2-32
+    rows and 64 rows). Bf16Linear's fixed-size blocks make every row of any block, decode-sized
+    or batched past one block, equal to a one-row call; and its packed weight reads back dense."""
+    from specpipe.models.quantize import Bf16Linear
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(shape) / 40, torch.randn(shape[0])
+    linear = Bf16Linear(weight, bias)
+    x = torch.randn(40, shape[1]).bfloat16()
+    singles = torch.cat([linear.matmul(x[i : i + 1]) for i in range(40)])  # [40, out]
+    for m in (2, 5, 9, 16, 17, 40):
+        assert torch.equal(linear.matmul(x[:m]), singles[:m]), m
+    assert torch.equal(linear.dense_weight(), weight.bfloat16())
+    want = torch.nn.functional.linear(x.float(), weight.bfloat16().float(), bias.bfloat16().float())
+    torch.testing.assert_close(singles.float(), want, rtol=2e-2, atol=5e-2)
+
+
 def test_engine_choice_and_clear_refusals():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
     assert pick_engine(tiny_model(0)) == "native" and pick_engine(gpt2) == "hf"
