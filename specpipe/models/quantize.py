@@ -9,8 +9,8 @@ Modes (measured on this project's 2-core AVX2 CPU, README "Precision"):
   `linear_dynamic`). Fastest, but the activation scale depends on every row of the block, so a
   verify forward is not computed like a one-token forward: use it for drafts and twins, never
   for a target whose output must be preserved (the pipeline refuses that).
-- `bf16`: bf16 weights and bf16 activations (oneDNN, weights prepacked; `F.linear` off the CPU),
-  native engine only, called in fixed 16-row blocks (`Bf16Linear`): every row of a k-row block
+- `bf16`: bf16 weights and bf16 activations (`F.linear`; on CPUs with AMX, oneDNN on prepacked
+  weights in fixed 16-row blocks, `Bf16Linear`), native engine only. Every row of a k-row block
   is bitwise equal to a one-row call, on AVX2 and on AMX CPUs alike: the `exact` guarantee.
 - `w8a16`: int8 per-channel weights, bf16 activations (`_weight_int8pack_mm`, its AVX2 kernel is
   bf16-only: with fp32 activations it falls back to a scalar loop 7-20x slower), native engine
@@ -21,6 +21,7 @@ activations, and fbgemm has no int4 kernel.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 import weakref
@@ -151,31 +152,34 @@ class DenseLinear(_PackedLinear):
 
 
 class Bf16Linear(DenseLinear):
-    """bf16 linear in blocks of exactly ROWS rows, with oneDNN's prepacked weights on the CPU.
+    """bf16 linear; on CPUs with AMX, in blocks of exactly ROWS rows on oneDNN-prepacked weights.
 
     oneDNN picks its bf16 kernel by the row count: on CPUs with AMX a 1-row `F.linear` takes
     another kernel than a 2-row one, and 2-32 rows another than 64 (measured on Qwen2.5-1.5B's
     shapes: rows of a 5-token forward differed from one-token forwards by up to 0.24 in the
     logits). Within one row count a row's output depends neither on the other rows nor on its
-    place among them, so every decode-sized call is cut into ROWS-row blocks (the last one
+    place among them, so there every decode-sized call is cut into ROWS-row blocks (the last one
     padded): a verify row is computed exactly as a one-token step. On AMX a 16-row block costs
     what one row does (the weights are read once either way), so the padding is free. Blocks of
-    more than BULK rows (long prefills, never compared with one-token rows) run as one call.
-    On the CPU the weight is reordered once into oneDNN's blocked layout for ROWS rows (what
-    torch.compile's freezing does): 1.5-1.8x faster than `F.linear` reordering it every call."""
+    more than BULK rows (long prefills, never compared with one-token rows) run as one call. The
+    weight is reordered once into oneDNN's blocked layout for ROWS rows (what torch.compile's
+    freezing does): a Qwen-1.5B step took 174 ms with `F.linear` re-reading the plain layout,
+    141 ms packed. Without AMX (the AVX2 CPUs of README "Precision") bf16 compute is slow, so
+    padding would cost ~k times a row, and a plain `F.linear` per call was measured bitwise
+    there: it stays as it was."""
 
     ROWS = 16
     BULK = 256
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(weight, bias, torch.bfloat16)
-        self.packed = _mkldnn_pack(self.weight, self.ROWS)  # None: plain F.linear (another device, no oneDNN)
+        self.packed = _mkldnn_pack(self.weight, self.ROWS) if _has_amx() else None  # None: plain F.linear
         if self.packed is not None:
             self.weight = None  # the pack holds it: one copy in memory
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        if m > self.BULK:
+        if self.packed is None or m > self.BULK:
             return self._call(x)
         padded = torch.nn.functional.pad(x, (0, 0, 0, -m % self.ROWS))  # [ceil(m / ROWS) * ROWS, in]
         return torch.cat([self._call(block) for block in padded.split(self.ROWS)])[:m]
@@ -194,9 +198,16 @@ class Bf16Linear(DenseLinear):
             self.weight, self.packed = self.packed.to_dense(), None
 
 
+@functools.cache
+def _has_amx() -> bool:
+    """Whether this CPU has AMX bf16 tiles that oneDNN may use (torch asks the kernel for them)."""
+    init = getattr(torch._C._cpu, "_init_amx", None)
+    return bool(init and init())
+
+
 def _mkldnn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
-    """`weight` [out, in] bf16 reordered for oneDNN calls of `rows` rows, or None where oneDNN
-    has no bf16 path (another device, a CPU without AVX-512 bf16 support, a build without it)."""
+    """`weight` [out, in] bf16 reordered for oneDNN calls of `rows` rows, or None where that is
+    not possible (another device, a build without oneDNN)."""
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
     try:
