@@ -104,9 +104,9 @@ def test_bf16_kernel_rows_are_bitwise_at_real_model_shapes(shape):
     down projection (K = 8960) on an AMX CPU, a 1-row `F.linear` and a 2-row one disagree (and 2-32
     rows and 64 rows). Bf16Linear's fixed-size blocks make every row of any block, decode-sized
     or batched past one block, equal to a one-row call; and its packed weight reads back dense."""
-    from specpipe.models.quantize import Bf16Linear, _has_amx
+    from specpipe.models.quantize import Bf16Linear, has_amx
 
-    if not _has_amx():
+    if not has_amx():
         pytest.skip("no AMX here: bf16 is a plain F.linear, held bitwise by the tiny and real-model tests")
     torch.manual_seed(0)
     weight, bias = torch.randn(shape) / 40, torch.randn(shape[0])

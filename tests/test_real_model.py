@@ -105,6 +105,8 @@ def test_smollm2_exact_precision_rows_are_bitwise(precision):
     """The exact precisions: every row of a 2-, 5- and 9-token block (and a 16-node tree's
     size) is bitwise equal to one-token forwards, on the real model (bf16 on AMX CPUs needs its
     fixed-size blocks: oneDNN sums a 1-row call in another order)."""
+    from specpipe.models.quantize import has_amx
+
     pipeline = Pipeline.from_config(compose(["proposer=none", f"model.quantize={precision}"]))
     runner = pipeline.runner
     assert runner.engine == "native"
@@ -113,10 +115,8 @@ def test_smollm2_exact_precision_rows_are_bitwise(precision):
     runner.reset()
     runner.forward(context)
     singles = [runner.forward([token]).logits[0, 0] for token in block]
-    from specpipe.models.quantize import _has_amx
-
     # a block as long as a 16-node tree's: measured with AMX (fixed blocks); the AVX2 figures reach 9
-    for k in (2, 5, 9, len(block)) if _has_amx() else (2, 5, 9):
+    for k in (2, 5, 9, len(block)) if has_amx() else (2, 5, 9):
         runner.crop(len(context))
         rows = runner.forward(block[:k]).logits[0]
         for i in range(k):
@@ -206,9 +206,9 @@ def test_the_shipped_qwen_head_is_bitwise_lossless_in_bf16(prompts):
     """Where bf16's kernel split was found (oneDNN on AMX, K = 8960): the 1.5B's rows of 2- to
     16-token blocks equal one-token forwards bitwise, and the shipped head with its recipe, on
     the exact precision, gives the plain output token for token with no near-tie excuse."""
-    from specpipe.models.quantize import _has_amx
+    from specpipe.models.quantize import has_amx
 
-    if not _has_amx():
+    if not has_amx():
         pytest.skip("bf16 on a CPU without AMX is a plain F.linear, measured bitwise up to 9 rows (SmolLM2's test)")
     recipe = RECIPES.parent / "qwen2.5-coder-1.5b" / "eagle3.yaml"
     pipeline = Pipeline.from_config(compose(["model=qwen2.5-coder-1.5b", f"recipe={recipe}", "model.quantize=bf16"]))

@@ -173,7 +173,7 @@ class Bf16Linear(DenseLinear):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(weight, bias, torch.bfloat16)
-        self.packed = _mkldnn_pack(self.weight, self.ROWS) if _has_amx() else None  # None: plain F.linear
+        self.packed = _mkldnn_pack(self.weight, self.ROWS) if has_amx() else None  # None: plain F.linear
         if self.packed is not None:
             self.weight = None  # the pack holds it: one copy in memory
 
@@ -199,7 +199,7 @@ class Bf16Linear(DenseLinear):
 
 
 @functools.cache
-def _has_amx() -> bool:
+def has_amx() -> bool:
     """Whether this CPU has AMX bf16 tiles that oneDNN may use (torch asks the kernel for them)."""
     init = getattr(torch._C._cpu, "_init_amx", None)
     return bool(init and init())
