@@ -182,6 +182,8 @@ class Bf16Linear(DenseLinear):
         if self.packed is None or m > self.BULK:
             return self._call(x)
         padded = torch.nn.functional.pad(x, (0, 0, 0, -m % self.ROWS))  # [ceil(m / ROWS) * ROWS, in]
+        if m <= self.ROWS:  # a plain step or a verify block: one call, no concatenation (the hot path)
+            return self._call(padded)[:m]
         return torch.cat([self._call(block) for block in padded.split(self.ROWS)])[:m]
 
     def _call(self, x: torch.Tensor) -> torch.Tensor:
