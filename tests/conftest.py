@@ -58,3 +58,28 @@ def _zoo_only_for_slow_tests(request, tmp_path_factory, monkeypatch):
         monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/")  # a fetch fails in a second
         monkeypatch.setenv("PIP_RETRIES", "0")
         monkeypatch.setenv("PIP_TIMEOUT", "1")
+
+
+# a 12-node tree, parents before children: depths 1..4 with 3, 4, 3 and 2 nodes (rows of one
+# depth share an attention call in the exact precisions, so several rows per depth matter)
+TREE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 6, 8)
+
+
+def assert_tree_rows_equal_paths(runner, context: list[int], tokens: list[int], parents=TREE_PARENTS) -> None:
+    """A tree verify block after `context`: every row's logits bitwise equal to one-token
+    forwards along that node's path (the exact precisions' promise for trees)."""
+    from specpipe.types import DraftTree
+
+    tree = DraftTree(torch.tensor(tokens[: len(parents)]), parents, torch.ones(len(parents)))
+    runner.reset()
+    runner.forward(context[:-1])
+    rows = runner.forward([context[-1], *tree.tokens.tolist()], ancestry=tree.ancestry()).logits[0]
+    for node in range(len(parents) + 1):  # row 0: the last context token; row i: node i - 1
+        path, at = [], node - 1
+        while at >= 0:
+            path.insert(0, tree.tokens[at].item())
+            at = parents[at]
+        runner.crop(len(context) - 1)
+        for token in [context[-1], *path]:
+            last = runner.forward([token]).logits[0, 0]
+        assert torch.equal(rows[node], last), node

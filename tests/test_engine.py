@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from conftest import PROMPT, VOCAB, tiny_model
+from conftest import PROMPT, TREE_PARENTS, VOCAB, assert_tree_rows_equal_paths, tiny_model
 from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.engine.footprint import cache_bytes, weight_bytes
 from specpipe.errors import SpecpipeError
@@ -96,6 +96,17 @@ def test_exact_precisions_are_bitwise_across_block_sizes(family, precision):
         runner.crop(len(PROMPT))
         rows = runner.forward(block[:k]).logits[0]
         assert torch.equal(rows, singles[:k]), k
+
+
+@pytest.mark.parametrize("parents", [TREE_PARENTS, (-1, 0, 1, 2, 0, 4, 1, 6, 4, 0)], ids=["by depth", "depth first"])
+@pytest.mark.parametrize("precision", ["bf16", "w8a16"])
+@pytest.mark.parametrize("family", MODELS)
+def test_exact_precisions_tree_rows_equal_their_paths(family, precision, parents):
+    """Every row of a tree block (each path laid out in the block's slots in turn) is bitwise
+    equal to one-token forwards along its path, for trees ordered by depth (EAGLE-2's) or not
+    (a suffix tree's)."""
+    runner = make_runner(MODELS[family]().float(), engine="native", precision=precision)
+    assert_tree_rows_equal_paths(runner, PROMPT, list(range(30, 42)), parents)
 
 
 @pytest.mark.parametrize("shape", [(1536, 8960), (4608, 1536), (600, 576)])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import assert_tree_rows_equal_paths
 from specpipe.config import compose
 from specpipe.exactness import first_divergence
 from specpipe.pipeline import Pipeline
@@ -104,7 +105,8 @@ def test_smollm2_bench_tune_and_export(tmp_path):
 def test_smollm2_exact_precision_rows_are_bitwise(precision):
     """The exact precisions: every row of a 2-, 5- and 9-token block (and a 16-node tree's
     size) is bitwise equal to one-token forwards, on the real model (bf16 on AMX CPUs needs its
-    fixed-size blocks: oneDNN sums a 1-row call in another order)."""
+    fixed-size blocks: oneDNN sums a 1-row call in another order), and every row of a 12-node
+    tree equals one-token forwards along its path."""
     from specpipe.models.quantize import has_amx
 
     pipeline = Pipeline.from_config(compose(["proposer=none", f"model.quantize={precision}"]))
@@ -121,6 +123,7 @@ def test_smollm2_exact_precision_rows_are_bitwise(precision):
         rows = runner.forward(block[:k]).logits[0]
         for i in range(k):
             assert torch.equal(rows[i], singles[i]), (k, i)
+    assert_tree_rows_equal_paths(runner, context, block)
 
 
 EXACT_SETS = {"ngram": ["proposer=ngram"], "twin": ["proposer=twin"], "eagle": SHIPPED["eagle"],

@@ -9,8 +9,9 @@ and positions, writes its keys and values into a preallocated cache (`KVCache`) 
 over it through a boolean mask: row (b, i) sees slot j if j is before row b's block or is an
 ancestor-or-self of row i inside it. So a rollback is a length, a tree's accepted path is a
 gather, and stale slots past a row's length are never seen. In the exact precisions a verify
-block attends one query row at a time instead (`_attend_rows`), so that each row is computed
-bit for bit as a one-token forward would compute it.
+block attends one query row at a time instead (`_attend_rows`; a tree's path laid out in the
+block's slots as it goes), so that each row is computed bit for bit as a one-token forward
+would compute it.
 
 This module is not a runner (see native.py) and does not load files: it reads the nn.Module.
 """
@@ -169,11 +170,11 @@ class NativeLM:
 
     def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None, slots: torch.Tensor,
               keys: list[torch.Tensor], values: list[torch.Tensor], hidden: tuple[int, ...],
-              row_keys: list[list[torch.Tensor | int]] | None = None):
+              row_keys: list[list[tuple[int, int, bool]]] | None = None):
         """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).
         Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
-        row_keys: per batch row and block row, the cache slots it attends to (an int w: slots 0..w-1;
-        a tensor: those slots), for attention computed one query row at a time (exact modes)."""
+        row_keys: per batch row, groups of block rows and the cache slots each attends to (see
+        `_row_keys`), for attention computed row by row as one-token forwards do (exact modes)."""
         batch, n = slots.shape
         group = self.heads // self.kv_heads
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -201,7 +202,7 @@ class NativeLM:
                                                      k_cache[:, :, :width], v_cache[:, :, :width], attn_mask=bias)
                 att = att.view(batch, self.kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
             else:
-                att = _attend_rows(q, k_cache, v_cache, row_keys)  # [B, n, kv heads, group, D]
+                att = _attend_rows(q, k, v, k_cache, v_cache, slots[:, 0], row_keys)  # [B, n, kv heads, group, D]
             x = x + layer.wo.matmul(att.reshape(batch * n, q_width))
             h = F.rms_norm(x, (self.hidden_size,), layer.norm2, self.eps)
             gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
@@ -223,35 +224,55 @@ class NativeLM:
                     setattr(owner, name, move_kernel(value, self.device))
 
 
-def _row_keys(start: torch.Tensor, n: int, ancestry: torch.Tensor | None) -> list[list[torch.Tensor | int]]:
-    """For each batch row and block row, the cache slots a one-token forward along that row's
-    path would attend to: its prefix and itself (a chain: slots 0..start+i), or its prefix and
-    its tree ancestors (gathered, in path order, so they sit as a sequential cache holds them)."""
+def _row_keys(start: torch.Tensor, n: int, ancestry: torch.Tensor | None) -> list[list[tuple[int, int, bool]]]:
+    """For each batch row, its block rows in the order they attend: (row, width, moved). Row
+    `row` attends to slots 0..width-1, which must hold its prefix and its path (ancestors and
+    itself) in path order, as a sequential cache would; moved: its own key is not at slot
+    width - 1 yet and is copied there first. A chain's rows are in place. A tree's are visited
+    depth first, so each row's ancestors already sit in the slots before its own."""
     out = []
     for first in start.tolist():
         if ancestry is None:
-            out.append([first + i + 1 for i in range(n)])
-        else:
-            prefix = torch.arange(first, device=start.device)
-            out.append([torch.cat([prefix, first + ancestry[i].nonzero()[:, 0].to(start.device)]) for i in range(n)])
+            out.append([(i, first + i + 1, False) for i in range(n)])
+            continue
+        depth = (ancestry.sum(1) - 1).tolist()  # ancestors, row 0 included, not itself
+        children: list[list[int]] = [[] for _ in range(n)]
+        for i in range(1, n):
+            children[int(ancestry[i, :i].nonzero()[-1])].append(i)  # the parent: the deepest ancestor
+        held = list(range(n))  # held[d]: the block row whose key is at slot first + d
+        order, todo = [], [0]
+        while todo:  # depth-first, preorder: slots first..first+depth-1 hold the row's ancestors
+            i = todo.pop()
+            order.append((i, first + depth[i] + 1, held[depth[i]] != i))
+            held[depth[i]] = i
+            todo.extend(reversed(children[i]))
+        out.append(order)
     return out
 
 
-def _attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 rows: list[list[torch.Tensor | int]]) -> torch.Tensor:
-    """Attention one query row at a time, each exactly as a one-token forward computes it (same
-    kernel, same shapes, no mask): CPU SDPA's reduction order depends on the number of queries,
-    the key width and the mask, so a batched block is not bitwise equal to one-token steps.
-    q [B, kv heads, group, n, D]; keys, values [B, kv heads, capacity, D] -> [B, n, kv heads, group, D]."""
-    out = []
-    for b, slots in enumerate(rows):
-        per_row = []
-        for i, seen in enumerate(slots):
-            k = keys[b : b + 1, :, :seen] if isinstance(seen, int) else keys[b : b + 1, :, seen]
-            v = values[b : b + 1, :, :seen] if isinstance(seen, int) else values[b : b + 1, :, seen]
-            per_row.append(F.scaled_dot_product_attention(q[b : b + 1, :, :, i].contiguous(), k, v))
-        out.append(torch.stack(per_row, 1))  # [1, n, kv heads, group, D]
-    return torch.cat(out)
+def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 start: torch.Tensor, rows: list[list[tuple[int, int, bool]]]) -> torch.Tensor:
+    """Attention one query row at a time, each exactly as a one-token forward computes it (the
+    same call on the same slice of the cache, no mask): CPU SDPA's reduction order depends on
+    the number of queries, the key width and the mask, so a batched block is not bitwise equal
+    to one-token steps. A tree row's path is laid out in the block's slots as it goes (one key
+    moved per row, depth first; no gather of the prefix), and the block order is restored after.
+    q [B, kv heads, group, n, D]; k, v: the block's [B, n, kv heads, D], already in the cache at
+    slots start[b]...; keys, values [B, kv heads, capacity, D] -> [B, n, kv heads, group, D]."""
+    out = q.new_empty(q.shape[0], q.shape[3], *q.shape[1:3], q.shape[4])
+    for b, order in enumerate(rows):
+        moved = False
+        for i, width, move in order:
+            if move:
+                keys[b, :, width - 1], values[b, :, width - 1] = k[b, i], v[b, i]
+                moved = True
+            out[b, i] = F.scaled_dot_product_attention(q[b : b + 1, :, :, i].contiguous(), keys[b : b + 1, :, :width],
+                                                       values[b : b + 1, :, :width])[0]
+        if moved:  # the block's keys back in block order: what `keep` gathers the accepted path from
+            first = int(start[b])
+            keys[b, :, first : first + k.shape[1]], values[b, :, first : first + k.shape[1]] = k[b].transpose(0, 1), \
+                v[b].transpose(0, 1)
+    return out
 
 
 def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None) -> torch.Tensor:
