@@ -259,20 +259,23 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.
     moved per row, depth first; no gather of the prefix), and the block order is restored after.
     q [B, kv heads, group, n, D]; k, v: the block's [B, n, kv heads, D], already in the cache at
     slots start[b]...; keys, values [B, kv heads, capacity, D] -> [B, n, kv heads, group, D]."""
-    out = q.new_empty(q.shape[0], q.shape[3], *q.shape[1:3], q.shape[4])
+    out = []
     for b, order in enumerate(rows):
+        queries = q[b].permute(2, 0, 1, 3).contiguous()  # [n, kv heads, group, D]: row i is queries[i : i + 1]
+        att: list[torch.Tensor | None] = [None] * len(order)
         moved = False
         for i, width, move in order:
             if move:
                 keys[b, :, width - 1], values[b, :, width - 1] = k[b, i], v[b, i]
                 moved = True
-            out[b, i] = F.scaled_dot_product_attention(q[b : b + 1, :, :, i].contiguous(), keys[b : b + 1, :, :width],
-                                                       values[b : b + 1, :, :width])[0]
+            att[i] = F.scaled_dot_product_attention(queries[i : i + 1], keys[b : b + 1, :, :width],
+                                                    values[b : b + 1, :, :width])
         if moved:  # the block's keys back in block order: what `keep` gathers the accepted path from
             first = int(start[b])
             keys[b, :, first : first + k.shape[1]], values[b, :, first : first + k.shape[1]] = k[b].transpose(0, 1), \
                 v[b].transpose(0, 1)
-    return out
+        out.append(att[0] if len(att) == 1 else torch.cat(att))  # [n, kv heads, group, D]
+    return out[0][None] if len(out) == 1 else torch.stack(out)
 
 
 def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None) -> torch.Tensor:

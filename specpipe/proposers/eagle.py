@@ -15,7 +15,8 @@ feeds the previous guess back as a feature.
 Tree mode is EAGLE-2's dynamic tree: expand the `top_k` best nodes of each depth by
 cumulative draft log-probability (each expansion is one head forward over top_k rows, with a
 tree mask on the head's cache), then rerank every node made and keep the best `nodes`.
-Since a child's score never exceeds its parent's, the kept set is a tree.
+Since a child's score never exceeds its parent's, the kept set is a tree, and the expansion
+stops early once `nodes` nodes outscore the whole frontier (deeper nodes could not be kept).
 
 With `lookup` (prompt lookup, proposer=ngram's matcher) a step first looks for an earlier
 occurrence of the text's last n tokens and, when one is found, drafts what followed it instead
@@ -163,6 +164,8 @@ class EagleProposer(Proposer):
         rows: dict[int, int] = {}  # node -> its head cache row, once fed
         for d in range(1, depth):
             expand = sorted(frontier, key=lambda n: -scores[n])[:k]
+            if sum(score > scores[expand[0]] for score in scores) >= self.tree.nodes:
+                break  # children score no more than their parent: none could rank among the nodes kept
             hidden = self._feed(torch.stack([made_by[n] for n in expand]), [tokens[n] for n in expand],
                                 torch.full((len(expand),), self.committed + d - 1),  # one depth, one position
                                 self._tree_mask(expand, parents, rows))
