@@ -1,9 +1,12 @@
 """Cost of one target forward over k new tokens (k = 1: a plain step; k = γ+1: a verify step).
 
 Usage: python benchmarks/verify_cost.py MODEL [PRECISION ...] [--ks=1,2,5,9,16] [--engine=native]
-Prints, per precision, the median ms of a forward of k tokens on top of a 64-token cache, and
-whether the rows of a k-token forward equal one-token forwards (batch invariance: what a target
-precision needs for lossless greedy output; `bitwise` is what the exact precisions promise).
+       [--context=64] [--tree]
+Prints, per precision, the median ms of a forward of k tokens on top of a `context`-token cache,
+and whether the rows of a k-token forward equal one-token forwards (batch invariance: what a
+target precision needs for lossless greedy output; `bitwise` is what the exact precisions
+promise). --tree: each k-token block is a tree verify instead (the last token and k - 1 nodes,
+three children a node, as EAGLE-2's trees branch), timed only.
 Run it alone on the machine: its figures are timings.
 """
 
@@ -17,18 +20,28 @@ import torch
 
 from specpipe.engine import make_runner
 from specpipe.models.loader import load_model, resolve
+from specpipe.types import DraftTree
 
 KS = (1, 2, 5, 9, 16)
 CONTEXT = list(range(1000, 1064))
 
 
-def time_forward(runner, k: int, reps: int = 7) -> float:
+def tree_ancestry(k: int) -> torch.Tensor | None:
+    """[k, k] ancestry of a verify block of the last token and k - 1 nodes, three children a node."""
+    if k < 2:
+        return None
+    nodes = k - 1
+    return DraftTree(torch.arange(nodes), tuple(j // 3 - 1 for j in range(nodes)), torch.ones(nodes)).ancestry()
+
+
+def time_forward(runner, k: int, reps: int = 7, tree: bool = False) -> float:
     """Median ms of a k-token forward after the context (the first call, kernel set-up, dropped)."""
     times = []
+    ancestry = tree_ancestry(k) if tree else None
     for _ in range(reps):
         runner.crop(len(CONTEXT))
         start = time.perf_counter()
-        runner.forward(list(range(100, 100 + k)))
+        runner.forward(list(range(100, 100 + k)), ancestry=ancestry)
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:]) * 1e3
 
@@ -44,18 +57,21 @@ def invariance_error(runner, k: int = 9) -> tuple[float, bool]:
 
 
 def main() -> None:
-    flags = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--")}
+    flags = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--") and "=" in a}
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     ks = tuple(int(k) for k in flags["--ks"].split(",")) if "--ks" in flags else KS
     engine = flags.get("--engine", "native")
+    tree = "--tree" in sys.argv[1:]
+    CONTEXT[:] = range(1000, 1000 + int(flags.get("--context", 64)))
     name, modes = args[0], args[1:] or ["fp16", "bf16", "w8a16"]
     model = load_model(resolve(name))
-    print(f"{name} ({engine} engine): ms per forward of k new tokens (64 cached), and batch invariance")
+    print(f"{name} ({engine} engine): ms per forward of k new tokens{' as a tree' if tree else ''} "
+          f"({len(CONTEXT)} cached), and batch invariance")
     print("precision | " + " | ".join(f"k={k}" for k in ks) + f" | k={ks[-1]} / k={ks[0]} | max row error | bitwise")
     for mode in modes:
-        runner = make_runner(model, engine=engine, precision=mode, cache_len=256)
+        runner = make_runner(model, engine=engine, precision=mode, cache_len=len(CONTEXT) + 64)
         runner.forward(CONTEXT)
-        ms = [time_forward(runner, k) for k in ks]
+        ms = [time_forward(runner, k, tree=tree) for k in ks]
         err, bitwise = invariance_error(runner)
         print(f"{mode} | " + " | ".join(f"{t:.1f}" for t in ms) + f" | {ms[-1] / ms[0]:.2f} | {err:.1e} | {bitwise}")
         del runner

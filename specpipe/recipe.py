@@ -19,7 +19,8 @@ strategy tuned for one target, with its artifacts and the figures measured with 
     versions: {...}
 
 Both are data from a stranger: keys are checked against the schema here (unknown ones refused
-by name), values must be scalars or lists of scalars, a `_target_` outside `specpipe.` is
+by name), values must be scalars or lists of scalars (the two mappings, `batch_schedule` and
+`proposer.tree`, are checked apart), a `_target_` outside `specpipe.` is
 refused, no value may hold an interpolation (`${...}`: Hydra would resolve it, e.g. read an
 environment variable), and every path the file supplies (artifacts, `target`, models, heads,
 anything path-shaped) must stay inside the file's folder unless it is a zoo name or a hub id.
@@ -115,6 +116,13 @@ def check_strategy(mapping: dict, where: str, folder: Path | None = None, *, all
 
             try:
                 value = check_schedule(value)
+            except SpecpipeError as err:
+                raise SpecpipeError(f"{where}: {err}") from None
+        elif key == "proposer.tree" and value is not None:  # the other mapping: EAGLE-2's tree shape, {top_k: N, nodes: M}
+            from specpipe.proposers.eagle import validate_options
+
+            try:
+                validate_options({"tree": value if isinstance(value, dict) else {"shape": value}})
             except SpecpipeError as err:
                 raise SpecpipeError(f"{where}: {err}") from None
         elif not _is_data(value):
@@ -271,8 +279,8 @@ def literal(value) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ",".join(literal(v) for v in value) + "]"
-    if isinstance(value, dict):  # batch_schedule (checked: integer keys and values)
-        return "{" + ",".join(f"{int(k)}:{int(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, dict):  # batch_schedule or proposer.tree (checked: integer values)
+        return "{" + ",".join(f"{k}:{int(v)}" for k, v in value.items()) + "}"
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

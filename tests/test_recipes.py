@@ -119,6 +119,23 @@ def test_round_trip_keeps_every_setting(tmp_path):
     assert as_overrides(strategy)[:3] == ["controller=cost", "proposer=ngram", "verifier=rejection"]
 
 
+
+def test_a_recipe_holds_a_tree_shape(tmp_path):
+    """proposer.tree, EAGLE-2's shape, is the strategy's other mapping: it reaches the proposer
+    as the override a user would type, and a bad shape is refused by name."""
+    strategy = {"proposer": "eagle3", "proposer.tree": {"top_k": 4, "nodes": 15}, "gamma": 6}
+    path = write(tmp_path / "r" / "specpipe.yaml", {"specpipe_recipe": 1, "target": "smollm2-135m",
+                                                    "strategy": strategy})
+    assert load_recipe(path).strategy["proposer.tree"] == {"top_k": 4, "nodes": 15}
+    assert "proposer.tree={top_k:4,nodes:15}" in as_overrides(strategy)
+    assert dict(compose([f"recipe={path}"]).proposer.tree) == {"top_k": 4, "nodes": 15}
+    for bad in ({"top_k": 4, "depth": 3}, {"top_k": "4"}, {"top_k": 0}, "wide"):
+        path = write(tmp_path / "bad" / "specpipe.yaml", {"specpipe_recipe": 1, "target": "smollm2-135m",
+                                                          "strategy": {**strategy, "proposer.tree": bad}})
+        with pytest.raises(SpecpipeError, match="proposer.tree"):
+            load_recipe(path)
+
+
 MALICIOUS = {
     "a _target_ outside specpipe": ({"strategy": {"proposer": "ngram", "proposer._target_": "os.system"}},
                                     "proposer._target_", "only name build functions under `specpipe.`"),
