@@ -244,9 +244,13 @@ def _absolute_recipe(arg: str, found) -> str:
 
 
 def _shadowed(arg: str, given: dict[str, str]) -> bool:
-    """A setting the user gives too; or an option of a group whose choice the user changes."""
+    """A setting the user gives too; or an option of a proposer, verifier or controller whose
+    choice the user changes. The model's settings (model.quantize, model.chat) stay when the
+    user names the model: a recipe's target is that model (`_recipe_of` refuses another), and a
+    strategy's precision is meant for whatever model runs it."""
     key = arg.partition("=")[0]
-    return key in given or key.partition(".")[0] in given
+    group = key.partition(".")[0]
+    return key in given or (group != "model" and group in given)
 
 
 def _known_models(conf: Path) -> set[str]:

@@ -136,6 +136,16 @@ def test_a_recipe_holds_a_tree_shape(tmp_path):
             load_recipe(path)
 
 
+
+def test_a_recipes_precision_stays_when_the_user_names_its_model(tmp_path):
+    """`model=` repeating the recipe's own target (as bench commands do) keeps the recipe's
+    model.quantize; the user's own model.quantize still wins."""
+    path = write(tmp_path / "r" / "specpipe.yaml", {"specpipe_recipe": 1, "target": "smollm2-135m",
+                                                    "strategy": {"proposer": "ngram", "model.quantize": "bf16"}})
+    assert compose([f"recipe={path}", "model=smollm2-135m"]).model.quantize == "bf16"
+    assert compose([f"recipe={path}", "model=smollm2-135m", "model.quantize=w8a16"]).model.quantize == "w8a16"
+
+
 MALICIOUS = {
     "a _target_ outside specpipe": ({"strategy": {"proposer": "ngram", "proposer._target_": "os.system"}},
                                     "proposer._target_", "only name build functions under `specpipe.`"),
