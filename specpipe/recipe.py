@@ -118,11 +118,14 @@ def check_strategy(mapping: dict, where: str, folder: Path | None = None, *, all
                 value = check_schedule(value)
             except SpecpipeError as err:
                 raise SpecpipeError(f"{where}: {err}") from None
-        elif key == "proposer.tree" and value is not None:  # the other mapping: EAGLE-2's tree shape, {top_k: N, nodes: M}
+        elif key == "proposer.tree" and value is not None:  # the other mapping: EAGLE-2's {top_k: N, nodes: M}
             from specpipe.proposers.eagle import validate_options
 
             try:
-                validate_options({"tree": value if isinstance(value, dict) else {"shape": value}})
+                if not isinstance(value, dict):
+                    raise SpecpipeError(f"proposer.tree={value!r} must be {{top_k: N, nodes: M}}, e.g. "
+                                        "proposer.tree={top_k: 4, nodes: 16}")
+                validate_options({"tree": value})
             except SpecpipeError as err:
                 raise SpecpipeError(f"{where}: {err}") from None
         elif not _is_data(value):

@@ -173,7 +173,7 @@ class NativeLM:
               row_keys: list[list[tuple[int, int, bool]]] | None = None):
         """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).
         Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
-        row_keys: per batch row, groups of block rows and the cache slots each attends to (see
+        row_keys: per batch row, the order its block rows attend in and the slots each sees (see
         `_row_keys`), for attention computed row by row as one-token forwards do (exact modes)."""
         batch, n = slots.shape
         group = self.heads // self.kv_heads
@@ -271,9 +271,8 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.
             att[i] = F.scaled_dot_product_attention(queries[i : i + 1], keys[b : b + 1, :, :width],
                                                     values[b : b + 1, :, :width])
         if moved:  # the block's keys back in block order: what `keep` gathers the accepted path from
-            first = int(start[b])
-            keys[b, :, first : first + k.shape[1]], values[b, :, first : first + k.shape[1]] = k[b].transpose(0, 1), \
-                v[b].transpose(0, 1)
+            block = slice(int(start[b]), int(start[b]) + k.shape[1])
+            keys[b, :, block], values[b, :, block] = k[b].transpose(0, 1), v[b].transpose(0, 1)
         out.append(att[0] if len(att) == 1 else torch.cat(att))  # [n, kv heads, group, D]
     return out[0][None] if len(out) == 1 else torch.stack(out)
 
