@@ -60,8 +60,8 @@ def _zoo_only_for_slow_tests(request, tmp_path_factory, monkeypatch):
         monkeypatch.setenv("PIP_TIMEOUT", "1")
 
 
-# a 12-node tree, parents before children: depths 1..4 with 3, 4, 3 and 2 nodes (rows of one
-# depth share an attention call in the exact precisions, so several rows per depth matter)
+# a 12-node tree, parents before children: depths 1..4 with 3, 4, 3 and 2 nodes (siblings take
+# turns in one cache slot in the exact precisions' row attention, so several rows per depth matter)
 TREE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 6, 8)
 
 
