@@ -131,6 +131,33 @@ def test_bf16_kernel_rows_are_bitwise_at_real_model_shapes(shape):
     torch.testing.assert_close(singles.float(), want, rtol=2e-2, atol=5e-2)
 
 
+
+def test_bulk_rows_takes_a_block_in_one_call_for_training_passes_and_restores_the_exact_blocks(monkeypatch):
+    """`bulk_rows` (the trainer's answers and features) calls the kernel once per block of any
+    row count, close to the exact values; outside it, and after an error inside it, a block is
+    cut into 16-row calls again."""
+    from specpipe.models.quantize import Bf16Linear, bulk_rows, has_amx
+
+    if not has_amx():
+        pytest.skip("no AMX here: bf16 is one plain F.linear a call either way")
+    torch.manual_seed(0)
+    linear = Bf16Linear(torch.randn(1536, 8960) / 40, None)
+    x = torch.randn(40, 8960).bfloat16()
+    calls = []
+    real = Bf16Linear._call
+    monkeypatch.setattr(Bf16Linear, "_call", lambda self, rows: calls.append(rows.shape[0]) or real(self, rows))
+    exact = linear.matmul(x)
+    assert calls == [16, 16, 16]
+    calls.clear()
+    with bulk_rows():
+        bulk = linear.matmul(x)
+    assert calls == [40]
+    torch.testing.assert_close(bulk.float(), exact.float(), rtol=2e-2, atol=5e-2)
+    with pytest.raises(RuntimeError), bulk_rows():
+        raise RuntimeError("a failed pass")
+    calls.clear()
+    assert torch.equal(linear.matmul(x), exact) and calls == [16, 16, 16]
+
 def test_engine_choice_and_clear_refusals():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
     assert pick_engine(tiny_model(0)) == "native" and pick_engine(gpt2) == "hf"

@@ -35,7 +35,7 @@ from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
 from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
 from specpipe.engine import FINAL, make_runner, pick_engine
-from specpipe.models.quantize import quantize_model
+from specpipe.models.quantize import bulk_rows, quantize_model
 from specpipe.outputs import save_or_keep, why, writable_output
 from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
@@ -98,6 +98,13 @@ def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) ->
     target = {"format": 4, "model": cfg.model.name, "quantize": cfg.model.quantize,
               **({"engine": engine} if engine != "hf" else {}),  # hf: the key older caches were written with
               **({"layers": list(layers)} if layers != (FINAL,) else {})}  # likewise FINAL alone
+    with bulk_rows():  # training text: no row of it is compared with a one-token row (quantize.bulk_rows)
+        return _computed(cfg, source, model, tokenizer, engine, target, layers, err)
+
+
+def _computed(cfg: DictConfig, source, model, tokenizer, engine: str, target: dict, layers: tuple[int, ...],
+              err: Console) -> list[dict]:
+    """`_features`' work: the corpus part and the answers part, each computed or read back."""
     parts = []
     if cfg.tokens:
         seqs = data.sequences(tokenizer, list(cfg.sources), cfg.seq_len, cfg.tokens)
