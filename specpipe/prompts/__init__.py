@@ -1,7 +1,7 @@
 """Prompt sets: the built-in ones and the user's JSONL files, read through one validator.
 
 `dev`: 50 prompts in six categories (code, code-edit, chat, summarize, math, multiturn), what
-benchmarks measure. `requests` to `requests-4`: 280 training requests each in the first five
+benchmarks measure. `requests` to `requests-6`: 280 training requests each in the first five
 (train/requests.py), written apart from `dev`: a head never learns the prompts it is measured on. A file
 holds one JSON object a line: {"id", "category", "messages": [{"role", "content"}, ...],
 "max_new_tokens"} (only "messages" is required; a bare {"prompt": text} is one user message).
@@ -24,7 +24,8 @@ _HERE = Path(__file__).parent
 BUILTIN = {"dev": _HERE / "dev.jsonl",
            # the banks of training requests (train/requests.py)
            "requests": _HERE / "requests.jsonl", "requests-2": _HERE / "requests-2.jsonl",
-           "requests-3": _HERE / "requests-3.jsonl", "requests-4": _HERE / "requests-4.jsonl"}
+           "requests-3": _HERE / "requests-3.jsonl", "requests-4": _HERE / "requests-4.jsonl",
+           "requests-5": _HERE / "requests-5.jsonl", "requests-6": _HERE / "requests-6.jsonl"}
 EXAMPLE = '{"id": "p1", "category": "chat", "messages": [{"role": "user", "content": "..."}]}'
 # byte-order marks of encodings that are not UTF-8: named, since "byte 0xff" alone is a riddle
 _OTHER_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),

@@ -1,5 +1,6 @@
 """Written requests for self-distillation (`instructions=requests`): the banks
-`prompts/requests.jsonl`, then `prompts/requests-2.jsonl`, `requests-3.jsonl` and `requests-4.jsonl`.
+`prompts/requests.jsonl`, then `prompts/requests-2.jsonl` to `requests-6.jsonl` (banks 5 and 6 lean to
+code and code edits, 70 each of their 280, where the Qwen head trailed the draft model).
 
 The templates of train/prompts.py vary a few hundred phrasings; heads trained on the answers
 to them draft far better on held-out answers to the same templates than on the users' own
@@ -21,7 +22,7 @@ from itertools import zip_longest
 from specpipe.prompts import load_prompts
 from specpipe.train import prompts
 
-BANKS = ("requests", "requests-2", "requests-3", "requests-4")  # prompt sets of specpipe/prompts, in the order they are taken
+BANKS = ("requests", "requests-2", "requests-3", "requests-4", "requests-5", "requests-6")  # prompt sets of specpipe/prompts, in the order they are taken
 
 
 def instructions(count: int, seed: int = 0) -> list[str]:
