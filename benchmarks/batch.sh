@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Batch > 1 and request load" table: request loads at concurrency 1, 2, 4, 8,
+# The request-load table of docs/benchmarks.md: request loads at concurrency 1, 2, 4, 8,
 # plain and each proposer with the batch-aware cost controller, one sweep per proposer.
 # Run alone on the machine (nothing else heavy), from the repository root:
 #   bash benchmarks/batch.sh [OUT]        (default OUT: bench-results/batch)

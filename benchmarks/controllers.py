@@ -1,4 +1,4 @@
-"""Issue-4 benchmark: fixed γ in {2, 4, 6} against each adaptive controller, per prompt category.
+"""γ controllers: fixed γ in {2, 4, 6} against each adaptive controller, per prompt category.
 
     python benchmarks/controllers.py --model smollm2-135m --proposer ngram --categories code-edit chat --prompts 3
     python benchmarks/controllers.py --model qwen2.5-coder-1.5b --proposer draft --categories code-edit chat --prompts 2

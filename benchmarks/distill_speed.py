@@ -1,4 +1,4 @@
-"""Self-distillation speed, before and after batched native decoding (README "Batch > 1").
+"""Self-distillation speed, before and after batched native decoding (docs/training.md).
 
 The same instructions (train/prompts.py) answered greedily by the same fp16 target: transformers'
 batched `generate` (static batches of 32, sorted by length: the path before) and specpipe's

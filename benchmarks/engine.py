@@ -1,4 +1,4 @@
-"""The engine table of README "Engine": ms per forward and plain decode tok/s, per engine and
+"""The engine table of docs/benchmarks.md: ms per forward and plain decode tok/s, per engine and
 precision, with llama.cpp's plain decoding of the same GGUF file as the absolute anchor.
 
     python benchmarks/engine.py --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Draft heads (issue 13)" table: EAGLE-3, EAGLE (with and without prompt lookup
+# The draft-heads table of docs/benchmarks.md: EAGLE-3, EAGLE (with and without prompt lookup
 # first), Medusa and n-gram lookup on
 # SmolLM2-135M, and EAGLE-3 against the 0.5B draft model on Qwen2.5-Coder-1.5B; native engine,
 # greedy, per category of the dev set, each row with its own plain target in the same process.

@@ -1,4 +1,4 @@
-"""Issue-2 benchmark: the Qwen2.5-Coder pair on code prompts, greedy, all in one process.
+"""The Qwen2.5-Coder pair on code prompts, greedy, all in one process.
 
     python benchmarks/qwen_pair.py [--prompts 4] [--tokens 128] [--gamma-draft 4] [--gamma-twin 4]
 

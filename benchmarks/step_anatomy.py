@@ -11,8 +11,8 @@ built beside it, so all rows share one target object, one precision and one mach
 prompt the plain target runs once, then each setting. Printed per setting: median and mean
 speedup (decode tokens/s against the plain run), τ, exactness, speedup per category, the step
 cost in plain steps by γ, and, for heads with `proposer.lookup`, the steps the lookup drafted
-apart from the head's (γ and tokens emitted). It is an exploration aid: the README's tables come
-from `specpipe bench`, one setting a process. Run it alone on the machine.
+apart from the head's (γ and tokens emitted). It is an exploration aid: the per-run tables of
+docs/benchmarks.md come from `specpipe bench`, one setting a process. Run it alone on the machine.
 """
 
 from __future__ import annotations

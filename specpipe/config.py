@@ -42,7 +42,7 @@ class DecodeConfig:
     engine: str = "auto"  # native (own forward: Llama, Qwen2 families) | hf (any transformers model) | auto
     device: str = "cpu"  # cpu | cuda (native engine)
     cache_len: int = 2048  # native KV cache slots per sequence (at most the model's max_position_embeddings)
-    compile: bool = False  # native engine: torch.compile the target's decoder stack (README "Engine": what it buys)
+    compile: bool = False  # native engine: torch.compile the target's decoder stack (docs/engine.md: what it buys)
     batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
 
 

@@ -1,4 +1,4 @@
-"""Hardening (issue 15): a stranger's recipe stays data, prompts are just text, `check` and
+"""Hardening: a stranger's recipe stays data, prompts are just text, `check` and
 `export` refuse what `generate` refuses, every number is validated, JSON is strict.
 
 The CLI cases run `specpipe` in a subprocess on tiny models saved to disk; the rules that live

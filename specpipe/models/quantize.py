@@ -1,6 +1,6 @@
 """Weight precision of a loaded model: swap its `nn.Linear` layers for fbgemm kernels.
 
-Modes (measured on this project's 2-core AVX2 CPU, README "Precision"):
+Modes (measured on a 2-core AMD EPYC with AVX2; the tables are in docs/engine.md):
 - `none`: fp32 weights, MKL. Batch-invariant to ~1e-6, but verifying k tokens costs ~k/2 times
   one token on this CPU, which starves speculation.
 - `fp16`: fp16 weights, fp32 compute (fbgemm `linear_dynamic_fp16`). Half the memory traffic,
@@ -165,7 +165,7 @@ class Bf16Linear(DenseLinear):
     more than BULK rows (long prefills, never compared with one-token rows) run as one call. The
     weight is reordered once into oneDNN's blocked layout for ROWS rows (what torch.compile's
     freezing does): a Qwen-1.5B step took 174 ms with `F.linear` re-reading the plain layout,
-    141 ms packed. Without AMX (the AVX2 CPUs of README "Precision") bf16 compute is slow, so
+    141 ms packed. Without AMX (the AVX2 CPUs of docs/engine.md) bf16 compute is slow, so
     padding would cost ~k times a row, and a plain `F.linear` per call was measured bitwise
     there: it stays as it was."""
 
@@ -207,7 +207,7 @@ def bulk_rows():
     of exact 16-row blocks. For the training passes only (self-distilled answers, features),
     whose rows no verify compares with one-token rows: a block re-reads the weights, so a
     250-token feature pass of Qwen2.5-1.5B took 1.55 s in blocks and 0.60 s in one call, and a
-    32-row distillation step half as long (AMX CPU, session 23). The values differ from the exact
+    32-row distillation step half as long (2-core Intel Xeon with AMX). The values differ from the exact
     kernel's in the last bits (bf16 rounding of another summation order), as hf's do from the
     native engine's: the same model's greedy answers, not the bench's byte for byte."""
     saved = Bf16Linear.BULK
@@ -330,7 +330,7 @@ def check_mode(mode: str, what: str) -> str:
     if mode not in MODES:
         raise SpecpipeError(
             f"{what}={mode!r} is not a known precision. Use one of: {', '.join(MODES)} "
-            "(int4 has no fast CPU kernel in torch; see README 'Precision')."
+            "(int4 has no fast CPU kernel in torch; see docs/engine.md, 'Precisions')."
         )
     return mode
 

@@ -4,7 +4,7 @@ code and code edits, 70 each of their 280, where the Qwen head trailed the draft
 
 The templates of train/prompts.py vary a few hundred phrasings; heads trained on the answers
 to them draft far better on held-out answers to the same templates than on the users' own
-requests (Qwen2.5-Coder-1.5B, session 13: held-out τ 2.04, dev prompts 1.47), and the target's
+requests (Qwen2.5-Coder-1.5B: held-out τ 2.04, dev prompts 1.47; docs/training.md), and the target's
 self-written requests did not close that gap for Qwen (train/self_instruct.py). These are
 requests as users write them, in the five kinds of the dev set (code, code edits, chat,
 summaries, math): each names its task, its constraints and its material (the code to edit,
