@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpipe.types import DraftTree
+import torch
+
+from specpipe.types import DraftBatch, depths_of
 
 
 class ContextWarning(UserWarning):
@@ -50,11 +52,14 @@ def context_limit(runner, part: str) -> ContextLimit | None:
     return None
 
 
-def trimmed(tree: DraftTree, room: int | None) -> DraftTree:
-    """A tree's first nodes, as many as fit beside the last token in the `room` left (parents come
-    before their children, so a prefix is a tree); only steps just before the context fills lose any."""
-    size = tree.size if room is None else room - 1
-    if tree.size <= size:
-        return tree
-    confidence = tree.confidence[:size] if tree.confidence is not None else None
-    return DraftTree(tree.tokens[:size], tree.parents[:size], confidence)
+def trimmed(draft: DraftBatch, room: int | None) -> DraftBatch:
+    """A one-row tree draft's first nodes, as many as fit beside the last token in the `room` left
+    (parents come before their children, so a prefix is a tree); only steps just before the
+    context fills lose any. Host work: the tree's parents are host ints."""
+    size = len(draft.tree) if room is None else room - 1
+    if len(draft.tree) <= size:
+        return draft
+    parents = draft.tree[:size]
+    depth = torch.full((1,), max(depths_of(parents)), dtype=torch.long).to(draft.tokens.device, non_blocking=True)
+    confidence = draft.confidence[:, :size] if draft.confidence is not None else None
+    return DraftBatch(draft.tokens[:, :size], depth, draft.gammas, None, confidence, parents)

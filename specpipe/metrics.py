@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Stats:
     step_s: list[float] = field(default_factory=list)  # seconds of each step (propose + verify)
     emitted_trace: list[int] = field(default_factory=list)  # tokens each step emitted
 
-    def record(self, verdict: Verdict, timing: StepTiming, emitted: int) -> None:
+    def record(self, verdict: RowVerdict, timing: StepTiming, emitted: int) -> None:
         self.steps += 1
         self.drafted += verdict.gamma
         self.accepted += verdict.n_accepted

@@ -64,6 +64,47 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
-    """probs [..., V] -> token ids [...], drawn with the explicit generator."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=rng).reshape(probs.shape[:-1])
+    """probs [..., V] -> token ids [...], drawn with the explicit generator on the probabilities'
+    device without a host sync: argmax of probs / E with E ~ Exp(1) picks token i with
+    probability probs[i] (the exponential race; gpt-fast's multinomial_sample_one_no_sync)."""
+    race = torch.empty_like(probs).exponential_(1, generator=rng)
+    return (probs / race).argmax(-1)
+
+
+# What a row's draws in one step are for: draft position i uses DRAFT + i; the verifier's
+# uniforms and its recovered or bonus token have their own. Each is a stream of its own.
+DRAFT, ACCEPT, RESAMPLE = 0, 1 << 20, (1 << 20) + 1
+
+
+@dataclass
+class RowRandom:
+    """One request's randomness, counter style (as Philox's key and counter): every draw of a
+    step comes from a generator seeded by (the request's seed, the step, the purpose), so what a
+    row samples depends on its own request and step only, never on the rows beside it, how many
+    draft tokens another row made or which device ran before: a row in a batch samples what its
+    request samples alone. Reseeding a generator is a host-side assignment, no device sync."""
+
+    seed: int
+    step: int = 0
+
+    def __call__(self, purpose: int, device: torch.device | str) -> torch.Generator:
+        generator = _generator(torch.device(device))
+        generator.manual_seed(_mix(self.seed, self.step, purpose))
+        return generator
+
+
+_GENERATORS: dict[torch.device, torch.Generator] = {}
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    if device not in _GENERATORS:
+        _GENERATORS[device] = torch.Generator(device)
+    return _GENERATORS[device]
+
+
+def _mix(seed: int, step: int, purpose: int) -> int:
+    """A 63-bit seed from three counters (splitmix64's finaliser over their combination)."""
+    x = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + purpose * 0x94D049BB133111EB) % (1 << 64)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % (1 << 64)
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % (1 << 64)
+    return (x ^ (x >> 31)) >> 1

@@ -1,10 +1,16 @@
 """The small typed objects passed between the parts of one decode step.
 
-Glossary (DESIGN.md vocabulary): the *target* is the model whose output is preserved; the
-*draft* is what a proposer guesses; γ (`gamma`) is the number of draft tokens in a step.
-*accepted* draft tokens are kept; the *recovered* token is resampled at the first rejection;
-the *bonus* token is the extra target token after all γ were accepted. Every step emits
-n_accepted + 1 tokens.
+Glossary (docs/concepts.md): the *target* is the model whose output is preserved; the *draft*
+is what a proposer guesses; γ (`gamma`) is the number of draft tokens in a step. *accepted*
+draft tokens are kept; the *recovered* token is resampled at the first rejection; the *bonus*
+token is the extra target token after all γ were accepted. Every step emits accepted + 1 tokens.
+
+A step is batch-first and stays on the runner's device until its one host copy (vLLM's layout):
+a `DraftBatch` holds every row's draft padded to `[B, γmax]` with `num_draft [B]`; the verifier
+returns a `Verdict` of device tensors (`ids [B, γmax + 1]` padded with -1, `num_accepted [B]`);
+`Verdict.to_host()` copies what the host needs in ONE transfer and returns a `RowVerdict` per
+row, which stop rules, text, stats and controllers read. `DraftBlock` / `DraftTree` are one
+row's draft, as proposers that draft row by row make them.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+PAD = -1  # a Verdict's ids past a row's emitted tokens
+
 
 @dataclass(frozen=True)
 class DraftBlock:
-    """A chain of γ guessed tokens.
+    """One row's chain of γ guessed tokens.
 
     tokens: [γ] int64. probs: [γ, V] float32 draft distributions the tokens were sampled
     from (after the same temperature/top-k/top-p as the target), or None for a model-free or
@@ -26,28 +34,27 @@ class DraftBlock:
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     confidence: torch.Tensor | None = None  # [γ] the drafter's top probability at each token
+    # 0-d int64 on the device: the tokens drafted before the controller's early stop (None: all γ);
+    # a drafter that decides on the device where to stop keeps its γ columns and says how many count
+    length: torch.Tensor | None = None
 
     @property
     def gamma(self) -> int:
-        return int(self.tokens.numel())
-
-    def ancestry(self) -> None:
-        """A chain needs no tree mask: token i follows token i-1 (see DraftTree)."""
-        return None
+        return self.tokens.shape[0]
 
     @staticmethod
-    def empty() -> "DraftBlock":
-        return DraftBlock(torch.empty(0, dtype=torch.long))
+    def empty(device: torch.device | str = "cpu") -> "DraftBlock":
+        return DraftBlock(torch.empty(0, dtype=torch.long, device=device))
 
 
 @dataclass(frozen=True)
 class DraftTree:
     """Several candidate continuations sharing prefixes, verified in ONE target forward.
 
-    tokens: [N] int64 node tokens. parents: N ints, the parent node of each (-1: the node
-    follows the last committed token); a parent comes before its children and siblings carry
-    different tokens. The verify block is [last token, *tokens]: block row 0 is the last token,
-    row i+1 is node i. γ is the tree's depth (its longest candidate).
+    tokens: [N] int64 node tokens. parents: N ints (host), the parent node of each (-1: the
+    node follows the last committed token); a parent comes before its children and siblings
+    carry different tokens. The verify block is [last token, *tokens]: block row 0 is the last
+    token, row i+1 is node i. γ is the tree's depth (its longest candidate).
     """
 
     tokens: torch.Tensor
@@ -76,13 +83,9 @@ class DraftTree:
         return [i for i, parent in enumerate(self.parents) if parent == node]
 
     def ancestry(self) -> torch.Tensor:
-        """[N+1, N+1] bool over block rows: row r may attend to row c (itself, its ancestors, row 0)."""
-        allowed = torch.eye(self.size + 1, dtype=torch.bool)
-        allowed[:, 0] = True
-        for node, parent in enumerate(self.parents):
-            if parent >= 0:
-                allowed[node + 1] |= allowed[parent + 1]
-        return allowed
+        """[N+1, N+1] bool over block rows (on the host): row r may attend to row c (itself, its
+        ancestors, row 0)."""
+        return ancestry_of(self.parents)
 
     def leaf_paths(self) -> list[list[int]]:
         """Every root-to-leaf candidate as node indices."""
@@ -97,12 +100,149 @@ class DraftTree:
         return path[::-1]
 
 
+def ancestry_of(parents: tuple[int, ...]) -> torch.Tensor:
+    """[N+1, N+1] bool over the block rows of a tree with these parents (row 0: the last token)."""
+    allowed = torch.eye(len(parents) + 1, dtype=torch.bool)
+    allowed[:, 0] = True
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            allowed[node + 1] |= allowed[parent + 1]
+    return allowed
+
+
+def depths_of(parents: tuple[int, ...]) -> list[int]:
+    """Block-row depths (row 0: 0) of a tree with these parents; a chain of n: 0..n."""
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent + 1] + 1)
+    return depths
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """Every row's draft for one step, on the device.
+
+    tokens: [B, W] int64, row b's draft in its first num_draft[b] columns (the rest is padding
+    the verifier never accepts). num_draft: [B] int64 (a tree: its depth). probs: [B, W, V] float32 or None
+    (one-hot drafts). confidence: [B, W] float32 or None. tree: the parents of a tree draft
+    (B = 1 only: trees are verified one sequence at a time), whose nodes are `tokens[0]`.
+    gammas: the γ each row was asked for (host ints; sampling draws per row from them, so a
+    row's randomness never depends on its neighbours' drafts).
+    """
+
+    tokens: torch.Tensor
+    num_draft: torch.Tensor
+    gammas: tuple[int, ...]
+    probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+    tree: tuple[int, ...] | None = None
+
+    @property
+    def width(self) -> int:
+        """W: draft columns (host; the verify block is W + 1 wide)."""
+        return self.tokens.shape[1]
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
+
+    @staticmethod
+    def empty(rows: int, device: torch.device | str) -> "DraftBatch":
+        return DraftBatch(torch.empty(rows, 0, dtype=torch.long, device=device),
+                          torch.zeros(rows, dtype=torch.long, device=device), (0,) * rows)
+
+    @staticmethod
+    def stack(drafts: list[DraftBlock | DraftTree | None], gammas: list[int], device: torch.device | str,
+              vocab: int | None = None) -> "DraftBatch":
+        """One draft per row (None: nothing) -> a padded batch. A tree only as the batch's one row."""
+        rows = len(drafts)
+        trees = [d for d in drafts if isinstance(d, DraftTree)]
+        if trees:
+            if rows != 1:
+                raise ValueError("tree drafts are verified one sequence at a time")
+            tree = trees[0]
+            return DraftBatch(tree.tokens.to(device)[None], torch.full((1,), tree.gamma, device=device),
+                              tuple(gammas), None, _row(tree.confidence, device), tree.parents)
+        sizes = [0 if d is None else d.gamma for d in drafts]
+        width = max(sizes, default=0)
+        tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
+        for b, d in enumerate(drafts):
+            if d is not None and sizes[b]:
+                tokens[b, : sizes[b]] = d.tokens
+        num_draft = torch.tensor(sizes, dtype=torch.long).to(device, non_blocking=True)
+        for b, d in enumerate(drafts):
+            if isinstance(d, DraftBlock) and d.length is not None:
+                num_draft[b] = d.length  # a device copy: no read
+        probs = confidence = None
+        if any(d is not None and d.probs is not None for d in drafts):
+            probs = torch.zeros(rows, width, vocab, device=device)
+            for b, d in enumerate(drafts):
+                if d is not None and d.probs is not None:
+                    probs[b, : sizes[b]] = d.probs
+        if any(d is not None and d.confidence is not None for d in drafts):
+            confidence = torch.zeros(rows, width, device=device)
+            for b, d in enumerate(drafts):
+                if d is not None and d.confidence is not None and sizes[b]:
+                    confidence[b, : sizes[b]] = d.confidence
+        return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence)
+
+
+def _row(t: torch.Tensor | None, device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)[None]
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """What one target forward decided about a draft.
+    """What one target forward decided about every row's draft, on the device.
+
+    ids: [B, W + 1] int64, row b's emitted tokens (its accepted draft tokens, then the recovered
+    or bonus token) in its first num_accepted[b] + 1 columns, PAD after. num_accepted: [B].
+    num_draft: [B] (the draft lengths verified). path: [B, W + 1] int64 for a tree, the verify
+    block rows of the accepted nodes (PAD after), else None. confidence: [B, W] or None.
+    """
+
+    ids: torch.Tensor
+    num_accepted: torch.Tensor
+    num_draft: torch.Tensor
+    path: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+
+    def to_host(self) -> list["RowVerdict"]:
+        """The step's one device-to-host copy: every row's outcome as host ints."""
+        parts = [self.ids, self.num_accepted[:, None], self.num_draft[:, None]]
+        if self.path is not None:
+            parts.append(self.path)
+        packed = torch.cat([p.double() for p in parts] + ([self.confidence.double()] if self.confidence is not None
+                                                          else []), 1)
+        if packed.device.type != "cpu":  # pinned and non-blocking, then wait for that copy only
+            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            torch.cuda.current_stream(packed.device).synchronize()
+            packed = host
+        return unpack_rows(packed.tolist(), self.ids.shape[1], self.path is not None, self.confidence is not None)
+
+
+def unpack_rows(rows: list[list[float]], width: int, tree: bool, confidence: bool) -> list["RowVerdict"]:
+    """Host rows of `Verdict.to_host`'s packed copy -> one RowVerdict each."""
+    out = []
+    for row in rows:
+        ids, n, drafted = [int(v) for v in row[:width]], int(row[width]), int(row[width + 1])
+        rest = row[width + 2 :]
+        path: tuple[int, ...] = ()
+        if tree:
+            path, rest = tuple(int(v) for v in rest[:width] if v >= 0), rest[width:]
+        conf = tuple(rest[:drafted]) if confidence else ()
+        out.append(RowVerdict(n, ids[n], drafted, tuple(ids[:n]), conf, path))
+    return out
+
+
+@dataclass(frozen=True)
+class RowVerdict:
+    """One row's verdict on the host.
 
     n_accepted: how many leading draft tokens are kept (0..γ). next_token: the recovered token
-    (n_accepted < γ) or the bonus token (n_accepted == γ). gamma: the draft length verified.
+    (n_accepted < γ) or the bonus token (n_accepted == γ). gamma: the draft length verified
+    (a tree's: its depth).
     """
 
     n_accepted: int
@@ -124,7 +264,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """Wall-clock seconds of one step's two phases."""
+    """Seconds of one step's two phases (CUDA events on a GPU, the wall clock on the CPU)."""
 
     propose_s: float
     verify_s: float

@@ -65,6 +65,19 @@ def _zoo_only_for_slow_tests(request, tmp_path_factory, monkeypatch):
 TREE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 6, 8)
 
 
+def feed(runner, ids: list[int], tree: tuple[int, ...] | None = None, hidden: tuple[int, ...] = ()):
+    """Append `ids` to row 0 of a runner (one sequence, a batch of one) -> its TargetOutput."""
+    return runner.forward(torch.tensor([ids]).to(runner.device), tree=tree, hidden=hidden)
+
+
+def one_row(tokens: list[int], seed: int = 0, trees: bool = True):
+    """A step's view of one sequence (`Rows` of a batch of one) on the CPU, no early stop."""
+    from specpipe.proposers.base import Rows
+    from specpipe.sampling import RowRandom
+
+    return Rows([list(tokens)], [RowRandom(seed)], lambda position: 0.0, torch.device("cpu"), trees)
+
+
 def assert_tree_rows_equal_paths(runner, context: list[int], tokens: list[int], parents=TREE_PARENTS) -> None:
     """A tree verify block after `context`: every row's logits bitwise equal to one-token
     forwards along that node's path (the exact precisions' promise for trees)."""
@@ -72,14 +85,14 @@ def assert_tree_rows_equal_paths(runner, context: list[int], tokens: list[int], 
 
     tree = DraftTree(torch.tensor(tokens[: len(parents)]), parents, torch.ones(len(parents)))
     runner.reset()
-    runner.forward(context[:-1])
-    rows = runner.forward([context[-1], *tree.tokens.tolist()], ancestry=tree.ancestry()).logits[0]
+    feed(runner, context[:-1])
+    rows = feed(runner, [context[-1], *tree.tokens.tolist()], tree=tree.parents).logits[0]
     for node in range(len(parents) + 1):  # row 0: the last context token; row i: node i - 1
         path, at = [], node - 1
         while at >= 0:
             path.insert(0, tree.tokens[at].item())
             at = parents[at]
-        runner.crop(len(context) - 1)
+        runner.crop(0, len(context) - 1)
         for token in [context[-1], *path]:
-            last = runner.forward([token]).logits[0, 0]
+            last = feed(runner, [token]).logits[0, 0]
         assert torch.equal(rows[node], last), node

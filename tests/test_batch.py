@@ -1,4 +1,4 @@
-"""Batched decoding (specpipe/batch.py): every row equals its request decoded alone.
+"""Batched decoding (specpipe/decode/loop.py): every row equals its request decoded alone.
 
 Tiny float64 models, exact equality. Requests outnumber the slots, so rows finish at different
 steps (EOS, each request's own max_new_tokens, a stop string) and new requests join a running
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPT, tiny_model, tiny_target
-from specpipe.batch import BatchDecoder, Request
+from conftest import PROMPT, tiny_model, tiny_target, feed
+from specpipe.decode.loop import Decoder, Request
 from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.pipeline import Pipeline
@@ -20,7 +20,7 @@ from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from test_eagle import copy_head, random_head
@@ -96,13 +96,13 @@ def test_tree_proposers_and_the_hf_engine_run_one_sequence_at_a_time():
     target = tiny_target(seed=0, eos=EOS)
     tree = Pipeline(target, PROPOSERS["eagle-tree"](target), GreedyVerifier(), FixedGamma(3))
     assert "tree" in tree.batch_refusal(tree.proposer)
-    assert BatchDecoder(tree, 4).slots == 1
+    assert Decoder(tree, 4).slots == 1
     hf = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3), engine="hf")
     assert "hf" in hf.batch_refusal(hf.proposer)
     alone = [hf.run(r.prompt, max_new_tokens=r.max_new_tokens).token_ids for r in requests()]
     assert decode(hf, requests(), 4) == alone
     ngram = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3))
-    assert ngram.batch_refusal(ngram.proposer) is None and BatchDecoder(ngram, 4).slots == 4
+    assert ngram.batch_refusal(ngram.proposer) is None and Decoder(ngram, 4).slots == 4
 
 
 def test_sampled_rows_use_their_own_generators():
@@ -127,7 +127,7 @@ def test_a_batched_step_samples_the_target_distribution():
     sampling = SamplingParams(temperature=1.0, top_k=8)
     target = tiny_target(seed=0, eos=EOS)
     plain = Pipeline(target, None, GreedyVerifier(), None)
-    probs = sampling.probs(plain.runner.forward(PROMPT).logits[0, -1])  # [V]
+    probs = sampling.probs(feed(plain.runner, PROMPT).logits[0, -1])  # [V]
     reqs = [Request(PROMPT, 2, seed=s) for s in range(3000)]
 
     def first_tokens(verifier) -> torch.Tensor:
@@ -150,7 +150,7 @@ def test_cost_controller_turns_speculation_off_where_the_batch_makes_it_dear():
 
     def step(batch: int, gamma: int, accepted: int) -> None:
         verify = 0.020 * (1 + 0.02 * gamma) if batch == 1 else 0.060 * (gamma + 1)
-        verdicts = [Verdict(accepted, 0, gamma, (0,) * accepted)] * batch
+        verdicts = [RowVerdict(accepted, 0, gamma, (0,) * accepted)] * batch
         controller.update_batch(verdicts, StepTiming(0.001 * gamma, verify), batch)
 
     for _ in range(12):

@@ -10,13 +10,13 @@ from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.controllers.heuristic import HeuristicGamma
 from specpipe.errors import SpecpipeError
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 
 
 def step(controller, accepted: int, propose_s: float = 0.01, verify_s: float = 0.1, confidence=()):
     """Feed one verdict of the controller's own γ with `accepted` tokens kept."""
     gamma = controller.gamma()
-    verdict = Verdict(min(accepted, gamma), 0, gamma, confidence=tuple(confidence))
+    verdict = RowVerdict(min(accepted, gamma), 0, gamma, confidence=tuple(confidence))
     controller.update(verdict, StepTiming(propose_s * gamma, verify_s))
     return controller.gamma()
 
@@ -45,7 +45,7 @@ def test_band_moves_toward_its_targets():
 
 def test_confidence_stops_early_and_retunes():
     c = ConfidenceGamma(6, gamma_min=1, gamma_max=6, threshold=0.5, rate=0.5)
-    assert c.early_stop(0, 0.3) and not c.early_stop(0, 0.9)
+    assert 0.3 < c.stop_below(0) < 0.9  # stop after a token drafted at 0.3, not at 0.9
     # confident tokens rejected: the threshold rises
     before = c.threshold
     step(c, 0, confidence=[0.9, 0.9])
@@ -88,7 +88,7 @@ def test_cost_forgets_stale_verify_costs_of_block_sizes_it_stopped_trying():
     def history(c: CostModelGamma) -> CostModelGamma:
         for gamma, verify_s, steps in ((5, 0.5, 10), (1, 0.1, 20), (2, 0.11, 20)):  # slow 6-token blocks, then short ones
             for _ in range(steps):
-                c.update(Verdict(gamma, 0, gamma), StepTiming(0.0001 * gamma, verify_s))
+                c.update(RowVerdict(gamma, 0, gamma), StepTiming(0.0001 * gamma, verify_s))
         return c
 
     c = history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=32))

@@ -150,11 +150,11 @@ def test_sampling_drafts_only_shared_tokens_with_their_probabilities(pair, name)
     sampling = SamplingParams(temperature=0.8, top_k=20)
     proposer = drafter(pair, name, sampling)
     pipe = Pipeline(target, proposer, RejectionVerifier(sampling), FixedGamma(4), sampling)
-    from specpipe.state import DecodeState
+    from conftest import one_row
 
-    state = DecodeState(pipe.runner, target.tokenizer.encode("the quick"), torch.Generator().manual_seed(0))
-    proposer.prefill(state, None)
-    draft: DraftBlock = proposer.propose(state, 4)
+    prompt = target.tokenizer.encode("the quick")
+    proposer.prefill(0, prompt, None)
+    draft: DraftBlock = proposer.propose_row(0, one_row(prompt), 4)
     assert draft.probs.shape == (draft.gamma, pipe.runner.vocab_size)
     shared = set(proposer.shared.target_ids.tolist())
     assert set(draft.tokens.tolist()) <= shared

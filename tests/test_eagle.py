@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PROMPT, VOCAB, tiny_target
+from conftest import PROMPT, VOCAB, tiny_target, feed
 from specpipe.config import compose
 from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
@@ -137,16 +137,16 @@ def test_head_cache_holds_exactly_the_committed_rows(tree):
     proposer = EagleProposer(random_head(4), GREEDY, tree)
     out = Pipeline(target, proposer, GreedyVerifier(), FixedGamma(3)).run(PROMPT, max_new_tokens=30)
     tokens = PROMPT + out.token_ids
-    features = make_runner(target.model).forward(tokens, hidden=(FINAL,)).hidden[FINAL][0]  # what the LM head reads
-    n = proposer.committed
+    features = feed(make_runner(target.model), tokens, hidden=(FINAL,)).hidden[FINAL][0]  # what the LM head reads
+    n = proposer.rows[0].committed
     assert 0 < n < len(tokens) - 1
     fresh = HeadCache()
     embeds = target.model.get_input_embeddings()(torch.tensor(tokens[1 : n + 1]))
     with torch.no_grad():
         proposer.head(embeds[None], features[None, :n], torch.arange(n)[None], cache=fresh)
-    assert proposer.cache.length == n
-    torch.testing.assert_close(proposer.cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(proposer.cache.values, fresh.values, rtol=1e-9, atol=1e-9)
+    assert proposer.rows[0].cache.length == n
+    torch.testing.assert_close(proposer.rows[0].cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(proposer.rows[0].cache.values, fresh.values, rtol=1e-9, atol=1e-9)
 
 
 def test_rerank_keeps_the_best_nodes_as_a_closed_tree():
@@ -234,7 +234,7 @@ def test_steps_without_a_draft_keep_every_row_for_the_head():
     pipe = Pipeline(target, proposer, GreedyVerifier(), Alternate(3, gamma_min=0))
     out = pipe.run(PROMPT, max_new_tokens=30)
     assert 0 in out.stats.gamma_trace and 3 in out.stats.gamma_trace
-    assert proposer.committed + len(proposer.pending[1]) == len(PROMPT) + len(out.token_ids) - 1
+    assert proposer.rows[0].committed + len(proposer.rows[0].pending[1]) == len(PROMPT) + len(out.token_ids) - 1
     plain = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=30, speculative=False)
     assert out.token_ids == plain.token_ids
 
@@ -244,9 +244,9 @@ class CountingLookup(NgramProposer):
 
     found = 0
 
-    def propose(self, state, gamma):
-        block = super().propose(state, gamma)
-        self.found += bool(len(block.tokens))
+    def lookup(self, committed, gamma):
+        block = super().lookup(committed, gamma)
+        self.found += block is not None
         return block
 
 
@@ -262,16 +262,16 @@ def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(
     plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(gamma), tokens=60)
     for out in outs:
         assert out.token_ids == plain.token_ids
-    assert lookup.found > 0 and proposer.committed > len(PROMPT) - 1  # both sources drafted
+    assert lookup.found > 0 and proposer.rows[0].committed > len(PROMPT) - 1  # both sources drafted
     tokens = PROMPT + outs[1].token_ids
-    features = make_runner(target.model).forward(tokens, hidden=(FINAL,)).hidden[FINAL][0]
-    n = proposer.committed
-    assert n + len(proposer.pending[1]) == len(tokens) - 1
+    features = feed(make_runner(target.model), tokens, hidden=(FINAL,)).hidden[FINAL][0]
+    n = proposer.rows[0].committed
+    assert n + len(proposer.rows[0].pending[1]) == len(tokens) - 1
     fresh = HeadCache()
     embeds = target.model.get_input_embeddings()(torch.tensor(tokens[1 : n + 1]))
     with torch.no_grad():
         proposer.head(embeds[None], features[None, :n], torch.arange(n)[None], cache=fresh)
-    torch.testing.assert_close(proposer.cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(proposer.rows[0].cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
 
 
 def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target_dir):  # noqa: F811

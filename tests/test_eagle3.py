@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PROMPT, VOCAB, tiny_model, tiny_tokenizer
+from conftest import PROMPT, VOCAB, tiny_model, tiny_tokenizer, feed
 from specpipe.config import compose
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.engine import make_runner
@@ -89,9 +89,9 @@ def test_the_head_reads_the_three_layers_from_the_target_output():
     proposer = proposer_for(head, GREEDY)
     assert proposer.hidden_layers == engine_keys(LAYERS) == (0, 1, 2)
     runner = make_runner(target.model)
-    out = runner.forward(PROMPT, hidden=proposer.hidden_layers)
+    out = feed(runner, PROMPT, hidden=proposer.hidden_layers)
     hf = target.model(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states  # [0]: embeddings
-    torch.testing.assert_close(proposer._features(out), head.fc(torch.cat([hf[k][0] for k in LAYERS], -1)))
+    torch.testing.assert_close(proposer._features(out, 0), head.fc(torch.cat([hf[k][0] for k in LAYERS], -1)))
 
 
 def test_ttt_mask_is_causal_over_step_zero_and_diagonal_after():
@@ -134,7 +134,7 @@ def test_training_time_test_loss_decreases_and_accuracy_is_measured():
     for _ in range(6):
         ids = torch.randint(2, VOCAB, (40,)).tolist()
         runner.reset()
-        out = runner.forward(ids, hidden=keys)
+        out = feed(runner, ids, hidden=keys)
         seqs.append({"features": torch.cat([out.hidden[k][0] for k in keys], -1).half(),
                      "argmax": out.logits[0].argmax(-1), "tokens": torch.tensor(ids), "start": 0})
     rows = Rows(seqs)
@@ -254,8 +254,9 @@ def test_a_head_with_its_own_embeddings_drafts_with_them():
     proposer = proposer_for(head, GREEDY)
     plain, outs = run_both(target, proposer, GreedyVerifier(), 3)
     assert outs[0].token_ids == plain.token_ids
-    proposer.cache = HeadCache()
+    from specpipe.proposers.eagle import _HeadRow
+
     features = torch.randn(2, 32, dtype=torch.float64)
-    got = proposer._feed(features, [4, 9], torch.arange(2))
+    got = proposer._feed(_HeadRow(), features, torch.tensor([4, 9]), torch.arange(2))
     want = head(own[[4, 9]][None], features[None], torch.arange(2)[None], cache=HeadCache())[0]
     torch.testing.assert_close(got, want)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from conftest import PROMPT, TREE_PARENTS, VOCAB, assert_tree_rows_equal_paths, tiny_model
+from conftest import PROMPT, TREE_PARENTS, VOCAB, assert_tree_rows_equal_paths, tiny_model, feed
 from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.engine.footprint import cache_bytes, weight_bytes
 from specpipe.errors import SpecpipeError
@@ -40,7 +40,7 @@ def test_native_logits_and_features_equal_transformers(family):
     hf, native = make_runner(model, engine="hf"), make_runner(model, engine="native")
     assert (hf.engine, native.engine) == ("hf", "native")
     for ids in (PROMPT, [3, 60], [9]):  # a prefill, then two steps on the cache
-        a, b = hf.forward(ids, hidden=(0, FINAL)), native.forward(ids, hidden=(0, FINAL))
+        a, b = feed(hf, ids, hidden=(0, FINAL)), feed(native, ids, hidden=(0, FINAL))
         # transformers computes RMSNorm in float32 even for float64 models: agreement to ~1e-6
         torch.testing.assert_close(b.logits, a.logits, rtol=0, atol=1e-5)
         torch.testing.assert_close(b.hidden[FINAL], a.hidden[FINAL], rtol=0, atol=1e-5)
@@ -54,10 +54,10 @@ def test_rollback_is_a_length(family):
     """crop then forward == a fresh forward of the kept prefix plus the new tokens."""
     model = MODELS[family]()
     runner, fresh = make_runner(model, engine="native"), make_runner(model, engine="native")
-    runner.forward(PROMPT + [11, 12, 13, 14])
-    runner.crop(len(PROMPT) + 1)
-    got = runner.forward([40, 41]).logits
-    want = fresh.forward(PROMPT + [11, 40, 41]).logits[:, -2:]
+    feed(runner, PROMPT + [11, 12, 13, 14])
+    runner.crop(0, len(PROMPT) + 1)
+    got = feed(runner, [40, 41]).logits
+    want = feed(fresh, PROMPT + [11, 40, 41]).logits[:, -2:]
     assert runner.length == len(PROMPT) + 3
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
@@ -68,17 +68,17 @@ def test_batch_rows_are_independent_and_ragged():
 
     model = tiny_qwen(1)
     prefixes = torch.tensor([[5, 17, 33, 2, 9, 41], [7, 8, 9, 10, 11, 12], [60, 1, 2, 3, 4, 5]])
-    batch = NativeRunner(model, batch=3)
-    batch.forward_batch(prefixes)
+    batch = NativeRunner(model, rows=3)
+    batch.forward(prefixes)
     lengths = torch.tensor([6, 4, 2])
-    batch.crop_rows(lengths)  # ragged: the rows now hold 6, 4 and 2 tokens
+    batch.commit(lengths.tolist())  # ragged: the rows now hold 6, 4 and 2 tokens
     new = torch.tensor([[20, 21, 22], [30, 31, 32], [40, 41, 42]])
-    out = batch.forward_batch(new, hidden=(FINAL,))
-    assert batch.lengths.tolist() == [9, 7, 5]
+    out = batch.forward(new, hidden=(FINAL,))
+    assert batch.lengths == [9, 7, 5]
     for row in range(3):
         alone = make_runner(model, engine="native")
         ids = prefixes[row, : lengths[row]].tolist() + new[row].tolist()
-        want = alone.forward(ids, hidden=(FINAL,))
+        want = feed(alone, ids, hidden=(FINAL,))
         torch.testing.assert_close(out.logits[row], want.logits[0, -3:], rtol=0, atol=1e-10)
         torch.testing.assert_close(out.hidden[FINAL][row], want.hidden[FINAL][0, -3:], rtol=0, atol=1e-10)
 
@@ -90,11 +90,11 @@ def test_exact_precisions_are_bitwise_across_block_sizes(family, precision):
     model = MODELS[family]().float()
     runner = make_runner(model, engine="native", precision=precision)
     block = [20, 21, 22, 23, 24, 25, 26, 27, 28]
-    runner.forward(PROMPT)
-    singles = torch.cat([runner.forward([t]).logits[0] for t in block])  # [9, V]
+    feed(runner, PROMPT)
+    singles = torch.cat([feed(runner, [t]).logits[0] for t in block])  # [9, V]
     for k in (2, 5, 9):
-        runner.crop(len(PROMPT))
-        rows = runner.forward(block[:k]).logits[0]
+        runner.crop(0, len(PROMPT))
+        rows = feed(runner, block[:k]).logits[0]
         assert torch.equal(rows, singles[:k]), k
 
 
@@ -170,7 +170,7 @@ def test_engine_choice_and_clear_refusals():
         make_runner(gpt2, engine="vllm")
     small = make_runner(tiny_model(0), engine="native", cache_len=8)
     with pytest.raises(SpecpipeError, match="cache_len"):
-        small.forward(list(range(9)))
+        feed(small, list(range(9)))
 
 
 @pytest.mark.parametrize("precision", ["none", "fp16", "w8a16"])
@@ -191,15 +191,15 @@ def test_compiled_stack_equals_eager_and_never_recompiles():
 
     model = tiny_model(0, dtype=torch.float32)
     eager, compiled = make_runner(model, engine="native"), make_runner(model, engine="native", compile=True)
-    compiled.forward(PROMPT[:3])  # the block graph (dynamic shapes) ...
-    compiled.forward([9])  # ... and the one-token graph (dynamo specialises size 1)
+    feed(compiled, PROMPT[:3])  # the block graph (dynamic shapes) ...
+    feed(compiled, [9])  # ... and the one-token graph (dynamo specialises size 1)
     before = graphs_compiled()
-    eager.forward(PROMPT[:3]), eager.forward([9])
+    feed(eager, PROMPT[:3]), feed(eager, [9])
     for ids in (PROMPT, [1], [2, 3, 4, 5, 6, 7, 8, 9, 10], [4, 4]):
-        torch.testing.assert_close(compiled.forward(ids).logits, eager.forward(ids).logits, rtol=1e-5, atol=1e-5)
-    compiled.crop(4)
-    eager.crop(4)
-    torch.testing.assert_close(compiled.forward([5, 6, 7]).logits, eager.forward([5, 6, 7]).logits,
+        torch.testing.assert_close(feed(compiled, ids).logits, feed(eager, ids).logits, rtol=1e-5, atol=1e-5)
+    compiled.crop(0, 4)
+    eager.crop(0, 4)
+    torch.testing.assert_close(feed(compiled, [5, 6, 7]).logits, feed(eager, [5, 6, 7]).logits,
                                rtol=1e-5, atol=1e-5)
     assert graphs_compiled() == before
     assert compiled.lm.stack.compile_s is not None
@@ -211,7 +211,7 @@ def test_cuda_matches_cpu(precision):
     model = tiny_model(0, dtype=torch.float32)
     cpu, gpu = make_runner(model, precision=precision), make_runner(model, precision=precision, device="cuda")
     for ids in (PROMPT, [3, 4]):
-        torch.testing.assert_close(gpu.forward(ids).logits.cpu(), cpu.forward(ids).logits, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(feed(gpu, ids).logits.cpu(), feed(cpu, ids).logits, rtol=2e-2, atol=2e-2)
 
 
 @CUDA

@@ -17,7 +17,7 @@ import torch
 
 from conftest import PROMPT, tiny_model, tiny_target, tiny_tokenizer
 from specpipe import cli
-from specpipe.batch import Request
+from specpipe.pipeline import Request
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.engine import make_runner
 from specpipe.errors import SpecpipeError
@@ -157,11 +157,11 @@ def pipeline(proposer=None, *, engine="native", cache_len=32, gamma=4, target=No
 
 
 def no_forward(pipe: Pipeline, monkeypatch) -> None:
-    """Any forward of the runner (or of the batched copies made from it later) fails the test."""
+    """Any forward of the runner (a prompt's prefill or a step) fails the test."""
     def forward(*args, **kwargs):
         raise AssertionError("a forward ran before the prompt was refused")
 
-    for name in ("forward", "forward_row", "forward_batch"):
+    for name in ("forward", "prefill"):
         monkeypatch.setattr(pipe.runner, name, forward, raising=False)
 
 

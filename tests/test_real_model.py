@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_tree_rows_equal_paths
+from conftest import assert_tree_rows_equal_paths, feed
 from specpipe.config import compose
 from specpipe.exactness import first_divergence
 from specpipe.pipeline import Pipeline
@@ -115,12 +115,12 @@ def test_smollm2_exact_precision_rows_are_bitwise(precision):
     context = pipeline.encode("Write a function that reverses a linked list.")
     block = pipeline.target.tokenizer("def reverse(head):\n    prev = None\n    while head:\n")["input_ids"][:17]
     runner.reset()
-    runner.forward(context)
-    singles = [runner.forward([token]).logits[0, 0] for token in block]
+    feed(runner, context)
+    singles = [feed(runner, [token]).logits[0, 0] for token in block]
     # a block as long as a 16-node tree's: measured with AMX (fixed blocks); the AVX2 figures reach 9
     for k in (2, 5, 9, len(block)) if has_amx() else (2, 5, 9):
-        runner.crop(len(context))
-        rows = runner.forward(block[:k]).logits[0]
+        runner.crop(0, len(context))
+        rows = feed(runner, block[:k]).logits[0]
         for i in range(k):
             assert torch.equal(rows[i], singles[i]), (k, i)
     assert_tree_rows_equal_paths(runner, context, block)
@@ -170,7 +170,7 @@ def test_streamed_text_equals_the_whole_decode():
 def test_smollm2_exact_batched_rows_equal_each_prompt_alone(proposer):
     """Batch > 1 on the exact precision: 6 dev prompts of different lengths, 4 slots (so two
     join a running batch), each row bitwise the prompt decoded alone; rows end at different steps."""
-    from specpipe.batch import Request
+    from specpipe.pipeline import Request
 
     settings = {"plain": ["proposer=none"], **EXACT_SETS}[proposer]
     pipeline = Pipeline.from_config(compose([*settings, "model.quantize=w8a16", "gamma=4"]))
@@ -219,11 +219,11 @@ def test_the_shipped_qwen_head_is_bitwise_lossless_in_bf16(prompts):
     context = pipeline.encode("Write a function that reverses a linked list.")
     block = pipeline.target.tokenizer("def reverse(head):\n    prev = None\n    while head:\n")["input_ids"][:16]
     runner.reset()
-    runner.forward(context)
-    singles = torch.cat([runner.forward([token]).logits[0] for token in block])  # [16, V]
+    feed(runner, context)
+    singles = torch.cat([feed(runner, [token]).logits[0] for token in block])  # [16, V]
     for k in (2, 5, 9, len(block)):
-        runner.crop(len(context))
-        assert torch.equal(runner.forward(block[:k]).logits[0], singles[:k]), k
+        runner.crop(0, len(context))
+        assert torch.equal(feed(runner, block[:k]).logits[0], singles[:k]), k
     for prompt in prompts[:3]:
         ids = pipeline.encode(prompt["messages"])
         want = pipeline.run(ids, max_new_tokens=32, speculative=False).token_ids

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpipe.sampling import SamplingParams, sample
+from specpipe.sampling import RowRandom, SamplingParams, sample
 from specpipe.types import DraftBlock
 from specpipe.verifiers.rejection import RejectionVerifier
 
@@ -43,8 +43,8 @@ def run_verifier(verifier, target_logits, draft_probs, draws: int):
     rng = torch.Generator().manual_seed(1234)
     first, second = torch.zeros(V), torch.zeros(V)
     drafts = sample(draft_probs.expand(draws, *draft_probs.shape), rng)  # [draws, 2]
-    for tokens in drafts:
-        verdict = verifier.verify(DraftBlock(tokens, draft_probs), target_logits, rng)
+    for i, tokens in enumerate(drafts):
+        verdict = verifier.verify_row(DraftBlock(tokens, draft_probs), target_logits, RowRandom(1234, i))
         emitted = verdict.emitted
         first[emitted[0]] += 1
         if len(emitted) > 1:
@@ -55,10 +55,11 @@ def run_verifier(verifier, target_logits, draft_probs, draws: int):
 class KeepEverything(RejectionVerifier):
     """Deliberately wrong: emits the draft as if always accepted."""
 
-    def verify(self, draft, target_logits, rng):
-        from specpipe.verifiers.base import verdict
+    def verify(self, draft, target_logits, rngs):
+        from specpipe.verifiers.base import chain_verdict
 
-        return verdict(draft, draft.gamma, int(target_logits[-1].argmax()))
+        bonus = target_logits.gather(1, draft.num_draft[:, None, None].expand(-1, 1, target_logits.shape[-1]))
+        return chain_verdict(draft, draft.num_draft, bonus[:, 0].argmax(-1))
 
 
 DRAFTS = {
@@ -90,12 +91,11 @@ def test_one_hot_draft_is_lossless():
     sampling = SamplingParams(temperature=1.0)
     target_logits = logits(seed=5, rows=2)
     target_probs = sampling.probs(target_logits)
-    rng = torch.Generator().manual_seed(7)
     counts = torch.zeros(V)
     verifier = RejectionVerifier(sampling)
     for i in range(DRAWS):
         draft = DraftBlock(torch.tensor([i % 3]))  # always guesses 0, 1 or 2, no probabilities
-        counts[verifier.verify(draft, target_logits, rng).emitted[0]] += 1
+        counts[verifier.verify_row(draft, target_logits, RowRandom(7, i)).emitted[0]] += 1
     assert chi_square(counts, target_probs[0]) < critical(target_probs[0])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPT, tiny_target
+from conftest import PROMPT, feed, one_row, tiny_target
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Pipeline
@@ -91,16 +91,13 @@ def test_a_long_match_earns_a_long_draft():
     suffix = proposer(max_spec_factor=0.5, max_spec_offset=1.0)
     target = tiny_target()
     pipe = Pipeline(target, suffix, GreedyVerifier(), FixedGamma(16))
-    from specpipe.state import DecodeState
-
     prompt = list(range(2, 30)) + list(range(2, 12))  # the last 10 tokens repeat the start
-    state = DecodeState(pipe.runner, prompt, torch.Generator())
-    suffix.prefill(state, None)
-    draft = suffix.propose(state, 16)
+    suffix.prefill(0, prompt, None)
+    draft = suffix.propose_row(0, one_row(prompt), 16)
     assert draft.tokens.tolist() == list(range(12, 18))  # match 10 -> 0.5 × 10 + 1 = 6 tokens
-    short = DecodeState(pipe.runner, list(range(2, 30)) + [2, 3], torch.Generator())
-    suffix.prefill(short, None)
-    assert suffix.propose(short, 16).tokens.tolist() == [4, 5]  # match 2 -> 2 tokens
+    short = list(range(2, 30)) + [2, 3]
+    suffix.prefill(0, short, None)
+    assert suffix.propose_row(0, one_row(short), 16).tokens.tolist() == [4, 5]  # match 2 -> 2 tokens
 
 
 VERIFIERS = {"greedy": GreedyVerifier, "typical": lambda: TypicalVerifier(GREEDY),
@@ -123,16 +120,11 @@ def test_greedy_equals_plain_across_requests(verifier, tree, gamma):
                 got = pipe.run(prompt, max_new_tokens=max_new)
                 assert got.token_ids == expected.token_ids, (served, prompt, max_new)
                 assert got.finish_reason == expected.finish_reason
-                trees += isinstance(pipe.proposer.propose(_state(pipe, prompt, got.token_ids), gamma), DraftTree)
+                rows = one_row(prompt + got.token_ids, trees=pipe.verifier.verifies_trees)
+                trees += pipe.proposer.propose(rows, [gamma]).tree is not None
     assert pipe.proposer.cache.entries, "earlier outputs reached the global tree"
     if not tree or verifier == "rejection" or gamma == 1:
         assert trees == 0
-
-
-def _state(pipe, prompt, output):
-    from specpipe.state import DecodeState
-
-    return DecodeState(pipe.runner, prompt + output, torch.Generator())
 
 
 def test_the_second_pass_of_a_repeated_workload_is_drafted_from_the_first():
@@ -159,7 +151,7 @@ def test_sampling_keeps_the_target_distribution():
     plain = Pipeline(target, None, RejectionVerifier(sampling), None, sampling)
     def next_probs(ids):  # [V] the target's sampling distribution after ids
         plain.runner.reset()
-        return sampling.probs(plain.runner.forward(ids).logits[0, -1:])[0]
+        return sampling.probs(feed(plain.runner, ids).logits[0, -1:])[0]
 
     first = next_probs(prompt)
     eos = 63  # a first token of EOS ends the output: counted with the rest

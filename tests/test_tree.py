@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPT, tiny_target
+from conftest import PROMPT, tiny_target, feed
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.errors import SpecpipeError
 from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.medusa import MedusaProposer, check_tree
 from specpipe.sampling import SamplingParams
-from specpipe.state import DecodeState
 from specpipe.types import DraftTree
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
@@ -49,16 +48,16 @@ ENGINES = ["native", "hf"]
 
 
 def logits_of(runner, ids, **kwargs):
-    return runner.forward(ids, **kwargs).logits[0]  # [n, V]
+    return feed(runner, ids, **kwargs).logits[0]  # [n, V]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_one_tree_forward_equals_sequential_forwards_along_each_path(engine):
     target = tiny_target()
     runner = make_runner(target.model, engine=engine)
-    runner.forward(PROMPT[:-1])
+    feed(runner, PROMPT[:-1])
     tree = hand_tree()
-    logits = logits_of(runner, [PROMPT[-1], *TOKENS], ancestry=tree.ancestry())  # [6, V]
+    logits = logits_of(runner, [PROMPT[-1], *TOKENS], tree=tree.parents)  # [6, V]
     for path in tree.leaf_paths():
         fresh = logits_of(make_runner(target.model, engine=engine), PROMPT + [TOKENS[n] for n in path])[len(PROMPT) - 1:]
         rows = [0] + [n + 1 for n in path]
@@ -73,20 +72,20 @@ def test_greedy_walk_and_kv_rollback_to_the_accepted_path(engine):
     second = int(logits_of(plain, [first])[-1].argmax())
     # a tree whose deep branch is the target's own greedy continuation (node 1 -> node 4)
     tree = DraftTree(torch.tensor([(first + 1) % 64, first, (second + 3) % 64, second]), (-1, -1, 1, 1))
-    state = DecodeState(make_runner(target.model, engine=engine), PROMPT, torch.Generator())
-    state.prefill()
-    logits = logits_of(state.target, [PROMPT[-1], *tree.tokens.tolist()], ancestry=tree.ancestry())
-    verdict = GreedyVerifier().verify(tree, logits, state.rng)
+    runner = make_runner(target.model, engine=engine)
+    runner.prefill(0, PROMPT[:-1])
+    logits = logits_of(runner, [PROMPT[-1], *tree.tokens.tolist()], tree=tree.parents)
+    verdict = GreedyVerifier().verify_row(tree, logits)
     assert verdict.accepted_tokens == (first, second) and verdict.path == (2, 4) and verdict.last_row == 4
-    state.commit(verdict)
+    runner.commit([verdict.n_accepted + 1], [verdict.path])
+    tokens = PROMPT + verdict.emitted
     fresh = make_runner(target.model, engine=engine)
-    fresh.forward(state.tokens[:-1])
-    assert state.target.length == fresh.length == len(state.tokens) - 1
-    for kept, ref in zip(cached(state.target), cached(fresh)):
+    feed(fresh, tokens[:-1])
+    assert runner.length == fresh.length == len(tokens) - 1
+    for kept, ref in zip(cached(runner), cached(fresh)):
         assert torch.allclose(kept, ref, atol=1e-10)
     # and the next forward after the rollback computes what a fresh forward does
-    torch.testing.assert_close(logits_of(state.target, [state.tokens[-1]]), logits_of(fresh, [state.tokens[-1]]),
-                               rtol=0, atol=1e-10)
+    torch.testing.assert_close(logits_of(runner, [tokens[-1]]), logits_of(fresh, [tokens[-1]]), rtol=0, atol=1e-10)
 
 
 def cached(runner) -> list[torch.Tensor]:
@@ -133,4 +132,4 @@ def test_bad_trees_and_rejection_with_a_tree_are_refused():
     with pytest.raises(SpecpipeError, match="at most 2 long"):
         check_tree([[0], [0, 0], [0, 0, 0]], num_heads=2)
     with pytest.raises(SpecpipeError, match="chains only"):
-        RejectionVerifier(SamplingParams(temperature=1.0)).verify(hand_tree(), torch.zeros(6, 64), torch.Generator())
+        RejectionVerifier(SamplingParams(temperature=1.0)).verify_row(hand_tree(), torch.zeros(6, 64))

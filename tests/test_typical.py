@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpipe.sampling import SamplingParams
+from specpipe.sampling import RowRandom, SamplingParams
 from specpipe.types import DraftBlock
 from specpipe.verifiers.typical import TypicalVerifier
 
@@ -36,19 +36,19 @@ def test_accepts_the_plausible_prefix_and_samples_the_next_token():
         [0.0, 0.0, 1.0, 0.0],  # would be the bonus row
     )
     draft = DraftBlock(torch.tensor([2, 1, 3]))
-    verdict = v.verify(draft, target, torch.Generator().manual_seed(0))
+    verdict = v.verify_row(draft, target, RowRandom(0))
     assert verdict.n_accepted == 1 and verdict.accepted_tokens == (2,)
     # the next token is sampled from the target's row 1: 0 with probability 0.97
-    draws = [v.verify(draft, target, torch.Generator().manual_seed(s)).next_token for s in range(200)]
+    draws = [v.verify_row(draft, target, RowRandom(s)).next_token for s in range(200)]
     assert 180 <= draws.count(0) <= 200
 
 
 def test_all_accepted_takes_a_bonus_token_and_greedy_keeps_only_the_argmax():
     greedy = TypicalVerifier(SamplingParams(temperature=0.0))
     target = torch.tensor([[0.0, 5.0, 1.0], [4.0, 0.0, 3.9], [0.0, 0.0, 9.0]])
-    assert greedy.verify(DraftBlock(torch.tensor([1, 0])), target, torch.Generator()).emitted == [1, 0, 2]
+    assert greedy.verify_row(DraftBlock(torch.tensor([1, 0])), target).emitted == [1, 0, 2]
     # 2 is nearly as likely as 0 at row 1, but greedy's distribution is one-hot: rejected
-    assert greedy.verify(DraftBlock(torch.tensor([1, 2])), target, torch.Generator()).emitted == [1, 0]
+    assert greedy.verify_row(DraftBlock(torch.tensor([1, 2])), target).emitted == [1, 0]
     assert not greedy.lossless
 
 

@@ -15,7 +15,7 @@ from packaging.version import Version
 import transformers
 from transformers import LlamaForCausalLM
 
-from conftest import PROMPT, tiny_model
+from conftest import PROMPT, tiny_model, feed
 from specpipe.engine.hf import HFRunner
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -38,7 +38,7 @@ def test_model_forward_takes_the_cache_keyword():
 
 def test_hf_runner_cache_fills_and_crops():
     runner = HFRunner(tiny_model(0))
-    runner.forward(PROMPT)
+    feed(runner, PROMPT)
     assert runner.length == len(PROMPT), f"no cache kept on transformers {transformers.__version__}"
-    runner.crop(3)
+    runner.crop(0, 3)
     assert runner.length == 3

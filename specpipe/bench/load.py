@@ -5,7 +5,7 @@ The stream is drawn from the prompt set: passes over the set, each pass in a shu
 (seeded), so every prompt type is served about equally often and a request's neighbours in the
 batch vary. A closed loop, as a client holding C connections open: a request is sent when a slot
 frees, so its latency counts from then (its prefill included) to its last token. The plain run
-is the same loop with no proposer (specpipe/batch.py), on the same stream.
+is the same loop with no proposer (specpipe/decode/loop.py), on the same stream.
 
 Figures, per mode: throughput (output tokens/s and requests/s over the wall time of the whole
 stream), and per request P50/P90/P99 of latency, time to first token (TTFT) and time per output
@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from specpipe.batch import BatchDecoder, Request
+from specpipe.decode.loop import Decoder, Request
 from specpipe.bench.summary import OVERALL, _pooled_positions, _quantile, gamma_summary, spread
 from specpipe.pipeline import Pipeline
 
@@ -54,9 +54,9 @@ def request_stream(prompts: list[dict], count: int, seed: int) -> list[dict]:
 
 
 def serve(pipeline: Pipeline, stream: list[dict], ids: list[list[int]], *, concurrency: int, speculative: bool,
-          max_new_tokens: int, seed: int, stop: list[str]) -> tuple[list[Served], BatchDecoder, float]:
+          max_new_tokens: int, seed: int, stop: list[str]) -> tuple[list[Served], Decoder, float]:
     """Decode the stream; (each request's outcome, the decoder (its step trace), wall seconds)."""
-    decoder = BatchDecoder(pipeline, concurrency, speculative)
+    decoder = Decoder(pipeline, concurrency, speculative)
     requests = [Request(i, min(int(p.get("max_new_tokens") or max_new_tokens), max_new_tokens), seed, tuple(stop))
                 for p, i in zip(stream, ids)]
     tokens: list[list[int]] = [[] for _ in requests]

@@ -7,7 +7,7 @@ from collections import deque
 
 from specpipe.controllers.base import Controller
 from specpipe.errors import SpecpipeError
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 
 
 class BandGamma(Controller):
@@ -23,7 +23,7 @@ class BandGamma(Controller):
         self.gamma_low, self.gamma_high = self.clamp(gamma_low), self.clamp(gamma_high)
         self._window: deque[tuple[int, int]] = deque(maxlen=window)  # (accepted, drafted)
 
-    def update(self, verdict: Verdict, timing: StepTiming) -> None:
+    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
         if verdict.gamma == 0:
             return
         self._window.append((verdict.n_accepted, verdict.gamma))

@@ -1,5 +1,5 @@
 """The controller interface: `gamma(batch) -> int`, `update(verdict, timing)`,
-`update_batch(verdicts, timing, batch)`.
+`update_batch(verdicts, timing, batch)`, `stop_below(position)`.
 
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
@@ -12,7 +12,7 @@ controller would pick: the entry of the largest batch size not above the batch's
 from __future__ import annotations
 
 from specpipe.errors import SpecpipeError
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 
 
 class Controller:
@@ -39,18 +39,20 @@ class Controller:
         """The controller's own pick (default: its current γ, whatever the batch)."""
         return self._gamma
 
-    def update(self, verdict: Verdict, timing: StepTiming) -> None:
+    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
         """Learn from the step just taken (default: nothing)."""
 
-    def update_batch(self, verdicts: list[Verdict], timing: StepTiming, batch: int) -> None:
+    def update_batch(self, verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         """Learn from a batched step: every row's verdict, the step's shared timing (default:
         each verdict as a step of its own; the cost model learns costs per batch size)."""
         for verdict in verdicts:
             self.update(verdict, timing)
 
-    def early_stop(self, position: int, confidence: float) -> bool:
-        """Should a drafter stop after draft token `position`, drafted with this top probability?"""
-        return False
+    def stop_below(self, position: int) -> float:
+        """A drafter stops after draft token `position` where its top probability is below this
+        (0.0: it never stops early). A threshold, not a yes/no, so drafters on a GPU apply it as
+        a mask without reading their confidence back."""
+        return 0.0
 
 
 def check_gamma(gamma: int, what: str = "gamma") -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from specpipe.controllers.base import Controller
 from specpipe.errors import SpecpipeError
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 
 
 class ConfidenceGamma(Controller):
@@ -18,10 +18,10 @@ class ConfidenceGamma(Controller):
             raise SpecpipeError(f"controller.threshold={threshold} must be a probability in [0, 1].")
         self.threshold, self.adapt, self.rate = threshold, adapt, rate
 
-    def early_stop(self, position: int, confidence: float) -> bool:
-        return position + 1 >= self.gamma_min and confidence < self.threshold
+    def stop_below(self, position: int) -> float:
+        return self.threshold if position + 1 >= self.gamma_min else 0.0
 
-    def update(self, verdict: Verdict, timing: StepTiming) -> None:
+    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
         if not self.adapt or not verdict.confidence:
             return
         # the tokens the target judged: the accepted ones and the first rejected one

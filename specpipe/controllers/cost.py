@@ -34,7 +34,7 @@ import statistics
 from collections import deque
 
 from specpipe.controllers.base import Controller
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 
 
 class CostModelGamma(Controller):
@@ -79,10 +79,10 @@ class CostModelGamma(Controller):
         """The best γ (or a probe) at the last step's batch size; at another, the best estimate there."""
         return self._next if batch == self._last_batch else self._pick(batch)
 
-    def update(self, verdict: Verdict, timing: StepTiming) -> None:
+    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
         self.update_batch([verdict], timing, 1)
 
-    def update_batch(self, verdicts: list[Verdict], timing: StepTiming, batch: int) -> None:
+    def update_batch(self, verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         gamma = max(v.gamma for v in verdicts)  # the step's block was γ + 1 wide for every row
         self._observe_cost(batch, gamma, timing)
         for verdict in verdicts:
@@ -114,7 +114,7 @@ class CostModelGamma(Controller):
         if gamma > 0:
             self._propose.setdefault(batch, deque(maxlen=self._window)).append(timing.propose_s / gamma)
 
-    def _observe_acceptance(self, verdict: Verdict, asked: int | None = None) -> None:
+    def _observe_acceptance(self, verdict: RowVerdict, asked: int | None = None) -> None:
         """asked: the step's γ. In a batch a row that drafted fewer tokens than the block holds
         (n-gram lookup found nothing, a drafter stopped early) gains nothing from the positions it
         left empty, yet the block is as wide for it: those count as rejected, so E(γ) is what a

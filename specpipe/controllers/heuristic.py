@@ -4,11 +4,11 @@ token was accepted, -1 otherwise."""
 from __future__ import annotations
 
 from specpipe.controllers.base import Controller
-from specpipe.types import StepTiming, Verdict
+from specpipe.types import RowVerdict, StepTiming
 
 
 class HeuristicGamma(Controller):
-    def update(self, verdict: Verdict, timing: StepTiming) -> None:
+    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
         if verdict.gamma == 0:
             return
         step = 2 if verdict.n_accepted == verdict.gamma else -1

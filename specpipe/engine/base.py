@@ -44,37 +44,60 @@ class Memory:
 
 
 class Runner(ABC):
+    """One model and a KV cache of `rows` sequences, batch-first: a forward appends a block of
+    tokens to each of rows 0..B-1 at that row's own length; `commit` then keeps, per row, the
+    part of the block a verdict accepted (a length, or a tree's path moved into place). Lengths
+    are host ints the runner keeps itself (it is told every change), so it never reads one back
+    from the device; inputs and outputs stay on the runner's `device`."""
+
     engine: str  # "native" or "hf"
     precision: str  # a mode of specpipe/models/quantize.py
     vocab_size: int
     hidden_size: int
     num_layers: int
+    device: torch.device
+    max_rows: int | None = None  # the most rows its cache can hold (None: as many as memory allows)
+    lengths: list[int]  # [rows] tokens cached per row (host)
 
     @property
-    @abstractmethod
     def length(self) -> int:
-        """Tokens whose keys and values are in the cache."""
+        """Row 0's cached tokens (a single sequence's)."""
+        return self.lengths[0]
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
 
     @abstractmethod
-    def reset(self) -> None:
-        """Forget every cached token (a new generation)."""
+    def reserve(self, rows: int) -> None:
+        """A cache of at least `rows` sequences (grown between runs: growing forgets every row)."""
 
     @abstractmethod
-    def forward(self, ids: list[int], *, last_only: bool = False, ancestry: torch.Tensor | None = None,
+    def reset(self, row: int | None = None) -> None:
+        """Forget row `row`'s cached tokens (None: every row's)."""
+
+    @abstractmethod
+    def prefill(self, row: int, ids: list[int], *, hidden: tuple[int, ...] = ()) -> TargetOutput:
+        """Append `ids` to row `row` alone (a request's prompt); logits [1, 1, V] of its last
+        position, hidden {key: [1, n, H]} of every position."""
+
+    @abstractmethod
+    def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
                 hidden: tuple[int, ...] = ()) -> TargetOutput:
-        """Append `ids` to the cache; logits [1, len(ids), V] (or [1, 1, V] if last_only).
+        """ids [B, n] on the device, appended to rows 0..B-1 -> logits [B, n, V], on the device.
 
-        ancestry: [n, n] bool for a tree block (row r sees the rows it allows, and the whole
-        cache); row positions are then the cache length + each row's depth, so every row is
-        computed exactly as in a sequential forward along its own path."""
-
-    @abstractmethod
-    def keep(self, start: int, slots: list[int]) -> None:
-        """Move the cache entries at `slots` to start, start+1, ... (a tree's accepted path)."""
+        tree: a tree block's parents (B = 1): block row i+1 is node i, it sees row 0, its
+        ancestors and itself, at position length + its depth, so every row is computed as in
+        a sequential forward along its own path."""
 
     @abstractmethod
-    def crop(self, length: int) -> None:
-        """Keep the cache of the first `length` tokens only."""
+    def commit(self, kept: list[int], paths: list[tuple[int, ...]] | None = None) -> None:
+        """After a forward of n tokens per row: row b keeps the first kept[b] block rows, or with
+        paths[b] (a tree) block row 0 and then the rows of paths[b], moved into place."""
+
+    @abstractmethod
+    def crop(self, row: int, length: int) -> None:
+        """Row `row` keeps its first `length` cached tokens (a draft cache's rollback)."""
 
     @abstractmethod
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -98,6 +121,3 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
-def tree_depths(ancestry: torch.Tensor) -> torch.Tensor:
-    """[n] int64 depth of each block row: ancestors including row 0, minus itself."""
-    return ancestry.sum(1) - 1

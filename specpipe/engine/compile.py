@@ -4,8 +4,8 @@ Two graphs serve every block size and cache width: dynamo compiles with dynamic 
 specialises a dimension of size 1, so one-token steps get their own graph; a generation's
 prefill and first step compile both, and decoding never compiles again (`graphs_compiled()` counts, a test
 checks). Inductor's artefacts go to its on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, default under
-the specpipe cache), so a second process loads them instead of compiling. What it buys on this
-CPU is measured in README "Engine" (benchmarks/engine.py): it is off by default unless it pays.
+the specpipe cache), so a second process loads them instead of compiling. What it buys is
+measured in docs/engine.md (benchmarks/engine.py): it is off by default unless it pays.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ class CompiledStack:
         self.compiled = torch.compile(stack, dynamic=True, fullgraph=True)
         self.compile_s: float | None = None  # wall time of the first call (compile or cache load)
 
-    def __call__(self, x, cos, sin, bias, slots, keys, values, hidden, row_keys=None):
-        if row_keys is not None:  # exact precisions attend row by row over Python-int widths: eager
-            return self.eager(x, cos, sin, bias, slots, keys, values, hidden, row_keys)
+    def __call__(self, x, cos, sin, bias, slots, keys, values, hidden, rows=None):
+        if rows is not None:  # exact precisions attend row by row over Python-int widths: eager
+            return self.eager(x, cos, sin, bias, slots, keys, values, hidden, rows)
         started = time.perf_counter()
         out = self.compiled(x, cos, sin, bias, slots, keys, values, hidden)
         if self.compile_s is None:

@@ -10,13 +10,18 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specpipe.engine.base import FINAL, Memory, Runner, TargetOutput, tree_depths, wide
+from specpipe.engine.base import FINAL, Memory, Runner, TargetOutput, wide
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import dense_weight, module_bytes, quantize_model
+from specpipe.types import ancestry_of, depths_of
 
 
 class HFRunner(Runner):
+    """A single sequence (`max_rows` 1): transformers' cache has no per-row lengths."""
+
     engine = "hf"
+    max_rows = 1
+    device = torch.device("cpu")
 
     def __init__(self, model: torch.nn.Module, precision: str = "none"):
         self.model = quantize_model(model, precision)
@@ -25,21 +30,34 @@ class HFRunner(Runner):
         self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
         self.num_layers = config.num_hidden_layers
         self.cache = DynamicCache(config=config)
+        self._block = 0
 
     @property
-    def length(self) -> int:
-        return self.cache.get_seq_length()
+    def lengths(self) -> list[int]:
+        return [self.cache.get_seq_length()]
 
-    def reset(self) -> None:
+    def reserve(self, rows: int) -> None:
+        if rows > 1:
+            raise SpecpipeError("engine=hf decodes one sequence at a time; use engine=native for a batch.")
+
+    def reset(self, row: int | None = None) -> None:
         self.cache = DynamicCache(config=self.model.config)
 
-    @torch.inference_mode()
-    def forward(self, ids: list[int], *, last_only: bool = False, ancestry: torch.Tensor | None = None,
+    def prefill(self, row: int, ids: list[int], *, hidden: tuple[int, ...] = ()) -> TargetOutput:
+        return self._forward(ids, None, hidden, last_only=True)
+
+    def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
                 hidden: tuple[int, ...] = ()) -> TargetOutput:
+        self._block = ids.shape[1]
+        return self._forward(ids[0].tolist(), tree, hidden)  # the hf engine runs on the CPU: no device to sync
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int], tree: tuple[int, ...] | None, hidden: tuple[int, ...],
+                 last_only: bool = False) -> TargetOutput:
         input_ids = torch.tensor([ids], dtype=torch.long)
-        tree = {} if ancestry is None else self._tree_inputs(ancestry)
+        masks = {} if tree is None else self._tree_inputs(tree)
         out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                         logits_to_keep=1 if last_only else 0, output_hidden_states=bool(hidden), **tree)
+                         logits_to_keep=1 if last_only else 0, output_hidden_states=bool(hidden), **masks)
         return TargetOutput(wide(out.logits), {key: self._hidden(out.hidden_states, key) for key in hidden})
 
     def _hidden(self, states: tuple[torch.Tensor, ...], key: int) -> torch.Tensor:
@@ -51,25 +69,28 @@ class HFRunner(Runner):
                                 f"norm, not layer {key}; use engine=native or another layer.")
         return wide(states[key + 1])
 
-    def _tree_inputs(self, ancestry: torch.Tensor) -> dict:
+    def _tree_inputs(self, parents: tuple[int, ...]) -> dict:
+        ancestry = ancestry_of(parents)
         past, n = self.length, ancestry.shape[0]
         allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), ancestry], 1)  # [n, past + n]
         dtype = next(p.dtype for p in self.model.parameters() if p.is_floating_point())
         mask = torch.zeros(1, 1, n, past + n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        return {"attention_mask": mask, "position_ids": (past + tree_depths(ancestry))[None]}
+        return {"attention_mask": mask, "position_ids": (past + torch.tensor(depths_of(parents)))[None]}
 
     @torch.inference_mode()
-    def keep(self, start: int, slots: list[int]) -> None:
-        if not slots:
-            return
-        index = torch.tensor(slots)
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name)  # [batch, kv heads, length, head dim]
-                tensor[:, :, start : start + len(slots)] = tensor[:, :, index]
+    def commit(self, kept: list[int], paths: list[tuple[int, ...]] | None = None) -> None:
+        start = self.cache.get_seq_length() - self._block
+        path = paths[0] if paths else ()
+        if path:  # the accepted nodes' entries sit at scattered rows of the block
+            index = torch.tensor([start + r for r in path])
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    tensor = getattr(layer, name)  # [batch, kv heads, length, head dim]
+                    tensor[:, :, start + 1 : start + 1 + len(path)] = tensor[:, :, index]
+        self.crop(0, start + kept[0])
 
-    def crop(self, length: int) -> None:
-        drop = self.length - length
+    def crop(self, row: int, length: int) -> None:
+        drop = self.cache.get_seq_length() - length
         if drop > 0:
             self.cache.crop(-drop)  # transformers 5 takes the number of tokens to drop, negated
 

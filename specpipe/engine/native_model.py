@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specpipe.engine.base import FINAL, wide
+from specpipe.types import ancestry_of, depths_of
 from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope tables that do not depend on the sequence length
@@ -145,20 +146,25 @@ class NativeLM:
         return wide(self.head(hidden.to(self.dtype)))
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                ancestry: torch.Tensor | None = None, hidden: tuple[int, ...] = (), last_only: bool = False,
-                width: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """ids [B, n] written at cache slots start[b] + 0..n-1, rotary positions [B, n];
-        ancestry [n, n] bool (None: causal); width: max(start) + n if the caller knows it (no
-        device sync). -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
+    def forward(self, ids: torch.Tensor, starts: list[int], cache: KVCache, tree: tuple[int, ...] | None = None,
+                hidden: tuple[int, ...] = (), last_only: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """ids [B, n] written at cache slots starts[b] + 0..n-1 (starts: host ints, so no width is
+        read back from the device); tree: a tree block's parents (None: causal), its rows at
+        position start + depth. -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
         batch, n = ids.shape
-        width = int(start.max()) + n if width is None else width  # slots any row may see
-        row_keys = _row_keys(start, n, ancestry) if self.mode in EXACT and n <= EXACT_BLOCK else None
+        device = ids.device
+        width = max(starts) + n  # slots any row may see
+        start = torch.tensor(starts, dtype=torch.long).to(device, non_blocking=True)  # [B]
+        offsets = list(range(n)) if tree is None else depths_of(tree)
+        positions = start[:, None] + torch.tensor(offsets, dtype=torch.long).to(device, non_blocking=True)[None]
+        ancestry = None if tree is None else ancestry_of(tree).to(device, non_blocking=True)
+        row_keys = _row_keys(starts, n, tree) if self.mode in EXACT and n <= EXACT_BLOCK else None
         bias = None if row_keys is not None else self._bias(start, n, width, ancestry)
-        slots = start[:, None] + torch.arange(n, device=ids.device)  # [B, n]
+        slots = start[:, None] + torch.arange(n, device=device)  # [B, n]
         cos, sin = self.cos[positions].view(batch * n, 1, -1), self.sin[positions].view(batch * n, 1, -1)
         x = self.embed(ids.view(-1))  # [T = B·n, H]: every Linear sees all rows at once
-        x, out = self.stack(x, cos, sin, bias, slots, cache.keys, cache.values, hidden, row_keys)
+        x, out = self.stack(x, cos, sin, bias, slots, cache.keys, cache.values, hidden,
+                            None if row_keys is None else (row_keys, starts))
         x = x.view(batch, n, -1)
         last = x[:, -1] if last_only else x.reshape(batch * n, -1)
         return wide(self.head.matmul(last.contiguous())).view(batch, 1 if last_only else n, -1), out
@@ -170,12 +176,14 @@ class NativeLM:
 
     def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None, slots: torch.Tensor,
               keys: list[torch.Tensor], values: list[torch.Tensor], hidden: tuple[int, ...],
-              row_keys: list[list[tuple[int, int, bool]]] | None = None):
+              rows: tuple | None = None):
         """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).
         Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
-        row_keys: per batch row, the order its block rows attend in and the slots each sees (see
-        `_row_keys`), for attention computed row by row as one-token forwards do (exact modes)."""
+        rows: (row_keys, starts): per batch row, the order its block rows attend in and the slots
+        each sees (see `_row_keys`; None: one masked call), and the block's first slot per row
+        (host ints), for attention computed row by row as one-token forwards do (exact modes)."""
         batch, n = slots.shape
+        row_keys, starts = rows if rows is not None else (None, None)  # noqa: F841 (starts: exact rows only)
         group = self.heads // self.kv_heads
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         rows = torch.arange(batch, device=x.device)[:, None]
@@ -202,7 +210,7 @@ class NativeLM:
                                                      k_cache[:, :, :width], v_cache[:, :, :width], attn_mask=bias)
                 att = att.view(batch, self.kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
             else:
-                att = _attend_rows(q, k, v, k_cache, v_cache, slots[:, 0], row_keys)  # [B, n, kv heads, group, D]
+                att = _attend_rows(q, k, v, k_cache, v_cache, starts, row_keys)  # [B, n, kv heads, group, D]
             x = x + layer.wo.matmul(att.reshape(batch * n, q_width))
             h = F.rms_norm(x, (self.hidden_size,), layer.norm2, self.eps)
             gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
@@ -224,21 +232,21 @@ class NativeLM:
                     setattr(owner, name, move_kernel(value, self.device))
 
 
-def _row_keys(start: torch.Tensor, n: int, ancestry: torch.Tensor | None) -> list[list[tuple[int, int, bool]]]:
+def _row_keys(starts: list[int], n: int, tree: tuple[int, ...] | None) -> list[list[tuple[int, int, bool]]]:
     """For each batch row, its block rows in the order they attend: (row, width, moved). Row
     `row` attends to slots 0..width-1, which must hold its prefix and its path (ancestors and
     itself) in path order, as a sequential cache would; moved: its own key is not at slot
     width - 1 yet and is copied there first. A chain's rows are in place. A tree's are visited
-    depth first, so each row's ancestors already sit in the slots before its own."""
+    depth first, so each row's ancestors already sit in the slots before its own. All host ints."""
     out = []
-    for first in start.tolist():
-        if ancestry is None:
+    for first in starts:
+        if tree is None:
             out.append([(i, first + i + 1, False) for i in range(n)])
             continue
-        depth = (ancestry.sum(1) - 1).tolist()  # ancestors, row 0 included, not itself
+        depth = depths_of(tree)  # ancestors, row 0 included, not itself
         children: list[list[int]] = [[] for _ in range(n)]
-        for i in range(1, n):
-            children[int(ancestry[i, :i].nonzero()[-1])].append(i)  # the parent: the deepest ancestor
+        for node, parent in enumerate(tree):
+            children[parent + 1].append(node + 1)
         held = list(range(n))  # held[d]: the block row whose key is at slot first + d
         order, todo = [], [0]
         while todo:  # depth-first, preorder: slots first..first+depth-1 hold the row's ancestors
@@ -251,7 +259,7 @@ def _row_keys(start: torch.Tensor, n: int, ancestry: torch.Tensor | None) -> lis
 
 
 def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 start: torch.Tensor, rows: list[list[tuple[int, int, bool]]]) -> torch.Tensor:
+                 start: list[int], rows: list[list[tuple[int, int, bool]]]) -> torch.Tensor:
     """Attention one query row at a time, each exactly as a one-token forward computes it (the
     same call on the same slice of the cache, no mask): CPU SDPA's reduction order depends on
     the number of queries, the key width and the mask, so a batched block is not bitwise equal
@@ -271,7 +279,7 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.
             att[i] = F.scaled_dot_product_attention(queries[i : i + 1], keys[b : b + 1, :, :width],
                                                     values[b : b + 1, :, :width])
         if moved:  # the block's keys back in block order: what `keep` gathers the accepted path from
-            block = slice(int(start[b]), int(start[b]) + k.shape[1])
+            block = slice(start[b], start[b] + k.shape[1])
             keys[b, :, block], values[b, :, block] = k[b].transpose(0, 1), v[b].transpose(0, 1)
         out.append(att[0] if len(att) == 1 else torch.cat(att))  # [n, kv heads, group, D]
     return out[0][None] if len(out) == 1 else torch.stack(out)

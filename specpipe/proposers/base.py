@@ -1,24 +1,44 @@
-"""The proposer interface: `prefill(state, out)`, `propose(state, gamma)`, `commit(verdict, out)`.
+"""The proposer interface, batch-first: `prefill(row, prompt, out)`, `propose(rows, gammas)`,
+`commit(verdict, host, out)`.
 
 A proposer guesses; it never decides γ (the controller does) and never decides what is kept
 (the verifier does). What it needs of the target it declares (`hidden_layers`: keys of
 specpipe/engine/base.py) and receives from the step as a `TargetOutput`, never by hooks.
 
-For a batch (specpipe/batch.py) a proposer hands out a `BatchProposer` (`batched(slots)`): the
-same three calls over the sequences of a batch, each in a slot. The default keeps one shallow
-copy of the proposer per slot (weights shared, one sequence's state each), which is right for
-proposers whose per-sequence state is reset in `prefill`; a proposer whose drafting batches
-(a draft model, Medusa's heads) overrides it to draft every row in one forward.
+One interface serves one sequence and many: row b of every call is batch row b of the target's
+KV cache (a single sequence is a batch of one). `propose` answers with one `DraftBatch` on the
+runner's device. A proposer that drafts row by row (a lookup over the row's text, a head with
+per-sequence state) subclasses `RowProposer` and writes `propose_row`; one that cannot take
+several rows in a step says why in `batch_refusal`, and a batch then runs one sequence at a time.
 """
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
 
 from specpipe.engine import Runner, TargetOutput
-from specpipe.state import DecodeState
-from specpipe.types import DraftBlock, Verdict
+from specpipe.sampling import RowRandom
+from specpipe.types import DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What a step tells a proposer about its rows (every list indexed by batch row).
+
+    tokens: each row's committed tokens (host; a free row's is empty). rngs: each row's
+    randomness. stop_below: the controller's early stop, (draft position) -> stop after it where
+    the drafter's confidence is below this (0.0: never). trees: a tree draft may be returned
+    (one row, and a verifier that takes trees); else chains only. device: the runner's."""
+
+    tokens: list[list[int]]
+    rngs: list[RowRandom]
+    stop_below: Callable[[int], float]
+    device: torch.device
+    trees: bool = True
 
 
 class Proposer(ABC):
@@ -29,78 +49,50 @@ class Proposer(ABC):
         """Why a batch of this proposer must run one sequence at a time, or None (it batches)."""
         return None
 
-    def batched(self, slots: int) -> "BatchProposer":
-        """This proposer over a batch of `slots` sequences (see the module docstring)."""
-        return PerSlot(self, slots)
-
-    def chains_only(self) -> None:
-        """The verifier takes chains only (default: nothing; a proposer whose tree is an option is
-        refused with such a verifier by the checks, one that drafts trees itself drafts paths)."""
-
     def bind(self, target: Runner) -> None:
         """The target's runner, once, before any generation (default: not needed)."""
 
-    def prefill(self, state: DecodeState, out: TargetOutput | None) -> None:
-        """Prepare for a new generation of `state`'s prompt; `out` is the target's prefill
-        forward over prompt[:-1] (None for a one-token prompt). Default: nothing."""
+    def reserve(self, rows: int) -> None:
+        """Room for `rows` sequences at once (default: nothing to hold)."""
+
+    def prefill(self, row: int, prompt: list[int], out: TargetOutput | None) -> None:
+        """A new request in `row`: its prompt, and the target's prefill forward over prompt[:-1]
+        (`out`, [1, ...]; None for a one-token prompt). Default: nothing."""
 
     @abstractmethod
-    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
-        """Up to `gamma` draft tokens following `state.tokens`."""
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        """Up to gammas[b] draft tokens following rows.tokens[b], for every row b."""
+
+    def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
+        """The step's verdict (device tensors and their host copy, one RowVerdict per row) and
+        its verify forward; forget whatever followed each row's accepted prefix (default: nothing)."""
+
+    def release(self, row: int, tokens: list[int]) -> None:
+        """The request in `row` finished with these tokens (prompt and output). Default: nothing."""
 
     def memory(self) -> dict[str, int]:
         """Bytes this proposer holds, by part (e.g. {"draft weights": ..., "draft KV cache": ...}).
         Default: nothing (model-free proposers)."""
         return {}
 
-    def commit(self, verdict: Verdict, out: TargetOutput) -> None:
-        """Forget whatever followed the accepted prefix; `out` is the verify forward (default: nothing)."""
 
+class RowProposer(Proposer):
+    """A proposer that drafts each row on its own; `propose` stacks the rows' drafts."""
 
-class BatchProposer(ABC):
-    """A proposer over the sequences of a batch. Slot b is batch row b of the target's cache;
-    `out` of `commit` is the batch's verify forward (row b: slot b)."""
+    vocab_size: int | None = None  # the target's, where drafts carry distributions
 
-    @abstractmethod
-    def prefill(self, slot: int, state: DecodeState, out: TargetOutput | None) -> None:
-        """A new sequence in `slot` (its own prefill forward's output, as `Proposer.prefill`)."""
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        drafts = [self.propose_row(b, rows, gamma) if gamma > 0 else None for b, gamma in enumerate(gammas)]
+        return DraftBatch.stack(drafts, gammas, rows.device, self.vocab_size)
 
     @abstractmethod
-    def propose(self, slots: list[int], states: list[DecodeState], gammas: list[int]) -> list[DraftBlock]:
-        """Up to gammas[i] draft tokens for the sequence in slots[i]."""
-
-    @abstractmethod
-    def commit(self, slots: list[int], verdicts: list[Verdict], out: TargetOutput) -> None:
-        """Each slot's verdict of the step."""
-
-    def memory(self) -> dict[str, int]:
-        return {}
-
-    def reset(self) -> None:
-        """Forget every slot (a new run; default: nothing, each slot's prefill resets it)."""
+    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
+        """Up to `gamma` draft tokens following rows.tokens[row] (None or empty: nothing)."""
 
 
-class PerSlot(BatchProposer):
-    """One shallow copy of a proposer per slot: shared weights, separate sequence state."""
-
-    def __init__(self, proposer: Proposer, slots: int):
-        self.proposer = proposer
-        self.copies = [copy.copy(proposer) for _ in range(slots)]
-
-    def prefill(self, slot: int, state: DecodeState, out: TargetOutput | None) -> None:
-        self.copies[slot].prefill(state, out)
-
-    def propose(self, slots: list[int], states: list[DecodeState], gammas: list[int]) -> list[DraftBlock]:
-        return [self.copies[s].propose(state, g) if g > 0 else DraftBlock.empty()
-                for s, state, g in zip(slots, states, gammas)]
-
-    def commit(self, slots: list[int], verdicts: list[Verdict], out: TargetOutput) -> None:
-        for s, verdict in zip(slots, verdicts):
-            self.copies[s].commit(verdict, out.row(s))
-
-    def memory(self) -> dict[str, int]:
-        parts: dict[str, int] = {}
-        for i, proposer in enumerate(self.copies):  # weights once, per-sequence caches summed
-            for part, size in proposer.memory().items():
-                parts[part] = parts.get(part, 0) + size if "cache" in part or i == 0 else parts[part]
-        return parts
+def still_drafting(alive: torch.Tensor, confidence: torch.Tensor, threshold: float, device: torch.device) -> bool:
+    """After a draft position: rows whose confidence fell below `threshold` stop (in `alive`, on
+    the device). Whether any row drafts on is read back only on the CPU, where reading is free;
+    on a GPU every row drafts its γ and the stopped rows' tokens are not counted (no sync)."""
+    alive &= ~(confidence < threshold)
+    return threshold <= 0 or device.type != "cpu" or bool(alive.any())

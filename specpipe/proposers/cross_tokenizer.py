@@ -23,10 +23,9 @@ from __future__ import annotations
 import torch
 
 from specpipe.engine import Runner, make_runner
-from specpipe.proposers.base import Proposer
-from specpipe.sampling import SamplingParams, sample
-from specpipe.state import DecodeState
-from specpipe.types import DraftBlock, Verdict
+from specpipe.proposers.base import RowProposer, Rows
+from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.types import DraftBlock
 
 LOOKBEHIND = 4  # committed target tokens re-encoded with a draft's text, so its first token splits as in running text
 
@@ -89,7 +88,9 @@ class SharedVocab:
                 f"the draft's {self.draft_size}, {self.size / self.target_size:.0%} of the target's {self.target_size})")
 
 
-class CrossDrafter(Proposer):
+class CrossDrafter(RowProposer):
+    """Host-bound by nature (text goes through two tokenizers each step): one sequence at a time."""
+
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, target_tokenizer, draft_tokenizer, *,
                  engine: str = "auto", precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device)
@@ -109,9 +110,9 @@ class CrossDrafter(Proposer):
         return "a draft with another tokenizer re-tokenises each sequence's text on its own"
 
     def bind(self, target: Runner) -> None:
-        self.target_vocab = target.vocab_size
+        self.target_vocab = self.vocab_size = target.vocab_size
 
-    def prefill(self, state: DecodeState, out=None) -> None:
+    def prefill(self, row: int, prompt: list[int], out=None) -> None:
         self.runner.reset()
         self.cached = []
 
@@ -128,22 +129,23 @@ class CrossDrafter(Proposer):
             if cached != new:
                 break
             keep += 1
-        self.runner.crop(keep)
+        self.runner.crop(0, keep)
         self.cached = ids[:keep]
         return ids[keep:]
 
-    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
-        feed = self._sync(state.tokens)
+    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock:
+        committed = rows.tokens[row]
+        feed = self._sync(committed)
         draft, tokens, probs = [], [], []
         for i in range(gamma):
-            logits = self.runner.forward(feed, last_only=True).logits[0, -1]  # [V_draft]
+            logits = self.runner.prefill(0, feed).logits[0, -1].cpu()  # [V_draft]; text work is on the host
             self.cached += feed
             if self.sampling.greedy:
                 token = int(logits.argmax())
                 top = float(torch.softmax(logits.float(), -1)[token])
             else:
                 shared = self.sampling.probs(logits[self.shared.draft_ids])  # [S] the draft restricted to shared tokens
-                pick = int(sample(shared, state.rng))
+                pick = int(sample(shared, rows.rngs[row](DRAFT + i, shared.device)))
                 token = int(self.shared.draft_ids[pick])
                 tokens.append(int(self.shared.target_ids[pick]))
                 placed = torch.zeros(self.target_vocab, dtype=torch.float32)  # [V] at the target's ids
@@ -152,11 +154,11 @@ class CrossDrafter(Proposer):
                 top = float(shared.max())
             draft.append(token)
             feed = [token]
-            if state.early_stop is not None and state.early_stop(i, top):
+            if top < rows.stop_below(i):
                 break
         if not self.sampling.greedy:
             return DraftBlock(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
-        return DraftBlock(torch.tensor(self._translate(state.tokens, draft)[:gamma], dtype=torch.long))
+        return DraftBlock(torch.tensor(self._translate(committed, draft)[:gamma], dtype=torch.long))
 
     def _translate(self, committed: list[int], draft: list[int]) -> list[int]:
         """The draft's text in target tokens, split as the target's tokenizer would in running text."""
@@ -166,6 +168,3 @@ class CrossDrafter(Proposer):
         if ids[: len(tail)] == tail:
             return ids[len(tail):]
         return self.target_tok.encode(text, add_special_tokens=False)
-
-    def commit(self, verdict: Verdict, out=None) -> None:
-        """Nothing: the next `propose` re-synchronises from the committed text."""

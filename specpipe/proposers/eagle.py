@@ -38,12 +38,11 @@ from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, module_bytes, quantize_model
-from specpipe.proposers.base import Proposer
+from specpipe.proposers.base import RowProposer, Rows, still_drafting
 from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.ngram import NgramProposer
-from specpipe.sampling import SamplingParams, sample
-from specpipe.state import DecodeState
-from specpipe.types import DraftBlock, DraftTree, Verdict
+from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,17 @@ class TreeShape:
                                 f"nodes={self.nodes}), e.g. proposer.tree={{top_k: 4, nodes: 16}}.")
 
 
-class EagleProposer(Proposer):
+class _HeadRow:
+    """One sequence's head state: its cache, the rows in it computed from true target features,
+    and the committed rows not fed yet (features [m, H] and their tokens [m], on the device)."""
+
+    def __init__(self, pending: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.cache = HeadCache()
+        self.committed = 0
+        self.pending = pending
+
+
+class EagleProposer(RowProposer):
     def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
                  quantize: str = "none", layers: tuple[int, ...] = (FINAL,),
                  draft_lm: Callable[[Runner], "DraftLM"] | None = None, lookup: NgramProposer | None = None):
@@ -74,34 +83,38 @@ class EagleProposer(Proposer):
         self.draft_lm = draft_lm or (lambda target: DraftLM.target_rows(target, head.draft_vocab, quantize))
         self.target: Runner | None = None
         self.lm: DraftLM | None = None
-        self.cache = HeadCache()
-        self.committed = 0  # head cache rows computed from true target features
-        self.pending: tuple[torch.Tensor, list[int]] | None = None  # (features [m, H], tokens [m]) not fed yet
+        self.rows: dict[int, _HeadRow] = {}
 
     def bind(self, target: Runner) -> None:
         self.target = target
+        self.vocab_size = target.vocab_size
+        if target.device.type != "cpu":  # the head and its draft rows live beside the target
+            self.head = self.head.to(target.device)
         self.lm = self.draft_lm(target)
 
-    def prefill(self, state: DecodeState, out: TargetOutput | None) -> None:
-        self.cache, self.committed = HeadCache(), 0
+    def prefill(self, row: int, prompt: list[int], out: TargetOutput | None) -> None:
         # the target's prefill saw prompt[:-1]: rows (f_i, prompt[i+1])
-        self.pending = (self._features(out), state.tokens[1:]) if out is not None else None
+        pending = None
+        if out is not None:
+            pending = (self._features(out, 0), torch.tensor(prompt[1:], dtype=torch.long).to(out.logits.device))
+        self.rows[row] = _HeadRow(pending)
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, gamma: int) -> DraftBlock | DraftTree:
+    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
         if self.lookup is not None:
-            copied = self.lookup.propose(state, gamma)
-            if len(copied.tokens):
+            copied = self.lookup.lookup(rows.tokens[row], gamma)
+            if copied is not None:
                 return copied  # the head's pending rows wait for its next draft
-        if self.pending is None:
-            return DraftBlock.empty()  # a one-token prompt: no feature yet
-        features, tokens = self.pending
-        root = self._feed(features, tokens, _span(self.committed, len(tokens)))[-1]  # guess of the last token's feature
-        self.committed += len(tokens)
-        self.pending = None
-        if self.tree is not None:
-            return self._tree(root, gamma)
-        return self._chain(root, gamma, state)
+        state = self.rows[row]
+        if state.pending is None:
+            return None  # a one-token prompt: no feature yet
+        features, tokens = state.pending
+        root = self._feed(state, features, tokens, _span(state.committed, len(tokens), features.device))[-1]
+        state.committed += len(tokens)  # the guess of the last committed token's feature is `root`
+        state.pending = None
+        if self.tree is not None and rows.trees:
+            return self._tree(state, root, gamma)
+        return self._chain(state, root, gamma, rows, row)
 
     @property
     def batch_refusal(self) -> str | None:
@@ -111,74 +124,87 @@ class EagleProposer(Proposer):
 
     def memory(self) -> dict[str, int]:
         rows = 0 if self.lm is None or self.lm.rows is None else module_bytes(self.lm.rows)
-        return {"heads": module_bytes(self.head) + rows, "head KV cache": self.cache.bytes()}
+        return {"heads": module_bytes(self.head) + rows,
+                "head KV cache": sum(state.cache.bytes() for state in self.rows.values())}
 
-    def commit(self, verdict: Verdict, out: TargetOutput) -> None:
+    def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
+        for row, state in self.rows.items():
+            if row < len(host):
+                self._commit_row(row, state, verdict, host[row], out)
+
+    def _commit_row(self, row: int, state: _HeadRow, verdict: Verdict, host: RowVerdict, out: TargetOutput) -> None:
         # rows of the verify block on the accepted path: the features of the last committed
         # token and of each accepted draft token, each paired with the token that followed it
-        rows = [0, *verdict.path] if verdict.path else list(range(verdict.n_accepted + 1))
-        self.cache.crop(self.committed)
-        features, tokens = self._features(out, rows), [*verdict.accepted_tokens, verdict.next_token]
-        if self.pending is not None:  # a step without a draft (γ = 0) left its rows unfed: keep them, in order
-            features, tokens = torch.cat([self.pending[0], features]), [*self.pending[1], *tokens]
-        self.pending = (features, tokens)
+        block_rows = [0, *host.path] if host.path else list(range(host.n_accepted + 1))
+        state.cache.crop(state.committed)
+        features = self._features(out, row, block_rows)
+        tokens = verdict.ids[row, : host.n_accepted + 1]  # [n + 1] the emitted tokens, still on the device
+        if state.pending is not None:  # a step without a draft (γ = 0) left its rows unfed: keep them, in order
+            features, tokens = torch.cat([state.pending[0], features]), torch.cat([state.pending[1], tokens])
+        state.pending = (features, tokens)
 
-    def _features(self, out: TargetOutput, rows: list[int] | None = None) -> torch.Tensor:
-        """The head's input features [n, H] at the block's `rows` (all: None), from the target's layers."""
-        states = [out.hidden[key][0] if rows is None else out.hidden[key][0, rows] for key in self.hidden_layers]
+    def _features(self, out: TargetOutput, row: int, block_rows: list[int] | None = None) -> torch.Tensor:
+        """The head's input features [n, H] of batch row `row` at the block's `block_rows` (all:
+        None), from the target's layers."""
+        index = None if block_rows is None else torch.tensor(block_rows).to(out.logits.device, non_blocking=True)
+        states = [out.hidden[key][row] if index is None else out.hidden[key][row, index] for key in self.hidden_layers]
         return self.head.fuse(states[0] if len(states) == 1 else torch.cat(states, -1))
 
-    def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor,
+    def _feed(self, state: _HeadRow, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
               mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows (features [n, H], tokens, positions [n]) appended to the head cache -> guessed
+        """Rows (features [n, H], tokens [n], positions [n]) appended to the head cache -> guessed
         next features [n, H]; mask [1, n, cache + n] (None: causal)."""
-        ids = torch.tensor(tokens, dtype=torch.long)
         own = getattr(self.head, "embed_tokens", None)  # a third-party EAGLE-3 head may bring its own
-        embeds = self.target.embed(ids) if own is None else own(ids).float()
-        return self.head(embeds[None], features[None], positions[None], mask, self.cache)[0]
+        embeds = self.target.embed(tokens) if own is None else own(tokens).float()
+        return self.head(embeds[None], features[None], positions[None], mask, state.cache)[0]
 
-    def _chain(self, hidden: torch.Tensor, gamma: int, state: DecodeState) -> DraftBlock:
+    def _chain(self, state: _HeadRow, hidden: torch.Tensor, gamma: int, rows: Rows, row: int) -> DraftBlock:
         tokens, probs, confidence = [], [], []
+        alive = torch.ones((), dtype=torch.bool, device=hidden.device)
+        count = torch.zeros((), dtype=torch.long, device=hidden.device)  # tokens drafted before a stop
         for i in range(gamma):
             if self.sampling.greedy:
                 logp, ids = self.lm.top(hidden, 1)
-                token, top = int(ids[0]), float(logp[0].exp())
+                token, top = ids[0], logp[0].exp()
             else:
                 p = self.sampling.probs(self.lm(hidden))  # [V] float32, the target's transform
-                token, top = int(sample(p, state.rng)), float(p.max())
+                token, top = sample(p, rows.rngs[row](DRAFT + i, p.device)), p.max()
                 probs.append(p)
             tokens.append(token)
             confidence.append(top)
-            if i + 1 == gamma or (state.early_stop is not None and state.early_stop(i, top)):
+            count += alive.long()
+            if i + 1 == gamma or not still_drafting(alive, top, rows.stop_below(i), hidden.device):
                 break  # the controller's call: γ logic stays out of the proposer
-            hidden = self._feed(hidden[None], [token], _span(self.committed + i, 1))[-1]
-        return DraftBlock(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None,
-                          torch.tensor(confidence))
+            hidden = self._feed(state, hidden[None], token[None], _span(state.committed + i, 1, hidden.device))[-1]
+        return DraftBlock(torch.stack(tokens), torch.stack(probs) if probs else None, torch.stack(confidence),
+                          count)
 
-    def _tree(self, root: torch.Tensor, depth: int) -> DraftTree:
+    def _tree(self, state: _HeadRow, root: torch.Tensor, depth: int) -> DraftTree:
+        """EAGLE-2's search, on the host (its scores decide which nodes to expand: a read per depth)."""
         k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
         scores, tokens, parents = [], [], []  # every node made: cumulative log-prob, token, parent node
-        values, ids = self.lm.top(root, k)
-        frontier = [self._add(scores, tokens, parents, float(s), int(t), -1) for s, t in zip(values, ids)]
+        values, ids = (t.tolist() for t in self.lm.top(root, k))  # one read per depth
+        frontier = [self._add(scores, tokens, parents, s, t, -1) for s, t in zip(values, ids)]
         made_by = {node: root for node in frontier}  # node -> the guessed feature that predicted it
         rows: dict[int, int] = {}  # node -> its head cache row, once fed
         for d in range(1, depth):
             expand = sorted(frontier, key=lambda n: -scores[n])[:k]
             if sum(score > scores[expand[0]] for score in scores) >= self.tree.nodes:
                 break  # children score no more than their parent: none could rank among the nodes kept
-            hidden = self._feed(torch.stack([made_by[n] for n in expand]), [tokens[n] for n in expand],
-                                torch.full((len(expand),), self.committed + d - 1),  # one depth, one position
-                                self._tree_mask(expand, parents, rows))
-            start = self.cache.length - len(expand)
-            values, ids = self.lm.top(hidden, k)  # [e, k]
+            hidden = self._feed(state, torch.stack([made_by[n] for n in expand]),
+                                torch.tensor([tokens[n] for n in expand]).to(root.device),
+                                torch.full((len(expand),), state.committed + d - 1, device=root.device),  # one depth
+                                self._tree_mask(state, expand, parents, rows).to(root.device))
+            start = state.cache.length - len(expand)
+            values, ids = (t.tolist() for t in self.lm.top(hidden, k))  # [e, k]
             frontier = []
             for i, node in enumerate(expand):
                 rows[node] = start + i
                 for s, t in zip(values[i], ids[i]):
-                    child = self._add(scores, tokens, parents, scores[node] + float(s), int(t), node)
+                    child = self._add(scores, tokens, parents, scores[node] + s, t, node)
                     made_by[child] = hidden[i]
                     frontier.append(child)
-        self.cache.crop(self.committed)  # drafting rows are never kept
+        state.cache.crop(state.committed)  # drafting rows are never kept
         return _rerank(scores, tokens, parents, self.tree.nodes)
 
     @staticmethod
@@ -188,11 +214,11 @@ class EagleProposer(Proposer):
         parents.append(parent)
         return len(scores) - 1
 
-    def _tree_mask(self, expand: list[int], parents: list[int], rows: dict[int, int]) -> torch.Tensor:
+    def _tree_mask(self, state: _HeadRow, expand: list[int], parents: list[int], rows: dict[int, int]) -> torch.Tensor:
         """[1, e, cache + e] bool: each new row sees the committed rows, its ancestors' rows, itself."""
-        length = self.cache.length
+        length = state.cache.length
         mask = torch.zeros(len(expand), length + len(expand), dtype=torch.bool)
-        mask[:, : self.committed] = True
+        mask[:, : state.committed] = True
         for i, node in enumerate(expand):
             mask[i, length + i] = True
             ancestor = parents[node]
@@ -256,13 +282,13 @@ def _rerank(scores: list[float], tokens: list[int], parents: list[int], keep: in
             chosen.add(node)
     order = sorted(chosen, key=lambda n: (_depth(parents, n), -scores[n]))
     index = {node: i for i, node in enumerate(order)}
-    return DraftTree(torch.tensor([tokens[n] for n in order], dtype=torch.long),
+    return DraftTree(torch.tensor([tokens[n] for n in order], dtype=torch.long),  # moved to the device by the batch
                      tuple(index[parents[n]] if parents[n] >= 0 else -1 for n in order),
                      torch.tensor([scores[n] for n in order]).exp())
 
 
-def _span(start: int, count: int) -> torch.Tensor:
-    return torch.arange(start, start + count)
+def _span(start: int, count: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(start, start + count, device=device)
 
 
 def _depth(parents: list[int], node: int) -> int:

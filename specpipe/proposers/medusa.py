@@ -16,11 +16,10 @@ from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.quantize import module_bytes
-from specpipe.proposers.base import BatchProposer, Proposer
+from specpipe.proposers.base import Proposer, Rows
 from specpipe.proposers.declaration import Declaration
-from specpipe.sampling import SamplingParams, sample
-from specpipe.state import DecodeState
-from specpipe.types import DraftBlock, DraftTree, Verdict
+from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.types import DraftBatch, DraftTree, RowVerdict, Verdict
 
 
 class MedusaProposer(Proposer):
@@ -31,31 +30,55 @@ class MedusaProposer(Proposer):
         self.sampling = sampling
         self.tree = None if tree is None else check_tree(tree, heads.num_heads)
         self.target: Runner | None = None
-        self.feature: torch.Tensor | None = None  # [H] of the last committed token's predecessor row
+        self.features: torch.Tensor | None = None  # [rows, H] each row's feature of its last committed token's predecessor
+        self.ready: list[bool] = []  # [rows] whether that feature is there yet (not before a row's first step)
 
     def bind(self, target: Runner) -> None:
         self.target = target
+        if target.device.type != "cpu":
+            self.heads = self.heads.to(target.device)
 
-    def prefill(self, state: DecodeState, out: TargetOutput | None) -> None:
-        self.feature = None
+    def reserve(self, rows: int) -> None:
+        if len(self.ready) < rows:
+            self.ready = [False] * rows
+            self.features = None
+
+    def prefill(self, row: int, prompt: list[int], out: TargetOutput | None) -> None:
+        self.ready[row] = False
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
-        if self.feature is None:
-            return DraftBlock.empty()
-        gamma = min(gamma, self.heads.num_heads)
-        logits = self.heads(self.feature[None], self.target.lm_head, heads=gamma)[:, 0]  # [γ, V]
-        if self.tree is not None:
-            return self._tree(logits)
-        return self.chain(logits, state.rng)
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        ready = [b for b, gamma in enumerate(gammas) if gamma > 0 and self.ready[b]]
+        if not ready:
+            return DraftBatch.empty(len(gammas), rows.device)
+        heads = min(max(gammas[b] for b in ready), self.heads.num_heads)
+        index = torch.tensor(ready).to(rows.device, non_blocking=True)
+        logits = self.heads(self.features[index], self.target.lm_head, heads=heads)  # [K, m, V]
+        if self.tree is not None and rows.trees:
+            return DraftBatch.stack([self._tree(logits[:, 0])], gammas, rows.device)
+        return self._chains(logits.transpose(0, 1), ready, gammas, rows)
 
-    def chain(self, logits: torch.Tensor, rng: torch.Generator) -> DraftBlock:
-        """The heads' logits [γ, V] -> a chain draft: argmax, or sampled with the target's transform."""
+    def _chains(self, logits: torch.Tensor, ready: list[int], gammas: list[int], rows: Rows) -> DraftBatch:
+        """The heads' logits [m, K, V] of the ready rows -> their chains: argmax, or sampled with
+        the target's transform (head i from the row's draft stream i); other rows draft nothing."""
+        count, heads, vocab = len(gammas), logits.shape[1], logits.shape[2]
+        tokens = torch.zeros(count, heads, dtype=torch.long, device=rows.device)
+        confidence = torch.zeros(count, heads, device=rows.device)
+        probs = None
+        index = torch.tensor(ready).to(rows.device, non_blocking=True)
         if self.sampling.greedy:
-            tokens = logits.argmax(-1)
-            return DraftBlock(tokens, None, torch.softmax(logits, -1).max(-1).values)
-        probs = self.sampling.probs(logits)  # [γ, V] float32, the target's transform
-        return DraftBlock(sample(probs, rng), probs, probs.max(-1).values)
+            top, picked = torch.softmax(logits, -1).max(-1)  # [m, K]
+        else:
+            p = self.sampling.probs(logits)  # [m, K, V] float32
+            picked = torch.stack([torch.stack([sample(p[j, i], rows.rngs[b](DRAFT + i, p.device)) for i in range(heads)])
+                                  for j, b in enumerate(ready)])
+            top = p.max(-1).values
+            probs = torch.zeros(count, heads, vocab, device=rows.device)
+            probs[index] = p.float()
+        tokens[index], confidence[index] = picked, top.float()
+        sizes = [min(gammas[b], heads) if b in ready else 0 for b in range(count)]
+        return DraftBatch(tokens, torch.tensor(sizes).to(rows.device, non_blocking=True), tuple(gammas), probs,
+                          confidence)
 
     @property
     def batch_refusal(self) -> str | None:
@@ -63,12 +86,9 @@ class MedusaProposer(Proposer):
             return "a tree draft's mask differs per row, which the batched forward does not take yet"
         return None
 
-    def batched(self, slots: int) -> "BatchMedusa":
-        return BatchMedusa(self, slots)
-
     def _tree(self, logits: torch.Tensor) -> DraftTree:
         """The configured candidate paths no deeper than γ: path [i, j] is head 1's i-th best
-        token followed by head 2's j-th best."""
+        token followed by head 2's j-th best. logits [γ, V]; the ranks are host ints."""
         choices = [c for c in self.tree if len(c) <= logits.shape[0]]
         ranked = logits.topk(1 + max(max(c) for c in choices), dim=-1).indices  # [γ, k]
         index = {tuple(c): i for i, c in enumerate(choices)}
@@ -79,40 +99,15 @@ class MedusaProposer(Proposer):
     def memory(self) -> dict[str, int]:
         return {"heads": module_bytes(self.heads)}  # the shared LM head is the target's
 
-    def commit(self, verdict: Verdict, out: TargetOutput) -> None:
-        # the verify row that predicted the token just emitted: its feature drafts the next ones
-        self.feature = out.hidden[FINAL][0, verdict.last_row]
-
-
-class BatchMedusa(BatchProposer):
-    """Medusa over a batch: one heads call (and one shared LM-head matmul) for every row."""
-
-    def __init__(self, medusa: MedusaProposer, slots: int):
-        self.medusa = medusa
-        self.features: list[torch.Tensor | None] = [None] * slots  # per slot, as MedusaProposer.feature
-
-    def prefill(self, slot: int, state: DecodeState, out: TargetOutput | None) -> None:
-        self.features[slot] = None
-
-    @torch.inference_mode()
-    def propose(self, slots: list[int], states: list[DecodeState], gammas: list[int]) -> list[DraftBlock]:
-        ready = [i for i, (s, g) in enumerate(zip(slots, gammas)) if g > 0 and self.features[s] is not None]
-        drafts = [DraftBlock.empty()] * len(slots)
-        if not ready:
-            return drafts
-        heads = min(max(gammas[i] for i in ready), self.medusa.heads.num_heads)
-        features = torch.stack([self.features[slots[i]] for i in ready])  # [m, H]
-        logits = self.medusa.heads(features, self.medusa.target.lm_head, heads=heads)  # [K, m, V]
-        for j, i in enumerate(ready):
-            drafts[i] = self.medusa.chain(logits[: min(gammas[i], heads), j], states[i].rng)
-        return drafts
-
-    def commit(self, slots: list[int], verdicts: list[Verdict], out: TargetOutput) -> None:
-        for s, verdict in zip(slots, verdicts):
-            self.features[s] = out.hidden[FINAL][s, verdict.last_row]
-
-    def memory(self) -> dict[str, int]:
-        return self.medusa.memory()
+    def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
+        # each row's verify row that predicted the token just emitted: its feature drafts the next ones
+        final = out.hidden[FINAL]  # [B, n, H]
+        last = torch.tensor([v.last_row for v in host]).to(final.device, non_blocking=True)
+        features = final[torch.arange(len(host), device=final.device), last]  # [B, H]
+        if self.features is None or self.features.shape[0] < len(self.ready):
+            self.features = features.new_zeros(len(self.ready), features.shape[-1])
+        self.features[: len(host)] = features
+        self.ready[: len(host)] = [True] * len(host)
 
 
 def check_tree(tree: list[list[int]], num_heads: int) -> list[list[int]]:

@@ -1,21 +1,23 @@
 """`ModelDrafter`: drafts γ tokens autoregressively from a (smaller or quantized) causal LM.
 
 Shared by the `draft` proposer (an independent model) and the `twin` proposer (the target's own
-weights at a cheaper precision). The drafter keeps its own KV cache; after each verdict it is
-cropped to the longest prefix it shares with the committed tokens, and the next `propose`
-feeds whatever committed tokens it lacks (the last token, plus the last draft token when all
-γ were accepted) in one forward.
+weights at a cheaper precision). The drafter keeps its own KV cache of the same rows as the
+target's; each draft step is one forward of every drafting row. After each verdict a row's cache
+is cropped to the longest prefix it shares with the committed tokens, and its next draft first
+feeds whatever committed tokens it lacks (the last token, plus the last draft token when all γ
+were accepted): rows lag by one or two, so that first forward is ragged, right-padded, each
+row's logits read at its own last fed token. Tokens stay on the device from one draft step to
+the next; the controller's early stop is a mask on the device (see `still_drafting`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from specpipe.engine import TargetOutput, make_runner
-from specpipe.proposers.base import BatchProposer, Proposer
-from specpipe.sampling import SamplingParams, sample
-from specpipe.state import DecodeState
-from specpipe.types import DraftBlock, Verdict
+from specpipe.engine import make_runner
+from specpipe.proposers.base import Proposer, Rows, still_drafting
+from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.types import DraftBatch, RowVerdict, Verdict
 
 
 class ModelDrafter(Proposer):
@@ -24,7 +26,8 @@ class ModelDrafter(Proposer):
         """model: the draft's weights (the hf engine quantizes them in place to `precision`)."""
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device)
         self.sampling = sampling
-        self._base = 0  # committed length when the last draft was proposed
+        self.base: list[int] = [0]  # per row: committed length when its last draft was proposed
+        self.fed: list[int] = [0]  # per row: draft tokens its last draft fed into the cache
 
     @classmethod
     def on(cls, context, model: torch.nn.Module, precision: str) -> "ModelDrafter":
@@ -32,127 +35,72 @@ class ModelDrafter(Proposer):
         return cls(model, context.sampling, engine=context.engine, precision=precision,
                    cache_len=context.cache_len, device=context.device)
 
-    def prefill(self, state: DecodeState, out=None) -> None:
-        self.runner.reset()
-        if state.prompt_len > 1:
-            self.runner.forward(state.tokens[:-1], last_only=True)
-
-    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
-        self._base = len(state.tokens)
-        feed = state.tokens[self.runner.length :]  # committed tokens the draft cache lacks
-        tokens, probs, confidence = [], [], []
-        for i in range(gamma):
-            logits = self.runner.forward(feed, last_only=True).logits[0, -1]  # [V]
-            if self.sampling.greedy:
-                token = int(logits.argmax())
-                top = float(torch.softmax(logits.float(), -1)[token])
-            else:
-                p = self.sampling.probs(logits)  # [V] float32, same transform as the target
-                token = int(sample(p, state.rng))
-                probs.append(p)
-                top = float(p.max())
-            tokens.append(token)
-            confidence.append(top)
-            feed = [token]
-            if state.early_stop is not None and state.early_stop(i, top):
-                break  # the controller's call: γ logic stays out of the proposer
-        return DraftBlock(
-            torch.tensor(tokens, dtype=torch.long),
-            torch.stack(probs) if probs else None,
-            torch.tensor(confidence),
-        )
-
     @property
     def batch_refusal(self) -> str | None:
-        if not hasattr(self.runner, "batched"):
+        if self.runner.max_rows == 1:
             return f"the draft runs on the {self.runner.engine} engine, which decodes one sequence at a time"
         return None
 
-    def batched(self, slots: int) -> "BatchDrafter":
-        return BatchDrafter(self, slots)
+    def reserve(self, rows: int) -> None:
+        self.runner.reserve(rows)
+        if len(self.base) < rows:
+            self.base, self.fed = [0] * rows, [0] * rows
 
-    def memory(self) -> dict[str, int]:
-        used = self.runner.memory()
-        return {"draft weights": used.weights, "draft KV cache": used.cache}
+    def prefill(self, row: int, prompt: list[int], out=None) -> None:
+        self.runner.reset(row)
+        self.fed[row] = 0
+        if len(prompt) > 1:
+            self.runner.prefill(row, prompt[:-1])
 
-    def commit(self, verdict: Verdict, out=None) -> None:
-        if verdict.gamma == 0:
-            return  # nothing was drafted: the cache is as the last propose left it
-        # the cache holds committed[:base] + draft[:γ-1]; draft[:n] survived the verdict
-        self.runner.crop(self._base + min(verdict.n_accepted, max(verdict.gamma - 1, 0)))
+    @torch.inference_mode()
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        count, device, steps = len(gammas), self.runner.device, max(gammas, default=0)
+        feeds = [rows.tokens[b][self.runner.lengths[b]:] if gammas[b] else [] for b in range(count)]
+        width = max(len(feed) for feed in feeds)  # every drafting row lacks at least its last token
+        ids = torch.tensor([feed + [feed[-1] if feed else 0] * (width - len(feed)) for feed in feeds])  # [B, w]
+        ids = ids.to(device, non_blocking=True)
+        last = torch.tensor([max(len(feed) - 1, 0) for feed in feeds]).to(device, non_blocking=True)  # [B]
+        kept = [len(feed) for feed in feeds]
+        alive = torch.tensor(gammas).to(device, non_blocking=True) > 0  # [B] rows still drafting
+        count_drafted = torch.zeros(count, dtype=torch.long, device=device)
+        tokens, probs, confidence = [], [], []
+        for i in range(steps):
+            logits = self.runner.forward(ids).logits  # [B, w, V]
+            self.runner.commit(kept)  # padding and rows done drafting drop what they were fed
+            row_logits = logits[torch.arange(count, device=device), last]  # [B, V] at each row's last fed token
+            token, p, top = self._pick(row_logits, rows, gammas, i)
+            tokens.append(token)
+            confidence.append(top)
+            if p is not None:
+                probs.append(p)
+            alive &= torch.tensor([i < g for g in gammas]).to(device, non_blocking=True)
+            count_drafted += alive.long()
+            if i + 1 == steps or not still_drafting(alive, top, rows.stop_below(i), device):
+                break  # the controller's call: γ logic stays out of the proposer
+            ids, last = token[:, None], torch.zeros_like(last)
+            kept = [int(i + 1 < g) for g in gammas]
+        for b, gamma in enumerate(gammas):
+            if gamma:
+                self.base[b], self.fed[b] = len(rows.tokens[b]), min(len(tokens), gamma) - 1
+        return DraftBatch(torch.stack(tokens, 1), count_drafted, tuple(gammas),
+                          torch.stack(probs, 1) if probs else None, torch.stack(confidence, 1))
 
-
-class BatchDrafter(BatchProposer):
-    """A draft model over a batch: each draft step is one forward of every row (a row whose
-    draft is done feeds a pad token, cropped again). Rows lag the committed tokens by one or
-    two (the bonus after a fully accepted draft), so the first forward of a step is ragged:
-    right-padded, each row's logits read at its own last fed token."""
-
-    def __init__(self, drafter: ModelDrafter, slots: int):
-        self.sampling = drafter.sampling
-        self.runner = drafter.runner.batched(slots)  # the drafter's weights, a cache of `slots` rows
-        self.base = [0] * slots  # per slot: committed length when its last draft was proposed
-
-    def reset(self) -> None:
-        self.runner.crop_rows(torch.zeros(len(self.base), dtype=torch.long))
-
-    def prefill(self, slot: int, state: DecodeState, out=None) -> None:
-        self.runner.reset_row(slot)
-        if state.prompt_len > 1:
-            self.runner.forward_row(slot, state.tokens[:-1], last_only=True)
-
-    def propose(self, slots: list[int], states: list[DecodeState], gammas: list[int]) -> list[DraftBlock]:
-        rows = max(slots) + 1  # the forward covers rows 0..rows-1; free slots ride along as padding
-        lengths = self.runner.lengths[:rows].clone()  # [rows] before this draft
-        feeds = {s: state.tokens[int(lengths[s]):] for s, state, g in zip(slots, states, gammas) if g > 0}
-        drafts = {s: ([], [], []) for s in feeds}  # slot -> (tokens, probs, confidence)
-        by_slot = dict(zip(slots, states))
-        for i in range(max(gammas, default=0)):
-            if not feeds:
-                break
-            width = max(len(feed) for feed in feeds.values())
-            ids = torch.zeros(rows, width, dtype=torch.long)
-            for s, feed in feeds.items():
-                ids[s, : len(feed)] = torch.tensor(feed)
-                ids[s, len(feed) :] = feed[-1]
-            logits = self.runner.forward_batch(ids).logits  # [rows, width, V]
-            for s, feed in feeds.items():
-                lengths[s] += len(feed)
-            self.runner.crop_rows(lengths)  # padding and idle rows drop what they were fed
-            done = []
-            for s, feed in feeds.items():
-                token, p, top = self._pick(logits[s, len(feed) - 1], by_slot[s].rng)
-                tokens, probs, confidence = drafts[s]
-                tokens.append(token)
-                confidence.append(top)
-                if p is not None:
-                    probs.append(p)
-                stop = by_slot[s].early_stop
-                if len(tokens) == gammas[slots.index(s)] or (stop is not None and stop(i, top)):
-                    done.append(s)
-                feeds[s] = [token]
-            for s in done:
-                del feeds[s]
-        for s, state in zip(slots, states):
-            self.base[s] = len(state.tokens)
-        return [DraftBlock(torch.tensor(drafts[s][0], dtype=torch.long),
-                           torch.stack(drafts[s][1]) if drafts[s][1] else None,
-                           torch.tensor(drafts[s][2])) if s in drafts else DraftBlock.empty() for s in slots]
-
-    def _pick(self, logits: torch.Tensor, rng: torch.Generator) -> tuple[int, torch.Tensor | None, float]:
-        """One draft token from logits [V]: (token, its distribution if sampled, top probability)."""
+    def _pick(self, logits: torch.Tensor, rows: Rows, gammas: list[int], position: int):
+        """One draft token per row from logits [B, V]: (tokens [B], distributions [B, V] if sampled,
+        top probabilities [B]); a sampled row draws from its own stream for this position."""
         if self.sampling.greedy:
-            token = int(logits.argmax())
-            return token, None, float(torch.softmax(logits.float(), -1)[token])
-        p = self.sampling.probs(logits)  # [V] float32, same transform as the target
-        return int(sample(p, rng)), p, float(p.max())
+            top, token = torch.softmax(logits.float(), -1).max(-1)
+            return token, None, top
+        p = self.sampling.probs(logits)  # [B, V] float32, same transform as the target
+        token = torch.stack([sample(p[b], rows.rngs[b](DRAFT + position, p.device)) if position < gammas[b]
+                             else p[b].argmax() for b in range(len(gammas))])
+        return token, p, p.max(-1).values
 
-    def commit(self, slots: list[int], verdicts: list[Verdict], out: TargetOutput) -> None:
-        lengths = self.runner.lengths.clone()
-        for s, verdict in zip(slots, verdicts):
-            if verdict.gamma > 0:  # as ModelDrafter.commit, per row
-                lengths[s] = self.base[s] + min(verdict.n_accepted, verdict.gamma - 1)
-        self.runner.crop_rows(lengths)
+    def commit(self, verdict: Verdict, host: list[RowVerdict], out=None) -> None:
+        for b, row in enumerate(host):
+            if row.gamma > 0:  # the cache holds committed[:base] + draft[:fed]
+                self.runner.crop(b, self.base[b] + min(row.n_accepted, self.fed[b]))
+                self.fed[b] = 0
 
     def memory(self) -> dict[str, int]:
         used = self.runner.memory()

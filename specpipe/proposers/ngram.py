@@ -8,16 +8,16 @@ probabilities: verifiers treat it as one-hot, which stays lossless.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.proposers.base import Proposer
+from specpipe.proposers.base import RowProposer, Rows
 from specpipe.proposers.declaration import Declaration
-from specpipe.state import DecodeState
 from specpipe.types import DraftBlock
 
 
-class NgramProposer(Proposer):
+class NgramProposer(RowProposer):
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
         if not 1 <= ngram_min <= ngram_max:
             raise SpecpipeError(
@@ -27,20 +27,25 @@ class NgramProposer(Proposer):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
 
-    def propose(self, state: DecodeState, gamma: int) -> DraftBlock:
-        tokens = torch.tensor(state.tokens, dtype=torch.long)  # [L]
+    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | None:
+        return self.lookup(rows.tokens[row], gamma)
+
+    def lookup(self, committed: list[int], gamma: int) -> DraftBlock | None:
+        """What followed the latest earlier occurrence of the text's last n tokens (n from
+        ngram_max down), at most γ tokens; None where nothing matches. Host work only."""
+        tokens = np.asarray(committed, dtype=np.int64)  # [L]
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             start = _last_match(tokens, n)
             if start is not None:
-                return DraftBlock(tokens[start + n : start + n + gamma].clone())
-        return DraftBlock.empty()
+                return DraftBlock(torch.from_numpy(tokens[start + n : start + n + gamma].copy()))
+        return None
 
 
-def _last_match(tokens: torch.Tensor, n: int) -> int | None:
+def _last_match(tokens: np.ndarray, n: int) -> int | None:
     """Start of the most recent earlier occurrence of the last n tokens, if any follows it."""
-    windows = tokens[:-1].unfold(0, n, 1)  # [L-n, n]: every n-gram that has a successor
-    hits = (windows == tokens[-n:]).all(dim=1).nonzero()
-    return int(hits[-1]) if hits.numel() else None
+    windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # [L-n, n]: every n-gram with a successor
+    hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+    return int(hits[-1]) if hits.size else None
 
 
 def build(*, context, ngram_max: int = 4, ngram_min: int = 2) -> NgramProposer:

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.proposers.base import BatchProposer, PerSlot, Proposer
+from specpipe.proposers.base import RowProposer, Rows
 from specpipe.proposers.declaration import Declaration
-from specpipe.state import DecodeState
 from specpipe.types import DraftBlock, DraftTree
 
 NODE_BYTES = 200  # one node: its children dict and three list slots (sys.getsizeof, a few children)
@@ -200,46 +199,46 @@ class RequestCache:
         return self.tree.nodes * NODE_BYTES
 
 
-class SuffixProposer(Proposer):
+@dataclass
+class _Local:
+    """One request's tree over its prompt and output, and how far it has read them."""
+
+    tree: SuffixTree
+    open: list[int]
+    seen: int  # committed tokens in the tree
+    prompt_len: int
+
+
+class SuffixProposer(RowProposer):
     def __init__(self, cache: RequestCache, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, tree: bool = True):
-        self.cache = cache  # shared by every copy of this proposer (a batch's slots included)
+        self.cache = cache  # the global tree, shared by every row
         self.factor, self.offset, self.min_prob = max_spec_factor, max_spec_offset, min_token_prob
-        self.trees = tree  # False: the best path only (the pipeline sets it where the verifier needs chains)
-        self.local: SuffixTree | None = None  # this request's prompt and output
-        self.open: list[int] = []
-        self.state: DecodeState | None = None
-        self.seen = self.prompt_len = 0  # tokens of state.tokens in the local tree; the prompt's length
+        self.trees = tree  # False: the best path only (a step that takes no tree gets it anyway)
+        self.local: dict[int, _Local] = {}  # per row: its request's tree
 
-    def chains_only(self) -> None:
-        self.trees = False
+    def prefill(self, row: int, prompt: list[int], out=None) -> None:
+        local = SuffixTree(self.cache.tree.depth)
+        self.local[row] = _Local(local, local.extend(local.start(), prompt), len(prompt), len(prompt))
 
-    def batched(self, slots: int) -> BatchProposer:
-        """Per-slot copies sharing the global tree; chains, as a batch's rows take no tree masks."""
-        batch = PerSlot(self, slots)
-        for proposer in batch.copies:
-            proposer.trees = False
-        return batch
+    def release(self, row: int, tokens: list[int]) -> None:
+        """The finished request's output joins the global tree, after the prompt's last max_depth
+        tokens (so a repeated prompt matches into it)."""
+        local = self.local.pop(row, None)
+        if local is not None:
+            start = max(local.prompt_len - local.tree.depth, 0)
+            self.cache.add(tokens[start:], local.prompt_len - start)
 
-    def prefill(self, state: DecodeState, out=None) -> None:
-        if self.state is not None:  # the previous request is over: its output joins the global tree,
-            # after the prompt's last max_depth tokens (so a repeated prompt matches into it)
-            start = max(self.prompt_len - self.local.depth, 0)
-            self.cache.add(self.state.tokens[start:], self.prompt_len - start)
-        self.state, self.prompt_len = state, len(state.tokens)
-        self.local = SuffixTree(self.cache.tree.depth)
-        self.open = self.local.extend(self.local.start(), state.tokens)
-        self.seen = len(state.tokens)
-
-    def propose(self, state: DecodeState, gamma: int) -> DraftBlock | DraftTree:
-        self.open = self.local.extend(self.open, state.tokens[self.seen:])  # what was committed since
-        self.seen = len(state.tokens)
-        context = state.tokens[-self.local.depth:]
+    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
+        local, committed = self.local[row], rows.tokens[row]
+        local.open = local.tree.extend(local.open, committed[local.seen:])  # what was committed since
+        local.seen = len(committed)
+        context = committed[-local.tree.depth:]
         best, source = NOTHING, None
-        for tree in (self.local, self.cache.tree):  # the local tree first: it wins ties
+        for tree in (local.tree, self.cache.tree):  # the local tree first: it wins ties
             for node, length in tree.matches(context):  # every match length; ties: the longer
                 limit = min(gamma, int(length * self.factor + self.offset + 1e-6))
-                speculation = grow(tree, node, limit, self.min_prob, self.trees)
+                speculation = grow(tree, node, limit, self.min_prob, self.trees and rows.trees)
                 if speculation.score > best.score or (speculation.score == best.score and source is tree):
                     best, source = speculation, tree
         if source is self.cache.tree:
@@ -247,11 +246,13 @@ class SuffixProposer(Proposer):
         return _draft(best)
 
     def memory(self) -> dict[str, int]:
-        local = self.local.nodes * NODE_BYTES if self.local is not None else 0
-        return {"suffix trees": self.cache.bytes() + local}  # the global one shared by a batch's slots: counted once
+        local = sum(state.tree.nodes for state in self.local.values()) * NODE_BYTES
+        return {"suffix trees": self.cache.bytes() + local}
 
 
-def _draft(speculation: Speculation) -> DraftBlock | DraftTree:
+def _draft(speculation: Speculation) -> DraftBlock | DraftTree | None:
+    if not speculation.tokens:
+        return None
     tokens = torch.tensor(speculation.tokens, dtype=torch.long)  # [N]
     if all(parent == i - 1 for i, parent in enumerate(speculation.parents)):
         return DraftBlock(tokens)  # a chain needs no tree mask

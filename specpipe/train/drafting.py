@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from specpipe.engine import TargetOutput
-from specpipe.state import DecodeState
+from specpipe.proposers.base import Rows
+from specpipe.sampling import RowRandom
 
 
 class FrozenTarget:
@@ -21,6 +22,7 @@ class FrozenTarget:
     def __init__(self, embed: torch.Tensor, lm: torch.Tensor):
         self.embed_weight, self.lm_weight = embed, lm  # [V, H] float32 each
         self.vocab_size = lm.shape[0]
+        self.device = lm.device
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_weight[ids]
@@ -53,10 +55,11 @@ def accuracy(proposer, target: FrozenTarget, seqs: list[dict], widths: list[int]
 
 def _hits(proposer, s: dict, length: int, widths: list[int], depth: int) -> torch.Tensor:
     """Draft `depth` tokens after s's first `length` tokens, as generation would."""
-    state = DecodeState(None, s["tokens"][:length].tolist(), torch.Generator())
+    tokens = s["tokens"][:length].tolist()
     parts = s["features"][: length - 1].float().split(widths, -1)  # the prefill saw tokens[:-1]
-    proposer.prefill(state, TargetOutput(torch.empty(0), dict(zip(proposer.hidden_layers, (p[None] for p in parts)))))
-    drafted = proposer.propose(state, depth).tokens.tolist()
+    proposer.prefill(0, tokens, TargetOutput(torch.empty(0), dict(zip(proposer.hidden_layers, (p[None] for p in parts)))))
+    rows = Rows([tokens], [RowRandom(0)], lambda position: 0.0, torch.device("cpu"), trees=False)
+    drafted = proposer.propose(rows, [depth]).tokens[0].tolist()
     wanted = s["argmax"][length - 1 : length - 1 + depth].tolist()  # the target's greedy tokens there
     hits = torch.zeros(depth)
     for k, (a, b) in enumerate(zip(drafted, wanted)):

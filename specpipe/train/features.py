@@ -70,7 +70,7 @@ def _write_shard(target: Runner, shard: list[list[int]], starts: list[int], path
     features, argmax = [], []
     for ids in shard:
         target.reset()
-        out = target.forward(ids, hidden=layers)
+        out = target.forward(torch.tensor([ids]).to(target.device), hidden=layers)
         features.append(torch.cat([out.hidden[key][0] for key in layers], -1).to(torch.float16))  # [n, H * layers]
         argmax.append(out.logits[0].argmax(-1).to(torch.int32))  # [n]
     tensors = {"features": torch.cat(features), "argmax": torch.cat(argmax),

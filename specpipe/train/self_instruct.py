@@ -6,9 +6,9 @@ prompt included, as every user's request gets it) writes a user's request: sampl
 temperature 1, each one different, and in the distribution the model was tuned on, which is
 what its users ask. The templates of train/prompts.py cover five kinds of request with a few
 hundred phrasings; a head trained on the answers to them drafts far better on held-out
-answers to the same templates than on the users' own requests (SmolLM2, session 11: τ 2.27
-against 1.50). Self-written requests aim at that gap without a dataset: nothing leaves the
-machine and no benchmark prompt is seen. Measured (README, "Draft heads"): +0.1 τ on chat for
+answers to the same templates than on the users' own requests (SmolLM2: τ 2.27 against
+1.50). Self-written requests aim at that gap without a dataset: nothing leaves the
+machine and no benchmark prompt is seen. Measured (docs/training.md): +0.1 τ on chat for
 SmolLM2; nothing for Qwen2.5-Coder-1.5B, whose requests from an empty user turn are poor.
 
 Requests are sampled in rounds of `batch`, each row with its own seed (`seed`, round, row), so
@@ -45,8 +45,7 @@ def sample_rows(runner, loaded, batch: int, temperature: float = 1.0, top_p: flo
     """A function (prefix ids, max_tokens, seeds) -> the model's sampled continuations of the
     prefix, one a seed, `batch` rows decoding at once on `runner` (specpipe's batched decoding,
     each row with its own generator)."""
-    from specpipe.batch import Request
-    from specpipe.pipeline import Pipeline
+    from specpipe.pipeline import Pipeline, Request
     from specpipe.sampling import SamplingParams
     from specpipe.verifiers.rejection import RejectionVerifier
 

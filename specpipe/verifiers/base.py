@@ -1,4 +1,10 @@
-"""The verifier interface: `verify(draft, target_logits, rng) -> Verdict`."""
+"""The verifier interface: `verify(draft, target_logits, rngs) -> Verdict`, batched on the device.
+
+A verifier sees every row's draft at once (`DraftBatch`: `[B, W]` tokens, `num_draft [B]`) and
+the target's logits of the verify block (`[B, W + 1, V]`, row i predicting draft token i) and
+answers in vLLM's layout: emitted ids `[B, W + 1]` padded with -1 and `num_accepted [B]`, all
+tensor ops on the logits' device; nothing here reads a value back to the host.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from collections.abc import Callable
-
-from specpipe.types import DraftBlock, DraftTree, Verdict
+from specpipe.sampling import RowRandom
+from specpipe.types import PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict
 
 
 class Verifier(ABC):
@@ -16,40 +21,66 @@ class Verifier(ABC):
     verifies_trees: bool = True  # False: DraftTree drafts are refused (the proposer is told: chains_only)
 
     @abstractmethod
-    def verify(self, draft: DraftBlock, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
-        """target_logits: [γ+1, V]; row i is the target's prediction for draft token i,
-        row γ the bonus position."""
+    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
+        """target_logits: [B, W + 1, V]; row i of b is the target's prediction for draft token
+        i of row b, row num_draft[b] its bonus position (a tree: one row per block row).
+        rngs: each row's randomness (sampling verifiers draw from it; greedy ignores it)."""
+
+    def verify_row(self, draft: DraftBlock | DraftTree, target_logits: torch.Tensor,
+                   rng: RowRandom | None = None) -> RowVerdict:
+        """One sequence's draft against its logits [n, V], as a batch of one, on the host."""
+        batch = DraftBatch.stack([draft], [draft.gamma], target_logits.device, target_logits.shape[-1])
+        return self.verify(batch, target_logits[None], [rng or RowRandom(0)]).to_host()[0]
 
 
-def first_false(mask: torch.Tensor) -> int:
-    """Length of the leading run of True in a 1-D bool tensor."""
-    return int(mask.long().cumprod(0).sum())
+def drafted(draft: DraftBatch) -> torch.Tensor:
+    """[B, W] bool: the columns each row really drafted."""
+    columns = torch.arange(draft.width, device=draft.tokens.device)
+    return columns[None] < draft.num_draft[:, None]
 
 
-def verdict(draft: DraftBlock, n_accepted: int, next_token: int) -> Verdict:
-    return Verdict(
-        n_accepted=n_accepted,
-        next_token=int(next_token),
-        gamma=draft.gamma,
-        accepted_tokens=tuple(draft.tokens[:n_accepted].tolist()),
-        confidence=() if draft.confidence is None else tuple(draft.confidence.tolist()),
-    )
+def leading(ok: torch.Tensor) -> torch.Tensor:
+    """[B, W] bool -> [B] int64: the length of each row's leading run of True."""
+    return ok.long().cumprod(1).sum(1)
 
 
-def walk_tree(tree: DraftTree, choose: Callable[[int, list[int]], int | None]) -> tuple[list[int], int]:
-    """Descend from the last committed token: at each block row, `choose(row, child nodes)`
-    keeps one child or stops. Returns (accepted block rows, the row the walk ended on)."""
-    rows: list[int] = []
-    node = -1
-    while True:
-        row = node + 1  # block row of `node` (row 0: the last committed token)
-        picked = choose(row, tree.children(node))
-        if picked is None:
-            return rows, row
-        rows.append(picked + 1)
-        node = picked
+def chain_verdict(draft: DraftBatch, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> Verdict:
+    """ids [B, W + 1]: the accepted draft tokens, then next_tokens [B] (recovered or bonus), -1 after."""
+    rows = draft.rows
+    columns = torch.arange(draft.width + 1, device=draft.tokens.device)
+    padded = torch.cat([draft.tokens, torch.zeros(rows, 1, dtype=torch.long, device=draft.tokens.device)], 1)
+    ids = torch.where(columns[None] < num_accepted[:, None], padded, PAD)
+    ids.scatter_(1, num_accepted[:, None], next_tokens[:, None])
+    return Verdict(ids, num_accepted, draft.num_draft, None, draft.confidence)
 
 
-def tree_verdict(tree: DraftTree, rows: list[int], next_token: int) -> Verdict:
-    return Verdict(n_accepted=len(rows), next_token=int(next_token), gamma=tree.gamma,
-                   accepted_tokens=tuple(int(tree.tokens[r - 1]) for r in rows), path=tuple(rows))
+class TreeRows:
+    """A tree draft's structure as device tensors (the parents are host ints, so this is built
+    without reading anything back): for node i, its parent's block row, its depth, and its
+    ancestors-or-self."""
+
+    def __init__(self, parents: tuple[int, ...], device: torch.device):
+        from specpipe.types import ancestry_of, depths_of
+
+        self.size = len(parents)
+        self.parent_rows = torch.tensor([p + 1 for p in parents], dtype=torch.long).to(device)  # [N]
+        self.parents = torch.tensor(parents, dtype=torch.long).to(device)  # [N]
+        self.depths = torch.tensor(depths_of(parents)[1:], dtype=torch.long).to(device)  # [N]
+        self.lineage = ancestry_of(parents)[1:, 1:].to(device)  # [N, N]: node j is node i's ancestor or itself
+        self.depth = max(depths_of(parents))
+
+    def path_rows(self, node: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """Block rows [N + 1] of the path to `node` (0-d), depth first, -1 after `count` rows."""
+        on_path = self.lineage[node] & (count > 0)
+        order = torch.where(on_path, self.depths, self.size + 1).argsort()  # path nodes first, by depth
+        rows = torch.where(torch.arange(self.size, device=order.device) < count, order + 1, PAD)
+        return torch.cat([rows, rows.new_full((1,), PAD)])
+
+
+def tree_verdict(draft: DraftBatch, tree: TreeRows, path: torch.Tensor, count: torch.Tensor,
+                 next_token: torch.Tensor) -> Verdict:
+    """A one-row tree's verdict: path [N + 1] block rows, count 0-d accepted nodes."""
+    nodes = (path - 1).clamp_min(0)
+    ids = torch.where(path >= 0, torch.cat([draft.tokens[0], draft.tokens.new_zeros(1)])[nodes], PAD)
+    ids = ids.scatter(0, count[None], next_token[None])
+    return Verdict(ids[None], count[None], draft.num_draft, path[None], None)

@@ -1,7 +1,7 @@
 """Greedy verification: keep draft tokens while they equal the target's argmax.
 
 Output is token-identical to plain greedy decoding of the target (given a batch-invariant
-target precision, see DESIGN.md "Lossless in practice").
+target precision, see docs/concepts.md "Lossless in practice").
 """
 
 from __future__ import annotations
@@ -9,18 +9,29 @@ from __future__ import annotations
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.types import DraftBlock, DraftTree, Verdict
-from specpipe.verifiers.base import Verifier, first_false, tree_verdict, verdict, walk_tree
+from specpipe.types import DraftBatch, Verdict
+from specpipe.verifiers.base import TreeRows, Verifier, chain_verdict, drafted, leading, tree_verdict
 
 
 class GreedyVerifier(Verifier):
-    def verify(self, draft: DraftBlock | DraftTree, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
-        top = target_logits.argmax(-1)  # [γ+1] (a tree: [nodes+1], one per block row)
-        if isinstance(draft, DraftTree):  # follow the child that is the target's argmax
-            rows, end = walk_tree(draft, lambda row, kids: next((k for k in kids if draft.tokens[k] == top[row]), None))
-            return tree_verdict(draft, rows, top[end])
-        n = first_false(top[: draft.gamma] == draft.tokens)
-        return verdict(draft, n, top[n])  # top[n]: recovered (n < γ) or bonus (n == γ)
+    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs=None) -> Verdict:
+        top = target_logits.argmax(-1)  # [B, W + 1] (a tree: one per block row)
+        if draft.tree is not None:
+            return _tree(draft, top[0])
+        num_accepted = leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]
+        return chain_verdict(draft, num_accepted, top.gather(1, num_accepted[:, None])[:, 0])  # recovered or bonus
+
+
+def _tree(draft: DraftBatch, top: torch.Tensor) -> Verdict:
+    """top [N + 1]. A node is right when its token is its parent row's argmax; siblings differ,
+    so the nodes whose whole path is right form one path: keep its deepest node's."""
+    tree = TreeRows(draft.tree, top.device)
+    right = draft.tokens[0] == top[tree.parent_rows]  # [N]
+    whole = ~(tree.lineage & ~right[None]).any(1)  # [N] every node from the root to it is right
+    score = torch.where(whole, tree.depths, 0)
+    count, node = score.max(0)  # accepted nodes, and the deepest (any node when none: count = 0)
+    end = torch.where(count > 0, node + 1, 0)  # the block row that predicts the next token
+    return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[end])
 
 
 def build(*, context) -> GreedyVerifier:

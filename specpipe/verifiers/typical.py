@@ -6,7 +6,7 @@ the target is sure (low entropy H) and more loosely where it is not. The token a
 accepted prefix is sampled from the target (argmax when greedy). At temperature 0 the target
 distribution is one-hot, so this keeps exactly the argmax tokens (greedy output is preserved);
 with sampling the output distribution is NOT the target's: it trades fidelity for longer
-accepted runs.
+accepted runs. Batched on the device: B rows, W draft columns, V vocabulary.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.sampling import SamplingParams, sample
-from specpipe.types import DraftBlock, DraftTree, Verdict
-from specpipe.verifiers.base import Verifier, first_false, tree_verdict, verdict, walk_tree
+from specpipe.sampling import RESAMPLE, RowRandom, SamplingParams, sample
+from specpipe.types import PAD, DraftBatch, Verdict
+from specpipe.verifiers.base import TreeRows, Verifier, chain_verdict, drafted, leading, tree_verdict
 
 
 class TypicalVerifier(Verifier):
@@ -29,27 +29,39 @@ class TypicalVerifier(Verifier):
         self.sampling, self.epsilon, self.delta = sampling, epsilon, delta
 
     def thresholds(self, target_probs: torch.Tensor) -> torch.Tensor:
-        """[γ, V] -> [γ]: min(epsilon, delta * exp(-entropy)) per row."""
+        """[..., V] -> [...]: min(epsilon, delta * exp(-entropy)) per row."""
         entropy = -(target_probs * target_probs.clamp_min(1e-30).log()).sum(-1)
         return torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
 
-    def verify(self, draft: DraftBlock | DraftTree, target_logits: torch.Tensor, rng: torch.Generator) -> Verdict:
-        target_probs = self.sampling.probs(target_logits)  # [γ+1, V] float32 (a tree: one row per block row)
-        if isinstance(draft, DraftTree):
-            limits = self.thresholds(target_probs)  # [rows]
-            rows, end = walk_tree(draft, lambda row, kids: _most_likely_plausible(kids, draft, target_probs[row], limits[row]))
-            return tree_verdict(draft, rows, sample(target_probs[end], rng))
-        gamma = draft.gamma
-        rows = torch.arange(gamma)
-        plausible = target_probs[rows, draft.tokens] > self.thresholds(target_probs[:gamma])  # [γ]
-        n = first_false(plausible)
-        return verdict(draft, n, sample(target_probs[n], rng))
+    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
+        target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32 (a tree: one row per block row)
+        if draft.tree is not None:
+            return self._tree(draft, target_probs[0], rngs[0])
+        width = draft.width
+        token_p = target_probs[:, :width].gather(-1, draft.tokens[..., None])[..., 0]  # [B, W]
+        num_accepted = leading((token_p > self.thresholds(target_probs[:, :width])) & drafted(draft))
+        at = num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
+        final = target_probs.gather(1, at)[:, 0]  # [B, V]
+        picks = torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])
+        return chain_verdict(draft, num_accepted, picks)
 
-
-def _most_likely_plausible(kids: list[int], tree: DraftTree, target_probs: torch.Tensor, limit: torch.Tensor) -> int | None:
-    """Of the children the target finds plausible, the one it finds most likely (Medusa)."""
-    plausible = [k for k in kids if target_probs[tree.tokens[k]] > limit]
-    return max(plausible, key=lambda k: float(target_probs[tree.tokens[k]]), default=None)
+    def _tree(self, draft: DraftBatch, target_probs: torch.Tensor, rng: RowRandom) -> Verdict:
+        """Descend from the last token, at each depth to the plausible child the target finds
+        most likely (Medusa), stopping where no child is plausible. target_probs [N + 1, V]."""
+        tree = TreeRows(draft.tree, target_probs.device)
+        node_p = target_probs[tree.parent_rows, draft.tokens[0]]  # [N] each node's token under its parent's row
+        plausible = node_p > self.thresholds(target_probs)[tree.parent_rows]  # [N]
+        at = torch.full((), -1, dtype=torch.long, device=target_probs.device)  # the node reached (-1: none)
+        count = torch.zeros((), dtype=torch.long, device=target_probs.device)
+        path = torch.full((tree.size + 1,), PAD, dtype=torch.long, device=target_probs.device)
+        for depth in range(tree.depth):
+            children = (tree.parents == at) & plausible
+            found = children.any() & (count == depth)  # still descending
+            best = torch.where(children, node_p, -1.0).argmax()
+            at = torch.where(found, best, at)
+            path[depth] = torch.where(found, best + 1, PAD)
+            count = count + found.long()
+        return tree_verdict(draft, tree, path, count, sample(target_probs[at + 1], rng(RESAMPLE, path.device)))
 
 
 def build(*, context, epsilon: float = 0.09, delta: float = 0.3) -> TypicalVerifier:

@@ -1,0 +1,274 @@
+"""The decode loop: one, batch-first, for one sequence and for many (a sequence is a batch of one).
+
+A `Decoder` holds `slots` sequences, one per batch row of the target's KV cache (and of a draft
+model's). Each step (docs/concepts.md "One step"):
+
+  1. γ = controller.gamma(batch); each row's own γ ≤ it (its budget, the context, its request's
+     `speculative` flag: 0 is a plain step for that row)
+  2. draft = proposer.propose(rows, gammas)         DraftBatch [B, W] + num_draft [B], on the device
+  3. out = runner.forward([last, *draft])            ONE forward of [B, W + 1]; logits stay on the device
+  4. verdict = verifier.verify(draft, out.logits)    ids [B, W + 1] (-1 pad) + num_accepted [B], on the device
+  5. host = verdict.to_host()                        the step's ONE device-to-host copy
+  6. runner.commit / proposer.commit                 each row keeps what it accepted (host ints for shapes)
+  7. controller.update, stats, stop rules, text, events (host)
+
+Rows advance by different amounts (ragged acceptance), so a rollback is a length per row. Every
+row has its own stop rule and its own randomness (`RowRandom`, seeded by its request), so a row
+decodes exactly as its request would alone (bit for bit in the engine's exact precisions).
+
+A finished row's slot admits the next request at once (continuous batching, in process): its
+prompt is prefilled alone into that row while the other rows wait, then it joins the next step.
+A forward covers rows 0..k-1 where k is one past the highest busy slot: free slots below it
+ride along as one padding token each (dropped again); new requests take the lowest free slot.
+A proposer that cannot batch (`Proposer.batch_refusal`) and a runner of one row (hf) run at one
+slot: the same loop, one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specpipe.context import trimmed
+from specpipe.decode.text import TextStream, is_ids
+from specpipe.decode.timing import Clock
+from specpipe.metrics import Stats
+from specpipe.proposers.base import Rows
+from specpipe.sampling import RowRandom
+from specpipe.stopping import StopRule
+from specpipe.types import DraftBatch, RowVerdict
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str | list[dict] | list[int]  # text, chat messages, or token ids
+    max_new_tokens: int = 128
+    seed: int = 0  # of this request's own randomness
+    stop: tuple[str, ...] = ()
+    speculative: bool = True  # False: this request decodes plainly while its batch speculates
+
+
+@dataclass
+class RequestTiming:
+    """Wall-clock seconds since the decoder's run started."""
+
+    admitted_s: float  # the request took a slot (its prefill starts)
+    first_token_s: float | None = None  # its first output token was emitted
+    finished_s: float | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.admitted_s
+
+    @property
+    def latency_s(self) -> float:
+        return self.finished_s - self.admitted_s
+
+
+@dataclass
+class RequestEvent:
+    """What one step emitted for one request."""
+
+    index: int  # the request's position in the stream
+    tokens: list[int]
+    text: str
+    gamma: int
+    stats: Stats  # the request's running totals
+    timing: RequestTiming
+    finish_reason: str | None = None  # set on the request's last event
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """One step of the whole batch (the γ-over-time trace of a request load)."""
+
+    at_s: float  # when it ended, seconds since the run started
+    batch: int  # sequences in it
+    gamma: int
+    emitted: int  # tokens kept, all rows
+    step_s: float
+
+
+@dataclass
+class _Row:
+    index: int
+    tokens: list[int]  # committed: prompt and output
+    rule: StopRule
+    timing: RequestTiming
+    text: TextStream
+    rng: RowRandom
+    speculative: bool
+    out: list[int] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def budget(self) -> int:
+        return self.rule.max_new_tokens - len(self.out)
+
+
+class Decoder:
+    def __init__(self, pipeline, slots: int, speculative: bool = True):
+        """pipeline: a `Pipeline` (its runner, proposer, verifier, controller, tokenizer); slots:
+        the most sequences decoding at once (1 if the pipeline cannot batch: `batch_refusal`)."""
+        if slots < 1:
+            raise ValueError("a batch needs at least one slot")
+        self.pipeline = pipeline
+        self.proposer = pipeline.proposer if speculative else None
+        self.refusal = pipeline.batch_refusal(self.proposer)
+        self.slots = slots if self.refusal is None else 1
+        self.runner = pipeline.runner
+        self.runner.reserve(self.slots)
+        if self.proposer is not None:
+            self.proposer.reserve(self.slots)
+        self.hidden = pipeline.hidden if self.proposer is not None else ()
+        self.limit = pipeline.context_limit()  # of one row: every row has the same slots
+        self.steps: list[BatchStep] = []
+        self._started = time.perf_counter()
+
+    def memory(self) -> dict[str, int]:
+        return self.pipeline.memory()
+
+    def run(self, requests: Iterable[Request]) -> Iterator[RequestEvent]:
+        """Decode a stream of requests, `slots` at a time; events of all requests, in step order.
+        A list of requests is checked against the context before the first is decoded; a stream's
+        requests one at a time, as each is admitted (before its prefill)."""
+        if isinstance(requests, Sequence):
+            self.pipeline.fit_all([(_name(i), self._ids(r), r.max_new_tokens) for i, r in enumerate(requests)])
+        queue = iter(enumerate(requests))
+        rows: list[_Row | None] = [None] * self.slots
+        self.runner.reset()  # an interrupted earlier run may have left rows
+        self._started = time.perf_counter()
+        exhausted = False
+        while True:
+            while not exhausted and None in rows:
+                item = next(queue, None)
+                if item is None:
+                    exhausted = True
+                    break
+                slot = rows.index(None)  # the lowest free slot keeps the batch's rows packed
+                rows[slot] = self._admit(slot, *item)
+            busy = [(slot, row) for slot, row in enumerate(rows) if row is not None]
+            if not busy:
+                return
+            for slot, row, event in self._step(busy):
+                yield event
+                if event.finish_reason is not None:
+                    rows[slot] = None
+                    self._release(slot, row)
+
+    def _release(self, slot: int, row: _Row) -> None:
+        """A free slot below a busy one rides along in every forward: its rows are emptied."""
+        self.runner.reset(slot)
+        if self.proposer is not None:
+            self.proposer.release(slot, row.tokens)
+            drafter = getattr(self.proposer, "runner", None)  # a draft model's own cache
+            if drafter is not None and drafter.rows > slot:
+                drafter.reset(slot)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._started
+
+    def _ids(self, request: Request) -> list[int]:
+        return list(request.prompt) if is_ids(request.prompt) else self.pipeline.encode(request.prompt)
+
+    def _admit(self, slot: int, index: int, request: Request) -> _Row:
+        pipeline = self.pipeline
+        timing = RequestTiming(self._now())
+        ids = self._ids(request)
+        max_new_tokens = pipeline.fit(ids, request.max_new_tokens, _name(index))
+        rule = StopRule(pipeline.target.tokenizer, pipeline.eos_ids, list(request.stop), max_new_tokens)
+        speculative = self.proposer is not None and request.speculative
+        row = _Row(index, list(ids), rule, timing, TextStream(pipeline.target.tokenizer), RowRandom(request.seed),
+                   speculative)
+        started = time.perf_counter()
+        self.runner.reset(slot)
+        hidden = self.hidden if speculative else ()
+        out = self.runner.prefill(slot, ids[:-1], hidden=hidden) if len(ids) > 1 else None
+        if speculative:
+            self.proposer.prefill(slot, row.tokens, out)
+        row.stats.prefill_s = time.perf_counter() - started
+        return row
+
+    def _gammas(self, busy: list[tuple[int, _Row]], width: int) -> tuple[int, list[int]]:
+        """The step's γ and each row's: a step emits <= γ + 1, and one forward pads every row to
+        the widest draft, so the fullest row bounds every row's γ (its block would run past the
+        cache; greedy output is unchanged)."""
+        speculating = [row for _, row in busy if row.speculative]
+        gamma = self.pipeline.controller.gamma(len(busy)) if speculating else 0
+        widest = gamma if self.limit is None else self.limit.tokens - max(len(row.tokens) for _, row in busy)
+        gammas = [0] * width
+        for slot, row in busy:
+            gammas[slot] = max(0, min(gamma, row.budget - 1, widest)) if row.speculative else 0
+        return gamma, gammas
+
+    def _step(self, busy: list[tuple[int, _Row]]) -> Iterator[tuple[int, _Row, RequestEvent]]:
+        """One step of every busy row (the module docstring's 1-7)."""
+        pipeline, runner = self.pipeline, self.runner
+        width = busy[-1][0] + 1  # rows 0..width-1; free ones ride along
+        rows = [None] * width
+        for slot, row in busy:
+            rows[slot] = row
+        clock = Clock(runner.device)
+        clock.mark()
+        gamma, gammas = self._gammas(busy, width)  # 1.
+        draft = self._propose(rows, gammas)  # 2.
+        clock.mark()
+        last = torch.tensor([row.tokens[-1] if row else 0 for row in rows]).to(runner.device, non_blocking=True)
+        out = runner.forward(torch.cat([last[:, None], draft.tokens], 1), tree=draft.tree, hidden=self.hidden)  # 3.
+        verdict = pipeline.verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
+        clock.mark()
+        host = verdict.to_host()  # 5.
+        timing = clock.timing()
+        runner.commit([h.n_accepted + 1 if row else 0 for h, row in zip(host, rows)],  # 6.
+                      [h.path for h in host] if draft.tree is not None else None)
+        if self.proposer is not None:
+            self.proposer.commit(verdict, host, out)
+            pipeline.controller.update_batch([host[slot] for slot, row in busy if row.speculative], timing,
+                                             len(busy))
+        return self._emit(busy, host, timing, gamma)  # 7.
+
+    def _propose(self, rows: list[_Row | None], gammas: list[int]) -> DraftBatch:
+        device = self.runner.device
+        if not any(gammas):
+            return DraftBatch.empty(len(rows), device)
+        view = Rows([row.tokens if row else [] for row in rows], [row.rng if row else _IDLE for row in rows],
+                    self.pipeline.controller.stop_below, device,
+                    trees=len(rows) == 1 and self.pipeline.verifier.verifies_trees)
+        draft = self.proposer.propose(view, gammas)
+        if draft.tree is not None:  # a chain fits (γ < budget); a tree has more nodes than γ: cut to the room
+            draft = trimmed(draft, self.pipeline.room(rows[0].tokens))
+        return draft
+
+    def _emit(self, busy, host: list[RowVerdict], timing, gamma: int) -> Iterator[tuple[int, _Row, RequestEvent]]:
+        """Per row: the stop rule, stats, text and its event (all host work)."""
+        emitted = 0
+        events = []
+        for slot, row in busy:
+            verdict = host[slot]
+            row.tokens.extend(verdict.emitted)
+            row.rng.step += 1
+            keep, reason = row.rule.cut(row.out, verdict.emitted)
+            tokens = verdict.emitted[:keep]
+            row.out.extend(tokens)
+            row.stats.record(verdict, timing, keep)
+            emitted += keep
+            now = self._now()
+            if row.timing.first_token_s is None:
+                row.timing.first_token_s = now
+            if reason is not None:
+                row.timing.finished_s = now
+            text = row.text.push(tokens, final=reason is not None)
+            events.append((slot, row, RequestEvent(row.index, tokens, text, verdict.gamma, row.stats, row.timing,
+                                                   reason)))
+        self.steps.append(BatchStep(self._now(), len(busy), gamma, emitted, timing.total_s))
+        return iter(events)
+
+
+_IDLE = RowRandom(0)  # a free row's randomness: drawn from, never used
+
+
+def _name(index: int) -> str:
+    return f"Prompt #{index + 1}"

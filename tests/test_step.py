@@ -1,0 +1,107 @@
+"""The decode step stays on the device: at most ONE read back to the host per step (the
+verdict's copy), for every proposer that drafts on the device, chains and a tree; and the
+batched verifiers' layout (ids padded with -1, num_accepted per row, rows of their own γ).
+
+On the CPU a read is not a sync, but the same code runs on a GPU, where it is: the test counts
+every Python-level call that would read a tensor back (`item`, `tolist`, `cpu`, `numpy`,
+`bool()`, `int()`, `float()`, `__index__`) while a step runs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from conftest import PROMPT, tiny_model, tiny_target
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.decode.loop import Decoder
+from specpipe.pipeline import Pipeline, Request
+from specpipe.proposers.eagle import EagleProposer
+from specpipe.proposers.medusa import MedusaProposer
+from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.ngram import NgramProposer
+from specpipe.sampling import SamplingParams
+from specpipe.types import PAD, DraftBatch
+from specpipe.verifiers.greedy import GreedyVerifier
+from specpipe.verifiers.rejection import RejectionVerifier
+from test_eagle import copy_head
+from test_medusa import random_heads
+
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+GREEDY = SamplingParams()
+REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
+
+
+@contextlib.contextmanager
+def host_reads():
+    """Every read of a tensor back to the host while the block runs, by name."""
+    seen: list[str] = []
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counting(name, method):
+        def read(self, *args, **kwargs):
+            seen.append(name)
+            return method(self, *args, **kwargs)
+        return read
+
+    for name, method in originals.items():
+        setattr(torch.Tensor, name, counting(name, method))
+    try:
+        yield seen
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+
+
+def reads_per_step(pipe: Pipeline, prompts: list[list[int]], tokens: int = 12) -> list[int]:
+    """Host reads of each step of decoding `prompts` together."""
+    decoder = Decoder(pipe, len(prompts))
+    counts: list[int] = []
+    step = decoder._step
+
+    def counted(busy):
+        with host_reads() as seen:
+            events = list(step(busy))
+        counts.append(len(seen))
+        return iter(events)
+
+    decoder._step = counted
+    list(decoder.run([Request(p, tokens) for p in prompts]))
+    return counts
+
+
+PROPOSERS = {
+    "ngram": lambda target: NgramProposer(ngram_max=3, ngram_min=1),
+    "draft": lambda target: ModelDrafter(tiny_model(seed=7, layers=1), GREEDY),
+    "draft-sampled": lambda target: ModelDrafter(tiny_model(seed=7, layers=1), SamplingParams(temperature=0.8)),
+    "medusa": lambda target: MedusaProposer(random_heads(seed=1), GREEDY),
+    "medusa-tree": lambda target: MedusaProposer(random_heads(seed=1), GREEDY, tree=[[0], [1], [0, 0], [0, 1]]),
+    "eagle": lambda target: EagleProposer(copy_head(), GREEDY),
+}
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_a_step_reads_the_host_once(proposer):
+    target = tiny_target(seed=0)
+    sampled = proposer.endswith("sampled")
+    verifier = RejectionVerifier(SamplingParams(temperature=0.8)) if sampled else GreedyVerifier()
+    pipe = Pipeline(target, PROPOSERS[proposer](target), verifier, FixedGamma(3))
+    prompts = [REPEATING] if proposer.endswith("tree") else [REPEATING, PROMPT, [3, 60, 22]]
+    counts = reads_per_step(pipe, prompts)
+    assert len(counts) > 2 and max(counts) == 1, counts  # the verdict's one copy, and nothing else
+    assert pipe.run(REPEATING, max_new_tokens=12).stats.drafted > 0  # it really drafted
+
+
+def test_batched_greedy_verdict_layout():
+    """Rows of different draft lengths in one block: each accepts its own prefix, -1 after."""
+    vocab = 8
+    draft = DraftBatch(torch.tensor([[1, 2, 3], [4, 5, 0], [6, 0, 0]]), torch.tensor([3, 2, 0]), (3, 2, 0))
+    argmax = torch.tensor([[1, 2, 7, 5], [4, 6, 6, 6], [3, 3, 3, 3]])  # [B, W + 1]
+    logits = torch.nn.functional.one_hot(argmax, vocab).float()
+    verdict = GreedyVerifier().verify(draft, logits, [])
+    assert verdict.num_accepted.tolist() == [2, 1, 0]
+    assert verdict.ids.tolist() == [[1, 2, 7, PAD], [4, 6, PAD, PAD], [3, PAD, PAD, PAD]]
+    host = verdict.to_host()
+    assert [h.emitted for h in host] == [[1, 2, 7], [4, 6], [3]]
+    assert [h.gamma for h in host] == [3, 2, 0]
