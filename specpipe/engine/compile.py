@@ -35,9 +35,9 @@ class CompiledStack:
         self.compiled = torch.compile(stack, dynamic=True, fullgraph=True)
         self.compile_s: float | None = None  # wall time of the first call (compile or cache load)
 
-    def __call__(self, x, cos, sin, bias, slots, keys, values, hidden, row_keys=None):
-        if row_keys is not None:  # exact precisions attend row by row over Python-int widths: eager
-            return self.eager(x, cos, sin, bias, slots, keys, values, hidden, row_keys)
+    def __call__(self, x, cos, sin, bias, slots, keys, values, hidden, rows=None):
+        if rows is not None:  # exact precisions attend row by row over Python-int widths: eager
+            return self.eager(x, cos, sin, bias, slots, keys, values, hidden, rows)
         started = time.perf_counter()
         out = self.compiled(x, cos, sin, bias, slots, keys, values, hidden)
         if self.compile_s is None:

@@ -45,8 +45,7 @@ def sample_rows(runner, loaded, batch: int, temperature: float = 1.0, top_p: flo
     """A function (prefix ids, max_tokens, seeds) -> the model's sampled continuations of the
     prefix, one a seed, `batch` rows decoding at once on `runner` (specpipe's batched decoding,
     each row with its own generator)."""
-    from specpipe.batch import Request
-    from specpipe.pipeline import Pipeline
+    from specpipe.pipeline import Pipeline, Request
     from specpipe.sampling import SamplingParams
     from specpipe.verifiers.rejection import RejectionVerifier
 
