@@ -313,7 +313,7 @@ def check_early_stop(cfg: DictConfig) -> Check:
     from specpipe.controllers.base import Controller
 
     controller = call_target(cfg.controller, "controller", None)
-    if controller is None or type(controller).early_stop is Controller.early_stop:
+    if controller is None or type(controller).stop_below is Controller.stop_below:
         return Check("early stop", "n/a", f"controller={kind_of(cfg.controller)} does not stop drafts early")
     declaration = declared(cfg)
     if not declaration.early_stop:

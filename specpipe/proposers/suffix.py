@@ -224,7 +224,7 @@ class SuffixProposer(RowProposer):
     def release(self, row: int, tokens: list[int]) -> None:
         """The finished request's output joins the global tree, after the prompt's last max_depth
         tokens (so a repeated prompt matches into it)."""
-        local = self.local.pop(row, None)
+        local = self.local.get(row)  # kept until the row's next prefill (what it drafted from stays readable)
         if local is not None:
             start = max(local.prompt_len - local.tree.depth, 0)
             self.cache.add(tokens[start:], local.prompt_len - start)
