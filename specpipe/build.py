@@ -18,6 +18,7 @@ from specpipe.controllers.base import check_schedule
 from specpipe.checks import Check, draft_model_name, lora_paths, refuse_if_any, run_checks
 from specpipe.errors import SpecpipeError
 from specpipe.models.adapters import apply_early_exit, apply_lora
+from specpipe.models.quantize import resolve_precision
 from specpipe.models.loader import LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve
 from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline
@@ -97,7 +98,8 @@ def build_pipeline(cfg: DictConfig) -> Pipeline:
         controller.schedule = check_schedule(cfg.get("batch_schedule"))
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     target = context.target
-    runner = context.runner(target.model, cfg.model.quantize, compile=context.compile)
+    precision = resolve_precision(cfg.model.quantize, context.device)  # a config not composed by specpipe may hold auto
+    runner = context.runner(target.model, precision, compile=context.compile)
     pipeline = Pipeline(target, proposer, verifier, controller, context.sampling, chat=cfg.model.chat, runner=runner)
     pipeline.warnings = [c for c in checks if c.status == "warn"]
     return pipeline

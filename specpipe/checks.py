@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.errors import SpecpipeError
-from specpipe.models.quantize import GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
+from specpipe.models.quantize import BY_DEVICE, GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
 from specpipe.proposers.declaration import Declaration, declaration_of
 
 
@@ -200,6 +200,9 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
         f"position){', decoder stack compiled' if cfg.get('compile') else ''}" if native
         else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
     guarantee = GUARANTEE.get(mode, "")
+    if mode == BY_DEVICE.get(cfg.device):
+        checks.append(Check("precision", "ok", f"{mode}: the {cfg.device} default (model.quantize=auto picks fbgemm fp16 "
+                            "weights on the CPU, bf16 on CUDA: the fastest precision each runs within its guarantee)"))
     if mode in TARGET_SAFE:
         checks.append(Check("verify guarantee", "ok", {
             "exact": f"{mode}: every row of a verify block is bitwise equal to a one-token forward (greedy "

@@ -162,6 +162,20 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
     if "hydra" in cfg:
         with open_dict(cfg):
             del cfg["hydra"]
+    return _precisions(cfg)
+
+
+def _precisions(cfg: DictConfig) -> DictConfig:
+    """`model.quantize=auto` (and a draft's or head's `proposer.quantize`) as the device's own
+    precision, so every reader (checks, build, export, train) sees what will run."""
+    from specpipe.models.quantize import resolve_precision
+
+    device = str(cfg.get("device", "cpu"))
+    with open_dict(cfg):
+        if "model" in cfg and isinstance(cfg.model.get("quantize"), str):
+            cfg.model.quantize = resolve_precision(cfg.model.quantize, device)
+        if "proposer" in cfg and isinstance(cfg.proposer.get("quantize"), str):
+            cfg.proposer.quantize = resolve_precision(cfg.proposer.quantize, device, draft=True)
     return cfg
 
 

@@ -37,6 +37,18 @@ TARGET_SAFE = ("none", "fp16", "bf16", "w8a16")  # verify rows equal one-token r
 EXACT = ("bf16", "w8a16")  # bitwise: a k-row block's rows equal one-row calls (native engine)
 NATIVE_ONLY = EXACT  # they need bf16 activations end to end, which only the native forward keeps
 GUARANTEE = {"none": "tolerance", "fp16": "tolerance", "int8": "draft only", "bf16": "exact", "w8a16": "exact"}
+AUTO = "auto"  # the device's own: the fastest precision it runs with the strongest guarantee it has
+BY_DEVICE = {"cpu": "fp16", "cuda": "bf16"}  # fbgemm fp16 weights on the CPU; bf16 on cuBLAS
+CPU_ONLY = ("fp16", "int8")  # fbgemm kernels: no CUDA kernel
+
+
+def resolve_precision(mode: str, device: str, draft: bool = False) -> str:
+    """`auto` as the device's precision. A draft or head (draft=True) may run any precision (the
+    target verifies it), so a CPU-only kernel asked for on a GPU becomes the GPU's precision; a
+    target's explicit choice is kept, and refused later if the device cannot run it."""
+    if mode == AUTO or (draft and device != "cpu" and mode in CPU_ONLY):
+        return BY_DEVICE.get(device, "none")
+    return mode
 
 
 def activation_dtype(mode: str, model_dtype: torch.dtype = torch.float32) -> torch.dtype:
@@ -327,9 +339,9 @@ def dense_weight(module: nn.Module, dtype: torch.dtype = torch.float32) -> torch
 
 
 def check_mode(mode: str, what: str) -> str:
-    if mode not in MODES:
+    if mode not in MODES and mode != AUTO:
         raise SpecpipeError(
-            f"{what}={mode!r} is not a known precision. Use one of: {', '.join(MODES)} "
+            f"{what}={mode!r} is not a known precision. Use one of: auto, {', '.join(MODES)} "
             "(int4 has no fast CPU kernel in torch; see docs/engine.md, 'Precisions')."
         )
     return mode

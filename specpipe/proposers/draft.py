@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specpipe.checks import Check, same_tokenizer_problems
 from specpipe.models.loader import load_model, load_tokenizer, resolve
-from specpipe.models.quantize import check_mode
+from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
 from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
@@ -17,7 +17,7 @@ from specpipe.proposers.model_drafter import ModelDrafter
 
 def build(*, context, model: str, quantize: str = "int8") -> ModelDrafter | CrossDrafter:
     """Load the draft model named `model` (zoo name, GGUF, directory or hub id)."""
-    check_mode(quantize, "proposer.quantize")
+    quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     source = resolve(model)
     tokenizer = load_tokenizer(source)
     weights = load_model(source)

@@ -37,7 +37,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
-from specpipe.models.quantize import check_mode, module_bytes, quantize_model
+from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
 from specpipe.proposers.base import RowProposer, Rows, still_drafting
 from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.ngram import NgramProposer
@@ -318,14 +318,15 @@ def make_lookup(lookup: bool, lookup_min: int, lookup_max: int) -> NgramProposer
     return NgramProposer(ngram_max=lookup_max, ngram_min=lookup_min) if lookup else None
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16", lookup: bool = False,
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "auto", lookup: bool = False,
           lookup_min: int = 3, lookup_max: int = 4) -> EagleProposer:
     """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
     before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a
     chain; quantize: the head's precision (drafts may use any: the target verifies them);
     lookup: prompt lookup (matches of lookup_min..lookup_max tokens) tried before the head each
     step (false: the head only)."""
-    check_mode(quantize, "proposer.quantize")
+    quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
+    quantize = quantize if context.device == "cpu" else "none"  # packed kernels are the CPU's; a head is small
     shape = None if tree is None else TreeShape(**dict(tree))
     # float32 first whatever the file holds: plain half-precision Linear layers are slow on CPUs
     # without native half arithmetic (this one has none); fbgemm's kernels read fp16 and compute in fp32

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from specpipe.heads.eagle3 import Eagle3Head, engine_keys
 from specpipe.heads.speculators import fit_summary, load_eagle3
-from specpipe.models.quantize import check_mode, quantize_model
+from specpipe.models.quantize import check_mode, resolve_precision, quantize_model
 from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.eagle import DraftLM, EagleProposer, TreeShape, lookup_warning, make_lookup
 from specpipe.proposers.eagle import validate_options as _validate_tree
@@ -35,14 +35,15 @@ def validate_options(options: dict) -> None:
     _validate_tree(options)
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "fp16", lookup: bool = False,
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "auto", lookup: bool = False,
           lookup_min: int = 3, lookup_max: int = 4) -> EagleProposer:
     """heads: a speculators EAGLE-3 checkpoint folder (checked against the target before any
     weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a chain;
     quantize: the head's precision (drafts may use any: the target verifies them); lookup:
     prompt lookup (matches of lookup_min..lookup_max tokens) tried before the head each step
     (false: the head only)."""
-    check_mode(quantize, "proposer.quantize")
+    quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
+    quantize = quantize if context.device == "cpu" else "none"  # packed kernels are the CPU's; a head is small
     shape = None if tree is None else TreeShape(**dict(tree))
     layers = context.target.model.config.num_hidden_layers  # for a head that names no aux layers
     head = quantize_model(load_eagle3(heads, layers).float(), quantize)  # float32 first: see proposer=eagle's build

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 from specpipe.engine import pick_engine
-from specpipe.models.quantize import check_mode
+from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
 
@@ -17,7 +17,7 @@ from specpipe.proposers.model_drafter import ModelDrafter
 def build(*, context, quantize: str = "int8") -> ModelDrafter:
     """Built before the pipeline sets the target's precision (so LoRA merges carry over). The
     native engine copies the weights it needs; the hf engine quantizes in place, so it gets a copy."""
-    check_mode(quantize, "proposer.quantize")
+    quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     model = context.target.model
     if pick_engine(model, context.engine, quantize) == "hf":
         model = copy.deepcopy(model)
