@@ -105,3 +105,16 @@ def test_batched_greedy_verdict_layout():
     host = verdict.to_host()
     assert [h.emitted for h in host] == [[1, 2, 7], [4, 6], [3]]
     assert [h.gamma for h in host] == [3, 2, 0]
+
+
+def test_a_request_can_opt_out_of_speculation_inside_a_speculating_batch():
+    """Per-row draft lengths: one request decodes plainly (γ = 0 every step) while its batch
+    speculates; every row still equals plain greedy decoding."""
+    target = tiny_target(seed=0)
+    pipe = Pipeline(target, NgramProposer(ngram_max=3, ngram_min=1), GreedyVerifier(), FixedGamma(3))
+    prompts = [REPEATING, REPEATING + [9], PROMPT]
+    outs = pipe.generate_batch(prompts, max_new_tokens=16, speculative=[True, False, True])
+    plain = [pipe.run(p, max_new_tokens=16, speculative=False).token_ids for p in prompts]
+    assert [o.token_ids for o in outs] == plain
+    assert outs[1].stats.drafted == 0 and set(outs[1].stats.gamma_trace) == {0}
+    assert outs[0].stats.drafted > 0

@@ -1,6 +1,6 @@
 """`specpipe generate`: one prompt, speculatively with a live view, then the plain target.
 
-Several `prompt=` (or `batch=N`) decode as a batch (specpipe/batch.py): every prompt at once, or
+Several `prompt=` (or `batch=N`) decode as a batch (specpipe/decode/loop.py): every prompt at once, or
 N at a time with continuous batching, then the plain target as the same batch; the figures are
 the batch's throughput (output tokens over the wall time, prefills included).
 """

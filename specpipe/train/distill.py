@@ -7,7 +7,7 @@ Medusa and EAGLE heads for the same target share one set of answers. Each line c
 of its prompt's text, so a cache whose prompt list grows or is edited keeps the answers that
 still match and decodes the rest (lines written before the hash are taken by index).
 
-On the native engine the answers come from specpipe's own batched decoding (`BatchDecoder`,
+On the native engine the answers come from specpipe's own batched decoding (`decode.loop.Decoder`,
 continuous batching: a finished answer's row takes the next prompt at once, no padding);
 otherwise from transformers' batched `generate` (static, left-padded batches). `specpipe train`
 decodes them, and computes the features, with bf16's bulk kernels (models/quantize.py

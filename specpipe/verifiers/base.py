@@ -18,7 +18,7 @@ from specpipe.types import PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, V
 
 class Verifier(ABC):
     lossless: bool = True  # False only for verifiers that change the output distribution
-    verifies_trees: bool = True  # False: DraftTree drafts are refused (the proposer is told: chains_only)
+    verifies_trees: bool = True  # False: tree drafts are refused (a step tells proposers: rows.trees)
 
     @abstractmethod
     def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
