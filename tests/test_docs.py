@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 350
 
-# "session 14", "sessions 23-24", "issue 13", "issue #13", "Issue-4"; paths of a machine
+# a numbered work session or issue (with a space, '#' or '-' before the number); paths of a machine
 FORBIDDEN = {
     "a numbered session": re.compile(r"\bsessions?[ #-]*\d+", re.IGNORECASE),
     "a numbered issue": re.compile(r"\bissues?[ #-]*\d+", re.IGNORECASE),
@@ -61,15 +61,19 @@ def test_the_text_names_no_session_issue_or_machine_path():
                        + "\n".join(found))
 
 
+# the forbidden words are assembled here, so this file does not hold what it forbids
+S, I = "sess" + "ion", "iss" + "ue"
+
+
 @pytest.mark.parametrize("text, bad", [
-    ("measured in session 14 on this machine", True),
-    ("sessions 23-24", True),
-    ("the draft-heads table (issue 13)", True),
-    ("Issue-4 benchmark", True),
-    ("out=/work/qwen-s23", True),
-    ("python -m venv /tmp/specenv", True),
-    ("HOME=/root/x", True),
-    ("measured on 2026-12-04 with a session of 20 prompts", False),
+    (f"measured in {S} 14 on this machine", True),
+    (f"{S}s 23-24", True),
+    (f"the draft-heads table ({I} 13)", True),
+    (f"{I.capitalize()}-4 benchmark", True),
+    ("out=/" + "work/qwen-run", True),
+    ("python -m venv /" + "tmp/specenv", True),
+    ("HOME=/" + "root/x", True),
+    (f"measured on 2026-12-04 with a {S} of 20 prompts", False),
     ("a tissue of 3 layers", False),
     ("bench-results/tune, recipes/smollm2-135m", False),
     ("specpipe/engine/native.py", False),

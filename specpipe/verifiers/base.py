@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from specpipe.sampling import RowRandom
-from specpipe.types import PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict
+from specpipe.types import PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict, ancestry_of, depths_of
 
 
 class Verifier(ABC):
@@ -60,8 +60,6 @@ class TreeRows:
     ancestors-or-self."""
 
     def __init__(self, parents: tuple[int, ...], device: torch.device):
-        from specpipe.types import ancestry_of, depths_of
-
         self.size = len(parents)
         self.parent_rows = torch.tensor([p + 1 for p in parents], dtype=torch.long).to(device)  # [N]
         self.parents = torch.tensor(parents, dtype=torch.long).to(device)  # [N]
