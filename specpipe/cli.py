@@ -13,10 +13,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from rich.console import Console
-
 from specpipe.config import compose
-from specpipe.errors import SpecpipeError
+from specpipe.errors import SpecpipeError, report
 
 USAGE = """usage: specpipe <command> [key=value ...]
        specpipe generate|check ["PROMPT" ... | - | prompt_file=PATH] [key=value ...]
@@ -95,11 +93,6 @@ def _show_own_warnings() -> None:
 
     plain.specpipe = True
     warnings.formatwarning = plain
-
-
-def report(err: SpecpipeError) -> int:
-    Console(stderr=True).print(f"[bold red]error:[/bold red] {err}", highlight=False)
-    return err.exit_code
 
 
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:

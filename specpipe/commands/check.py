@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specpipe.build import config_checks
-from specpipe.checks import check_prompts
+from specpipe.checks.validate import check_prompts
 
 STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 

@@ -14,7 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from specpipe import jsonsafe
-from specpipe.checks import check_prompts, check_settings, proposer_kind, refuse_if_any
+from specpipe.checks.identity import proposer_kind
+from specpipe.checks.result import refuse_if_any
+from specpipe.checks.validate import check_prompts, check_settings
 from specpipe.pipeline import Generation, Pipeline
 from specpipe.ui.live import stream, summary
 
@@ -88,7 +90,7 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
 
 
 def _validate(cfg: DictConfig, prompts: list[str]) -> None:
-    """What `specpipe check` refuses too (specpipe/checks.py), before the status line and any load."""
+    """What `specpipe check` refuses too (specpipe/checks/), before the status line and any load."""
     refuse_if_any([check_settings(cfg), check_prompts(prompts)])
 
 

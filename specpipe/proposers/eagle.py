@@ -35,6 +35,7 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.engine import FINAL, Runner, TargetOutput
+from specpipe.export.engine import sglang_chain
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
@@ -344,13 +345,12 @@ def lookup_warning(plan, engine: str) -> None:
 def _vllm(plan) -> dict:
     """The heads folder is already vLLM's EAGLE layout; vLLM shares the target's embeddings and
     LM head with it, as specpipe does."""
-    from specpipe.export.vllm import VERSION
     from specpipe.heads.io import read_config
 
     read_config(plan.heads, "eagle")  # a clear error now, not at vLLM's start-up
-    lookup_warning(plan, f"vLLM {VERSION}")
+    lookup_warning(plan, f"vLLM {plan.version}")
     if plan.tree:
-        plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE as a chain (it has no token tree); "
+        plan.warnings.append(f"proposer.tree: vLLM {plan.version} drafts EAGLE as a chain (it has no token tree); "
                              f"EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
     return {"method": "eagle", "model": plan.heads, "num_speculative_tokens": plan.gamma}
 
@@ -358,10 +358,8 @@ def _vllm(plan) -> dict:
 def _sglang(plan) -> dict:
     """SGLang's EAGLE drafts EAGLE-2's dynamic tree itself: depth γ, top-k per step, and the
     number of nodes kept (plus the verified token)."""
-    from specpipe.export.sglang import VERSION, chain
-
-    lookup_warning(plan, f"SGLang {VERSION}")
-    shape = chain(plan.gamma) if not plan.tree else {
+    lookup_warning(plan, f"SGLang {plan.version}")
+    shape = sglang_chain(plan.gamma) if not plan.tree else {
         "--speculative-num-steps": plan.gamma, "--speculative-eagle-topk": int(plan.tree["top_k"]),
         "--speculative-num-draft-tokens": int(plan.tree["nodes"]) + 1}
     return {"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": plan.heads, **shape}
