@@ -55,7 +55,7 @@ def main() -> None:
         reference = plain.run(ids, max_new_tokens=args.tokens, speculative=False)
         for name, pipe in pipes.items():
             gen = pipe.run(ids, max_new_tokens=args.tokens)
-            exact = first_divergence(plain.target.model, ids, gen.token_ids, reference.token_ids) is None
+            exact = first_divergence(plain.runner, ids, gen.token_ids, reference.token_ids) is None
             speedup = gen.stats.tokens_per_s / reference.stats.tokens_per_s
             rows[name].append((prompt["category"], speedup, gen.stats, exact, reference.stats.tokens_per_s))
             print(f"{prompt['id']:14s} {name:36s} plain {reference.stats.tokens_per_s:6.2f} tok/s  "

@@ -38,15 +38,25 @@ BLOCKS = (1, 2, 5, 9)
 
 
 def forward_ms(runner, context: list[int], k: int, reps: int) -> float:
+    """Median ms of a k-token forward appended to `context` (its logits stay on the device: on a
+    GPU the clock waits for the device before and after)."""
     runner.reset()
-    runner.forward(context[:-1], last_only=True)
+    runner.prefill(0, context[:-1])
+    block = torch.tensor([context[-1:] + list(range(100, 99 + k))]).to(runner.device)  # [1, k]
     times = []
     for _ in range(reps):
-        runner.crop(len(context) - 1)
+        runner.crop(0, len(context) - 1)
+        _sync(runner.device)
         started = time.perf_counter()
-        runner.forward(context[-1:] + list(range(100, 99 + k)))
+        runner.forward(block)
+        _sync(runner.device)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def plain_decode(target, runner, prompts: list[list[int]], tokens: int) -> tuple[float, float]:

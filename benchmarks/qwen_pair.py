@@ -80,7 +80,7 @@ def main() -> None:
             results[name] = gen
         plain = results["plain"]
         for name, gen in results.items():
-            div = first_divergence(target.model, ids, gen.token_ids, plain.token_ids)
+            div = first_divergence(pipelines["plain"].runner, ids, gen.token_ids, plain.token_ids)
             rows[name].append((prompt["id"], gen.stats, div))
             print(f"{prompt['id']} {name:6s} {gen.stats.tokens_per_s:6.2f} tok/s  "
                   f"x{gen.stats.tokens_per_s / plain.stats.tokens_per_s:.2f}  τ={gen.stats.mean_accepted_length:.2f} "

@@ -69,7 +69,7 @@ def main() -> None:
             reference = plain.run(ids, max_new_tokens=args.tokens, speculative=False)
             for name, pipe in pipes.items():
                 gen = reference if name == "plain" else pipe.run(ids, max_new_tokens=args.tokens)
-                exact = first_divergence(plain.target.model, ids, gen.token_ids, reference.token_ids) is None
+                exact = first_divergence(plain.runner, ids, gen.token_ids, reference.token_ids) is None
                 speedup = gen.stats.tokens_per_s / reference.stats.tokens_per_s
                 rows[prompt["category"], name].append((speedup, gen.stats.mean_accepted_length, exact,
                                                        reference.stats.tokens_per_s))

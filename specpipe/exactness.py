@@ -30,12 +30,14 @@ class Divergence:
 
 def first_divergence(target: Runner, prompt: list[int], speculative: list[int], plain: list[int]) -> Divergence | None:
     """None if equal; else where they part and how close the target's choice was (measured on
-    the target's own runner, whose cache this resets)."""
+    the target's own runner: its row 0 is refilled with the prompt and the plain output up to
+    there, in one block)."""
     if speculative == plain:
         return None
     i = next((j for j, (a, b) in enumerate(zip(speculative, plain)) if a != b), min(len(speculative), len(plain)))
-    target.reset()
-    logits = target.forward(prompt + plain[:i], last_only=True).logits[0, -1]
+    target.reset(0)
+    logits = target.prefill(0, prompt + plain[:i]).logits[0, -1]  # the last position's: [V]
+    target.reset(0)
     top2 = torch.topk(logits.float(), 2).values
     return Divergence(
         index=i,

@@ -242,3 +242,26 @@ def test_a_config_read_from_a_gguf_names_no_architecture_but_is_native():
     assert config_unsupported_reason(LlamaConfig(architectures=None)) is None
     assert config_unsupported_reason(Qwen2Config(architectures=None)) is None
     assert "is not a native architecture" in config_unsupported_reason(type("C", (), {"model_type": "gpt2"})())
+
+
+@pytest.mark.parametrize("engine", ["native", "hf"])
+def test_first_divergence_names_the_position_and_the_targets_own_gap(engine):
+    """bench's exactness report: where a speculative output parts from plain, and the plain
+    target's top-2 logit gap there, measured on the pipeline's own runner (any engine)."""
+    from specpipe.exactness import first_divergence
+    from specpipe.pipeline import Pipeline
+    from specpipe.verifiers.greedy import GreedyVerifier
+    from conftest import tiny_target
+
+    target = tiny_target()
+    pipe = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(target.model, engine=engine))
+    plain = pipe.run(PROMPT, max_new_tokens=8, speculative=False).token_ids
+    assert first_divergence(pipe.runner, list(PROMPT), plain, plain) is None
+    other = [*plain[:3], (plain[3] + 1) % VOCAB, *plain[4:]]
+    found = first_divergence(pipe.runner, list(PROMPT), other, plain)
+    with torch.no_grad():
+        logits = target.model(torch.tensor([[*PROMPT, *plain[:3]]])).logits[0, -1]
+    top2 = logits.topk(2).values
+    assert (found.index, found.speculative, found.plain) == (3, other[3], plain[3])
+    assert found.top2_gap == pytest.approx(float(top2[0] - top2[1]), abs=1e-6)  # compared in float32
+    assert pipe.run(PROMPT, max_new_tokens=8, speculative=False).token_ids == plain  # the runner still decodes
