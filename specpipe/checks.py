@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.errors import SpecpipeError
+from specpipe.limits import cache_slots, integer_problems, memory_problem, size_problems
 from specpipe.models.quantize import BY_DEVICE, GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
 from specpipe.proposers.declaration import Declaration, declaration_of
 
@@ -195,9 +196,11 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
         return [Check("engine", "refuse", f"model.quantize={mode} needs the native engine (bf16 activations end to "
                       f"end); {cfg.model.name} runs on hf: {reason or 'engine=hf was asked for'}",
                       "use model.quantize=fp16 or none")]
+    slots = cache_slots(cfg, target_config)
+    lowered = f"; cache_len={cfg.cache_len} is past the model's positions: {slots} are allocated" if slots < cfg.cache_len else ""
     checks = [Check("engine", "ok", (
-        f"native: own forward (fused projections, preallocated KV cache of {cfg.cache_len} slots indexed by "
-        f"position){', decoder stack compiled' if cfg.get('compile') else ''}" if native
+        f"native: own forward (fused projections, preallocated KV cache of {slots} slots indexed by "
+        f"position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}" if native
         else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
     guarantee = GUARANTEE.get(mode, "")
     if mode == BY_DEVICE.get(cfg.device):
@@ -227,8 +230,9 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
 
     if target_config is None:
         return Check("memory", "n/a", "the target's config is unknown")
-    tokens, rows = cfg.cache_len, batch_size(cfg)
+    tokens, rows = cache_slots(cfg, target_config), batch_size(cfg)
     slots = f"{tokens} slots" + (f" × {rows} rows" if rows > 1 else "")
+    total = weight_bytes(target_config, cfg.model.quantize) + rows * cache_bytes(target_config, cfg.model.quantize, tokens)
     parts = [f"target {mib(weight_bytes(target_config, cfg.model.quantize))} + KV cache "
              f"{mib(rows * cache_bytes(target_config, cfg.model.quantize, tokens))} ({slots})"]
     kind = proposer_kind(cfg)
@@ -239,10 +243,15 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
     except SpecpipeError:  # an unreachable draft: the tokenizer check has said so already
         draft = None
     if draft is not None:
+        total += weight_bytes(draft, draft_mode) + rows * cache_bytes(draft, draft_mode, tokens)
         parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache "
                      f"{mib(rows * cache_bytes(draft, draft_mode, tokens))}")
     elif declared(cfg).heads:
         parts.append(f"{kind} heads: see bench's measured figures (their size is in the heads folder)")
+    too_much = memory_problem(total, cfg.device)  # refused here, before the allocator fails part way
+    if too_much:
+        return Check("memory", "refuse", "estimated: " + "; ".join(parts) + f"; {too_much}",
+                     "decode fewer sequences at once (batch=, concurrency=) or lower cache_len=")
     return Check("memory", "ok", "estimated: " + "; ".join(parts), "lower cache_len= to shrink the caches")
 
 
@@ -253,7 +262,8 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
         return Check("heads", "n/a", f"proposer={kind} uses no trained heads")
     from omegaconf import OmegaConf
 
-    from specpipe.heads.io import read_config
+    from specpipe.heads.integrity import heads_problem, shape_problem
+    from specpipe.heads.io import damaged_heads, read_config
 
     if OmegaConf.is_missing(cfg.proposer, "heads"):
         return Check("heads", "refuse", f"proposer={kind} needs proposer.heads=DIR (trained heads)",
@@ -264,10 +274,12 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
         heads = read(cfg.proposer.heads)
     except SpecpipeError as err:
         return Check("heads", "refuse", str(err), f"train heads: specpipe train proposer={kind} model={cfg.model.name}")
+    if damaged := heads_problem(cfg.proposer.heads):  # as a model's files are, before anything reads them
+        return Check("heads", "refuse", damaged_heads(cfg.proposer.heads, damaged).rstrip("."),
+                     f"restore the folder, or train heads: specpipe train proposer={kind} model={cfg.model.name}")
     target = target_config_loader()  # None: not fetched (export), only the trained-for name is compared
-    problems = [f"{what} {heads.get(key)} vs the target's {getattr(target, key, None)}"
-                for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
-                if target is not None and heads.get(key) != getattr(target, key, None)]
+    problems = [problem for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
+                if target is not None and (problem := shape_problem(what, key, heads.get(key), target))]
     layers = getattr(target, "num_hidden_layers", None)
     outside = [k for k in heads.get("reads_layers", ()) if layers is not None and not 0 < k <= layers]
     if target is not None and outside:  # 0 would be the embeddings, which no runner hands over
@@ -393,7 +405,10 @@ def check_settings(cfg: DictConfig) -> Check:
             SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         except SpecpipeError as err:
             problems.append(str(err).rstrip("."))
-    problems += _gamma_problems(cfg)
+    if cfg.get("concurrency", 1) > 1 and cfg.get("requests") == 0:  # else silently ignored
+        problems.append(f"concurrency={cfg.concurrency} is the batch of a request load and needs requests=N (a "
+                        "per-prompt bench decodes one prompt at a time)")
+    problems += _gamma_problems(cfg) + integer_problems(cfg) + size_problems(cfg)
     if problems:
         return Check("settings", "refuse", "; ".join(problems), "fix the values named (see conf/ for the defaults)")
     return Check("settings", "ok", "every number finite and in range")
@@ -527,7 +542,8 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
                target_config_loader=lambda: None, draft_config_loader=lambda: None) -> list[Check]:
-    settings, options = check_settings(cfg), check_options(cfg)
+    settings = check_settings(cfg)  # first: the options check builds the controller, sized by these
+    options = check_options(cfg) if settings.status != "refuse" else Check("options", "n/a", "not checked: fix the settings first")
     if "refuse" in (settings.status, options.status):  # later checks read these values
         return [settings, options]
     target_config = target_config_loader()

@@ -109,6 +109,7 @@ class TrainConfig:
     init: str = ""  # start from these trained heads (a folder train wrote) instead of fresh ones: train them further
     engine: str = "auto"  # the target's engine for feature extraction (see DecodeConfig)
     out: str = "recipes"  # heads go to <out>/<model>/<proposer>/, the recipe to <out>/<model>/<proposer>.yaml
+    overwrite: bool = False  # replace heads and a recipe already there (else refused: they may be the shipped ones)
 
 
 def job_dir_name(override_dirname: str) -> str:

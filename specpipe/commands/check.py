@@ -10,19 +10,24 @@ from rich.console import Console
 from rich.table import Table
 
 from specpipe.build import config_checks
-from specpipe.checks import check_prompts
+from specpipe.checks import Check, check_prompts
+from specpipe.limits import fit_slots
+from specpipe.markup import esc
 
 STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 
 
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     """prompts: the command line's prompts, as generate takes them (checked the same way)."""
+    lowered = fit_slots(cfg, len(prompts), "batch") if prompts else None  # as generate runs them
     checks = [*config_checks(cfg), *([check_prompts(prompts)] if prompts else [])]
-    table = Table(title=f"specpipe check: {cfg.model.name}")
+    if lowered:
+        checks.append(Check("batch size", "ok", lowered))
+    table = Table(title=f"specpipe check: {esc(cfg.model.name)}")
     for column in ("check", "status", "why", "how to fix"):
         table.add_column(column)
     for check in checks:
         style = STYLE[check.status]
-        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", check.why, check.fix)
+        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", esc(check.why), esc(check.fix))
     Console().print(table)
     return 2 if any(c.status == "refuse" for c in checks) else 0

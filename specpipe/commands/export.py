@@ -20,6 +20,7 @@ from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm
 from specpipe.export.plan import plan_of
+from specpipe.markup import esc
 from specpipe.outputs import atomic_write, save_or_keep, writable_output
 
 ENGINES = {"vllm": vllm, "sglang": sglang}
@@ -45,13 +46,13 @@ def run(args: list[str]) -> int:
     result = vllm.export(plan) if args[0] == "vllm" else sglang.export(plan)
     err = Console(stderr=True)
     for warning in result.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {esc(warning)}", highlight=False)
     if result.engine == "vllm" and result.settings:
         written = save_or_keep(lambda to: write_json(to, result.settings), path, "the speculative_config")
-        err.print(f"speculative_config ({result.engine} {result.version}): {written}")
+        err.print(f"speculative_config ({result.engine} {result.version}): {esc(written)}")
     elif out:
         written = save_or_keep(lambda to: atomic_write(to, lambda f: f.write(result.command + "\n")), path,
                                "the launch command")
-        err.print(f"command: {written}")
+        err.print(f"command: {esc(written)}")
     print(result.command)
     return 0
