@@ -138,7 +138,7 @@ def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
     while i < len(args):
         arg = args[i]
         if arg == "--":
-            prompts += [argv_text(a, f"the prompt {a!r}") for a in args[i + 1:]]
+            prompts += [argv_text(a) for a in args[i + 1:]]
             break
         if arg in _VALUE_FLAGS and i + 1 < len(args):  # `--cfg job`: the flag's value is no prompt
             rest += args[i:i + 2]
@@ -153,7 +153,7 @@ def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
         elif (arg.startswith("-") and is_flag(arg)) or _is_setting(arg):
             rest.append(arg)
         else:
-            prompts.append(argv_text(arg, f"the prompt {arg!r}"))
+            prompts.append(argv_text(arg))
         i += 1
     return rest, prompts
 

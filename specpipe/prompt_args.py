@@ -33,13 +33,14 @@ def decode_text(data: bytes, where: str) -> str:
                             "Convert it, e.g. `iconv -f latin1 -t utf-8 FILE`, and pass it again.") from None
 
 
-def argv_text(arg: str, where: str) -> str:
+def argv_text(arg: str, what: str = "the prompt") -> str:
     """A command-line argument's text, checked as a file's bytes are: undecodable bytes are refused."""
     try:
         arg.encode("utf-8")
         return arg
     except UnicodeEncodeError:  # lone surrogates: the bytes Python could not decode, kept as they came
-        return decode_text(os.fsencode(arg), where)
+        data = os.fsencode(arg)
+        return decode_text(data, f"{what} {data.decode('utf-8', 'replace')!r}")
 
 
 def is_flag(arg: str) -> bool:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from specpipe.bench import plots
+from specpipe.bench.partial import PARTIAL_FILE, KeptResults
 from specpipe.bench.load import load_summary, measure_load
 from specpipe.bench.peers import hf_batched, load_peer_names, make_peers, peer_names
 from specpipe.bench.results import RESULTS_FILE, SCHEMA, earlier_results, environment, measured_with, now, write_json
@@ -57,9 +58,11 @@ def run(cfg: DictConfig) -> int:
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {esc(warning.why)}", highlight=False)
-    payload = (measure_requests if load else measure)(cfg, pipeline, prompts, peers, err)
+    payload = measure_requests(cfg, pipeline, prompts, peers, err) if load else measure(cfg, pipeline, prompts,
+                                                                                         peers, err, folder)
     Console().print(load_table(payload) if load else bench_table(payload))  # seen, whatever happens to the file
     path = save(payload, folder)
+    (folder / PARTIAL_FILE).unlink(missing_ok=True)  # every prompt is in results.json now
     err.print(f"results: {esc(path)}")
     if cfg.plot:
         for png in plots.plot_run(payload, folder):
@@ -107,8 +110,15 @@ def earlier_run(folder: Path, cfg: DictConfig, prompts: list[dict], name: str, e
     return earlier
 
 
-def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console) -> dict:
+def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console,
+            folder: Path | None = None) -> dict:
+    """folder: where each prompt's result is kept as it comes (bench/partial.py), and an interrupted
+    run's are read back from: only the prompts left are measured."""
     check_fits(pipeline, prompts, cfg.max_new_tokens)  # every prompt fits, named by id, before anything runs
+    kept = KeptResults(folder or Path(cfg.out), measured_with(cfg, prompts))
+    if kept.resumed:
+        err.print(f"resuming: {kept.resumed} of {len(prompts)} prompts measured by an interrupted run with the same "
+                  f"settings ({esc(kept.path)}); measuring the rest", highlight=False)
     peer_runs = make_peers(peers, pipeline, cfg)
     with err.status("warming up…"):
         warm_up(pipeline, pipeline.encode(prompts[0]["messages"]), peer_runs, cfg.warmup, cfg.seed)
@@ -120,8 +130,18 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
                   f"τ={result.speculative.stats['mean_accepted_length']:.2f}{exact}", highlight=False, soft_wrap=True)
 
     _print_engine(pipeline, pipeline.memory(), err)
-    results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                            stop=list(cfg.stop), peers=peer_runs, on_result=show)
+    def show_and_keep(result) -> None:
+        show(result)
+        kept.keep(result)
+
+    try:
+        results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                                stop=list(cfg.stop), peers=peer_runs, on_result=show_and_keep, done=kept.done)
+    except KeyboardInterrupt:
+        if kept.done:
+            err.print(f"interrupted: {len(kept.done)} of {len(prompts)} prompts kept in {esc(kept.path)}; the same "
+                      "command resumes from there", highlight=False)
+        raise
     return {**_header(cfg, pipeline, prompts), "memory_bytes": pipeline.memory(),
             "prompts": [r.to_dict() for r in results], "summary": summarize(results)}
 

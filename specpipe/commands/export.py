@@ -16,7 +16,7 @@ from rich.console import Console
 from specpipe.bench.results import write_json
 from specpipe.build import config_checks
 from specpipe.checks import refuse_if_any
-from specpipe.config import compose
+from specpipe.config import compose, conf_dir, with_shipped_recipe
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm
 from specpipe.export.plan import plan_of
@@ -35,7 +35,8 @@ def run(args: list[str]) -> int:
         raise SpecpipeError(f"`specpipe export {args[0]}`: the engines are {', '.join(ENGINES)}. {USAGE}")
     out = next((a.partition("=")[2] for a in args[1:] if a.startswith("out=")), None)
     overrides = [a for a in args[1:] if not a.startswith("out=")]
-    cfg = compose(overrides, "generate")
+    # what plain `generate` would run, recipe included: an export of anything else misleads
+    cfg = compose(with_shipped_recipe(overrides, "generate", conf_dir()), "generate")
     # what `specpipe check` refuses, export refuses: a composition that cannot run is not exported
     checks = config_checks(cfg, fetch=False)
     refuse_if_any(checks)
