@@ -280,6 +280,9 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
     target = target_config_loader()  # None: not fetched (export), only the trained-for name is compared
     problems = [problem for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
                 if target is not None and (problem := shape_problem(what, key, heads.get(key), target))]
+    asked = cfg.proposer.get("num_heads")  # "use the first N": more than there are is refused, not capped
+    if isinstance(asked, int) and isinstance(heads.get("num_heads"), int) and asked > heads["num_heads"]:
+        problems.append(f"proposer.num_heads={asked}, and the folder holds {heads['num_heads']} heads")
     layers = getattr(target, "num_hidden_layers", None)
     outside = [k for k in heads.get("reads_layers", ()) if layers is not None and not 0 < k <= layers]
     if target is not None and outside:  # 0 would be the embeddings, which no runner hands over

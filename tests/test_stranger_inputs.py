@@ -210,6 +210,17 @@ def test_check_refuses_ngram_min_above_ngram_max(model_dirs):
                      "proposer.ngram_max=3"]), "ngram_min=5")
 
 
+def test_check_refuses_a_prompt_that_fills_the_context(model_dirs):
+    result = specpipe("check", f"model={model_dirs / 'target'}", " ".join(["w5"] * 300))  # 256 positions
+    assert result.returncode == 2 and "no room for output" in " ".join(result.stdout.split()), result.stdout
+
+
+def test_check_refuses_more_heads_than_the_folder_holds(model_dirs, tmp_path):
+    heads = _heads("medusa", tmp_path / "m", str(model_dirs / "target"))
+    refused(compose([f"model={model_dirs / 'target'}", "proposer=medusa", f"proposer.heads={heads}",
+                     "proposer.num_heads=100"]), "proposer.num_heads=100", "holds 2 heads")
+
+
 def test_export_with_no_settings_exports_what_generate_runs(tmp_path):
     result = specpipe("export", "vllm", f"out={tmp_path / 'spec.json'}")  # the default target's shipped recipe
     assert result.returncode == 0, result.stderr

@@ -17,10 +17,33 @@ from specpipe.markup import esc
 STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 
 
+def _prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
+    """What generate refuses once loaded, found from the tokenizer and config: a prompt that fills the
+    context (counted without a chat template, which only adds tokens, so every refusal is certain)."""
+    from specpipe.limits import cache_slots
+    from specpipe.models.loader import load_config, load_tokenizer, resolve
+
+    source = resolve(cfg.model.name)
+    tokenizer, config = load_tokenizer(source), load_config(source)
+    positions = getattr(config, "max_position_embeddings", None)
+    limit = cache_slots(cfg, config) if cfg.engine != "hf" else positions
+    if not isinstance(limit, int):
+        return Check("context", "n/a", "the target's context is unknown")
+    lengths = [len(tokenizer(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+    full = [f"prompt {i + 1} ({n} tokens)" for i, n in enumerate(lengths) if n >= limit]
+    if full:
+        return Check("context", "refuse", f"{', '.join(full)} leave no room for output in the {limit}-token context "
+                     f"(cache_len={cfg.cache_len}, the model's positions {positions})",
+                     "shorten the prompt, or raise cache_len= up to the model's positions")
+    return Check("context", "ok", f"the longest prompt is {max(lengths)} tokens of the {limit}-token context")
+
+
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     """prompts: the command line's prompts, as generate takes them (checked the same way)."""
     lowered = fit_slots(cfg, len(prompts), "batch") if prompts else None  # as generate runs them
     checks = [*config_checks(cfg), *([check_prompts(prompts)] if prompts else [])]
+    if prompts and not any(c.status == "refuse" for c in checks):
+        checks.append(_prompt_room(cfg, prompts))
     if lowered:
         checks.append(Check("batch size", "ok", lowered))
     table = Table(title=f"specpipe check: {esc(cfg.model.name)}")
