@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
-# One prepared GPU check (under 10 minutes on a machine with a CUDA GPU): the engine's CUDA tests,
-# the lossless suite's native-engine cases on CUDA, and the engine benchmark on CUDA. Results go
-# to ${OUT:-gpu-results}/ (pytest logs, engine.json, the table as engine.md).
-#   bash benchmarks/gpu_check.sh
+# The one prepared GPU check (about 6 minutes on an H200): the CUDA tests, reads back to the host
+# per step on the real SmolLM2, the real SmolLM2 with the shipped recipe, ngram and suffix against
+# its plain target (exactness per prompt), and the engine table on random-weight shapes. Each
+# result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files (the logs
+# and results.json files are packed into more.tar.gz).
+#   OUT=gpu-results bash benchmarks/gpu_check.sh
+# DEVICE=cpu runs the same steps on the CPU (to try the script where there is no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-gpu-results}"
-mkdir -p "$OUT"
-python -c "import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$OUT/device.txt"
-python -m pip install -q -e '.[test]' >"$OUT/install.log" 2>&1 || echo "install failed: see $OUT/install.log"
-timeout 240 python -m pytest -q -m "not slow" tests/test_engine.py tests/test_lossless.py \
-    -k "cuda or native" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
-timeout 300 python benchmarks/engine.py --device cuda --random-weights --models smollm2-135m qwen2.5-coder-1.5b \
-    --configs native:bf16 native:none native:bf16+compile --prompts 1 --tokens 64 \
-    --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.md"
-echo "results in $OUT/"
+OUT="${OUT:-gpu-results}"; DEVICE="${DEVICE:-cuda}"; MORE="$(mktemp -d)/more"  # packed into $OUT, never left there
+TOKENS="${TOKENS:-128}"
+mkdir -p "$MORE"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+REPORT="$OUT/report.md"
+python -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA')" > "$OUT/device.txt" 2>&1
+{ echo "# GPU check, $(date -u +%F), $DEVICE: $(cat "$OUT/device.txt")"; echo; } > "$REPORT"
+packed() { tar czf "$OUT/more.tar.gz" -C "$(dirname "$MORE")" more 2>/dev/null; }
+
+echo "## CUDA tests (pytest -k cuda)" >> "$REPORT"
+timeout 150 python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_engine.py tests/test_step.py \
+    tests/test_lossless.py -k cuda > "$MORE/pytest.txt" 2>&1
+{ tail -3 "$MORE/pytest.txt"; echo; } >> "$REPORT"; packed
+
+echo "## Reads back to the host per step (real SmolLM2, $DEVICE)" >> "$REPORT"
+timeout 120 python benchmarks/step_reads.py --device "$DEVICE" --model smollm2-135m --tokens 48 \
+    --strategy "recipe=recipes/smollm2-135m" --strategy "proposer=ngram gamma=4" --strategy "proposer=suffix" \
+    >> "$REPORT" 2> "$MORE/step_reads.log" || echo "(failed: see step_reads.log in more.tar.gz)" >> "$REPORT"
+echo >> "$REPORT"; packed
+
+SMOL="model=smollm2-135m device=$DEVICE prompts=dev limit=1 max_new_tokens=$TOKENS"
+for spec in "recipe:recipe=recipes/smollm2-135m" "ngram:proposer=ngram gamma=4" "suffix:proposer=suffix"; do
+  name=${spec%%:*}
+  timeout 110 python -m specpipe bench $SMOL ${spec#*:} out="$MORE/bench-$name" > "$MORE/bench-$name.log" 2>&1
+  packed
+done
+{ echo "## Real SmolLM2-135M, dev prompts (one a category), $TOKENS tokens, plain vs speculative"
+  python benchmarks/gpu_report.py "$MORE"/bench-recipe "$MORE"/bench-ngram "$MORE"/bench-suffix; echo; } >> "$REPORT"
+
+echo "## Engine (random weights): ms per forward, plain tok/s" >> "$REPORT"
+timeout 150 python benchmarks/engine.py --device "$DEVICE" --random-weights --models smollm2-135m qwen2.5-coder-1.5b \
+    --configs native:bf16 native:none --prompts 1 --tokens 64 --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
+packed
+echo "results in $OUT/ (report.md; logs in more.tar.gz)"

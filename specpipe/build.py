@@ -2,26 +2,27 @@
 
 Order matters: cheap validation first (sampling, γ, precisions, tokenizers), weights last, so
 bad input is refused before anything heavy loads. Component configs name a build function
-(`_target_`) and its keyword arguments; only functions under `specpipe.` are called, because a
-recipe found beside a model is data from a stranger.
+(`_target_`) and its keyword arguments, called through `components.call_target`. The build returns
+the pipeline's parts; `Pipeline.from_config` assembles them, so the build never imports the
+pipeline it builds.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from specpipe.controllers.base import check_schedule
-from specpipe.checks import Check, draft_model_name, lora_paths, refuse_if_any, run_checks
-from specpipe.errors import SpecpipeError
+from specpipe.checks.identity import draft_model_name, lora_paths
+from specpipe.checks.result import Check, refuse_if_any
+from specpipe.checks.run import run_checks
+from specpipe.components import call_target
 from specpipe.models.adapters import apply_early_exit, apply_lora
 from specpipe.models.quantize import resolve_precision
 from specpipe.models.loader import LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve
 from specpipe.engine import make_runner
-from specpipe.pipeline import Pipeline
 from specpipe.sampling import SamplingParams
 
 
@@ -89,7 +90,9 @@ def _is_fetched(source: ModelSource) -> bool:
     return source.gguf is None or (Path(source.path) / source.gguf).is_file()
 
 
-def build_pipeline(cfg: DictConfig) -> Pipeline:
+def build_parts(cfg: DictConfig) -> dict:
+    """The keyword arguments of `Pipeline` for a composed config (`Pipeline.from_config` calls
+    this: the build sits below the pipeline and never constructs one)."""
     context, checks = checked_context(cfg)
     refuse_if_any(checks)
     verifier = call_target(cfg.verifier, "verifier", context)
@@ -100,33 +103,6 @@ def build_pipeline(cfg: DictConfig) -> Pipeline:
     target = context.target
     precision = resolve_precision(cfg.model.quantize, context.device)  # a config not composed by specpipe may hold auto
     runner = context.runner(target.model, precision, compile=context.compile)
-    pipeline = Pipeline(target, proposer, verifier, controller, context.sampling, chat=cfg.model.chat, runner=runner)
-    pipeline.warnings = [c for c in checks if c.status == "warn"]
-    return pipeline
-
-
-def call_target(node: DictConfig, group: str, context: BuildContext):
-    """Call the build function a component config names, with its keys as keyword arguments."""
-    kwargs = OmegaConf.to_container(node, resolve=True)
-    target = kwargs.pop("_target_", None)
-    if target is None:
-        return None
-    if not isinstance(target, str) or not target.startswith("specpipe."):
-        raise SpecpipeError(
-            f"{group}._target_={target!r} is refused: only build functions under `specpipe.` are "
-            "called. Pick a built-in component (see conf/) instead of naming code to run."
-        )
-    module, _, name = target.rpartition(".")
-    try:
-        build = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        raise SpecpipeError(f"{group}._target_={target} does not exist in this specpipe version.") from None
-    try:
-        return build(context=context, **kwargs)
-    except TypeError as err:
-        if "keyword argument" not in str(err):
-            raise
-        raise SpecpipeError(
-            f"{group} does not take one of the settings {sorted(kwargs)}: {err}. Check the key's "
-            f"spelling against conf/{group}/."
-        ) from None
+    return dict(target=target, proposer=proposer, verifier=verifier, controller=controller,
+                sampling=context.sampling, chat=cfg.model.chat, runner=runner,
+                warnings=[c for c in checks if c.status == "warn"])

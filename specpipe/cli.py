@@ -13,11 +13,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from rich.console import Console
-
 from specpipe.config import compose
-from specpipe.errors import SpecpipeError
-from specpipe.markup import esc
+from specpipe.errors import SpecpipeError, report
 from specpipe.prompt_args import argv_text, decode_text, is_flag
 
 USAGE = """usage: specpipe <command> [key=value ...]
@@ -97,11 +94,6 @@ def _show_own_warnings() -> None:
 
     plain.specpipe = True
     warnings.formatwarning = plain
-
-
-def report(err: SpecpipeError) -> int:
-    Console(stderr=True).print(f"[bold red]error:[/bold red] {esc(err)}", highlight=False)
-    return err.exit_code
 
 
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:

@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specpipe import recipe as recipes
 from specpipe.errors import SpecpipeError
+from specpipe.paths import conf_dir  # noqa: F401  (re-exported: the CLI and tests read it here)
 
 
 @dataclass
@@ -126,15 +127,6 @@ def register() -> None:
     for name, node in {"generate_schema": GenerateConfig, "bench_schema": BenchConfig,
                        "tune_schema": TuneConfig, "train_schema": TrainConfig}.items():
         store.store(name=name, node=node)
-
-
-def conf_dir() -> Path:
-    """conf/ of a source checkout, or the copy installed inside the package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "generate.yaml").exists():
-            return candidate
-    raise FileNotFoundError("specpipe's conf/ directory is missing from this installation")
 
 
 def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:

@@ -25,7 +25,7 @@ from typing import IO, Callable
 
 from hydra.experimental.callback import Callback
 
-from specpipe.errors import SpecpipeError
+from specpipe.errors import SpecpipeError, report
 
 
 def writable_output(folder: Path, setting: str, files: tuple[str, ...] = (), folders: tuple[str, ...] = ()) -> Path:
@@ -116,8 +116,6 @@ class SweepPreflight(Callback):
     """`-m`: the sweep's folder must be writable before Hydra creates it (and runs any job)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from specpipe.cli import report
-
         try:
             writable_output(Path(config.hydra.sweep.dir), f"out={config.get('out', config.hydra.sweep.dir)}")
         except SpecpipeError as err:

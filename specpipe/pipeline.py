@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
-from specpipe.context import ContextLimit, ContextWarning, context_limit, trimmed
+from specpipe.context import ContextLimit, ContextWarning, context_limit
 from specpipe.controllers.base import Controller
 from specpipe.decode.loop import Decoder, Request, RequestEvent
 from specpipe.decode.text import TextStream, encode, is_ids
@@ -56,8 +56,10 @@ class Pipeline:
         chat: bool | None = None,
         runner: Runner | None = None,
         engine: str = "auto",
+        warnings: list | tuple = (),
     ):
-        """runner: the target's (built from `target.model` on `engine` at its own precision if None)."""
+        """runner: the target's (built from `target.model` on `engine` at its own precision if None);
+        warnings: the build's compatibility warnings (`checks.Check`), for the CLI to show."""
         self.target = target
         self.proposer = proposer
         self.verifier = verifier
@@ -69,7 +71,7 @@ class Pipeline:
             proposer.bind(self.runner)  # heads read the target's LM head and embeddings through it
         self.hidden = tuple(proposer.hidden_layers) if proposer is not None else ()
         self.eos_ids = eos_ids_of(target.model, target.tokenizer)
-        self.warnings: list = []  # compatibility warnings from the build (checks.Check)
+        self.warnings = list(warnings)
         self.announced: set[tuple[int, ...]] = set()  # prompts whose fit was reported: not again per run
 
     def memory(self) -> dict[str, int]:
@@ -80,9 +82,10 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
-        from specpipe.build import build_pipeline
+        """The pipeline a composed config describes (`specpipe.compose([...])` or a CLI config)."""
+        from specpipe.build import build_parts  # below the pipeline; here, so importing this module stays light
 
-        return build_pipeline(cfg)
+        return cls(**build_parts(cfg))
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt text (or chat messages) -> token ids, through the chat template when on."""

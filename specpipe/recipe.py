@@ -119,15 +119,7 @@ def check_strategy(mapping: dict, where: str, folder: Path | None = None, *, all
             except SpecpipeError as err:
                 raise SpecpipeError(f"{where}: {err}") from None
         elif key == "proposer.tree" and value is not None:  # the other mapping: EAGLE-2's {top_k: N, nodes: M}
-            from specpipe.proposers.eagle import validate_options
-
-            try:
-                if not isinstance(value, dict):
-                    raise SpecpipeError(f"proposer.tree={value!r} must be {{top_k: N, nodes: M}}, e.g. "
-                                        "proposer.tree={top_k: 4, nodes: 16}")
-                validate_options({"tree": value})
-            except SpecpipeError as err:
-                raise SpecpipeError(f"{where}: {err}") from None
+            _check_tree(mapping.get("proposer"), value, where)
         elif not _is_data(value):
             raise SpecpipeError(f"{where}: {key} must be a number, a string, a boolean or a list of those.")
         refuse_interpolation(key, value, where)
@@ -169,6 +161,25 @@ def confine(key: str, value: str, folder: Path, where: str, fix: str = "") -> st
     raise SpecpipeError(f"{where}: {key}={value!r} points outside the file's folder {folder}: a recipe or "
                         "strategy may name only files inside its own folder, zoo models or hub ids. Copy the "
                         f"file into {folder} (a recipe lists it under artifacts:){', ' + fix if fix else ''}.")
+
+
+def _check_tree(proposer, tree, where: str) -> None:
+    """A tree option (a mapping, a list of paths or a switch), judged by the proposer the strategy names (its own `validate_options`,
+    found through its config: nothing here knows a proposer by name). Without a proposer in the
+    strategy, the one the user picks judges it when the config is checked."""
+    from specpipe.components import validator_of
+
+    ints = lambda items: all(type(v) is int for v in items)  # noqa: E731
+    if not (isinstance(tree, bool) or (isinstance(tree, dict) and ints(tree.values()))
+            or (isinstance(tree, list) and all(isinstance(path, list) and ints(path) for path in tree))):
+        raise SpecpipeError(f"{where}: proposer.tree={tree!r} must be a mapping of integers (EAGLE-2: "
+                            "{top_k: 4, nodes: 16}), a list of paths (Medusa: [[0], [1], [0, 0]]) or true/false")
+    validate = validator_of("proposer", proposer) if isinstance(proposer, str) and _CHOICE.match(proposer) else None
+    try:
+        if validate is not None:
+            validate({"tree": tree})
+    except SpecpipeError as err:
+        raise SpecpipeError(f"{where}: {err}") from None
 
 
 def _is_data(value) -> bool:

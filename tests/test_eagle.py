@@ -19,7 +19,8 @@ from specpipe.heads.io import load_eagle, save_eagle
 from specpipe.engine import FINAL, make_runner
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
-from specpipe.proposers.eagle import EagleProposer, TreeShape, _rerank
+from specpipe.proposers.eagle import EagleProposer, TreeShape
+from specpipe.proposers.eagle_tree import rerank
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
@@ -149,6 +150,16 @@ def test_head_cache_holds_exactly_the_committed_rows(tree):
     torch.testing.assert_close(proposer.rows[0].cache.values, fresh.values, rtol=1e-9, atol=1e-9)
 
 
+def _rerank(scores, tokens, parents, keep):
+    depths = []
+    for node in range(len(parents)):
+        depth, up = 1, parents[node]
+        while up >= 0:
+            depth, up = depth + 1, parents[up]
+        depths.append(depth)
+    return rerank(torch.tensor(scores), torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), keep)
+
+
 def test_rerank_keeps_the_best_nodes_as_a_closed_tree():
     #         node: 0     1     2     3     4     5
     scores = [-0.1, -1.0, -0.3, -0.2, -2.0, -0.3]
@@ -159,6 +170,41 @@ def test_rerank_keeps_the_best_nodes_as_a_closed_tree():
     assert tree.tokens.tolist() == [10, 13, 12, 15] and tree.parents == (-1, 0, 0, 1)
     tied = _rerank([0.0, 0.0, -1.0], [1, 2, 3], [-1, 0, -1], 1)  # a child tied with its parent
     assert tied.tokens.tolist() == [1] and tied.parents == (-1,)
+
+
+@pytest.mark.parametrize("shape, depth", [(TreeShape(3, 8), 4), (TreeShape(2, 20), 5), (TreeShape(4, 3), 3)])
+def test_the_device_search_scores_each_node_as_its_path_fed_alone(shape, depth):
+    """Each kept node's confidence is its path's probability with the head fed that path one
+    token at a time on the committed rows: the search's block masks, positions and ancestry
+    are those of the path alone, and the kept nodes form a closed tree, parents first."""
+    runner = make_runner(tiny_target().model)
+    proposer = EagleProposer(random_head(6), GREEDY, shape)
+    proposer.bind(runner)
+    prompt = [3 + (7 * i) % (VOCAB - 3) for i in range(12)]
+    proposer.prefill(0, prompt, feed(runner, prompt[:-1], hidden=(FINAL,)))  # rows (f_i, prompt[i + 1])
+    state = proposer.rows[0]
+    features, pending = state.pending
+    root = proposer._feed(state, features, pending, torch.arange(len(pending)))[-1]  # as a step does first
+    state.committed, state.pending = len(pending), None
+    keys, values = state.cache.keys, state.cache.values
+    tree = proposer._tree(state, root, depth)
+    assert state.cache.length == state.committed  # drafting rows are never kept
+    assert all(parent < node for node, parent in enumerate(tree.parents))
+    assert len(tree.parents) == min(shape.nodes, shape.top_k + (depth - 1) * shape.top_k ** 2)
+    for node in range(len(tree.parents)):
+        path = [node]
+        while tree.parents[path[-1]] >= 0:
+            path.append(tree.parents[path[-1]])
+        alone = HeadCache()
+        alone.keys, alone.values = keys, values
+        hidden, logp = root, 0.0
+        for i, step in enumerate(reversed(path)):
+            token = tree.tokens[step]
+            logp += float(torch.log_softmax(proposer.lm.scores(hidden), -1)[token])
+            position = torch.tensor([state.committed + i])
+            hidden = proposer.head(proposer.target.embed(token[None])[None], hidden[None, None], position[None],
+                                   None, alone)[0, -1]
+        torch.testing.assert_close(float(tree.confidence[node]), float(torch.tensor(logp).exp()), rtol=1e-6, atol=1e-9)
 
 
 def test_save_then_load_is_bit_exact_in_vllms_layout(tmp_path):

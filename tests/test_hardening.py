@@ -18,9 +18,10 @@ import pytest
 import torch
 import yaml
 
-from specpipe.build import build_pipeline, config_checks
+from specpipe.build import config_checks
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError
+from specpipe.pipeline import Pipeline
 from test_cli import assert_user_error, model_dirs, specpipe  # noqa: F401  (model_dirs: a fixture)
 
 # texts a user types: commas, quotes, parentheses, interpolation syntax, `=`, newlines, non-ASCII
@@ -183,7 +184,7 @@ def test_check_and_generate_refuse_the_same_settings_before_weights(args, words,
 
     monkeypatch.setattr(specpipe.build, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(SpecpipeError, match=words.replace("[", r"\[").replace("+", r"\+")):
-        build_pipeline(cfg)
+        Pipeline.from_config(cfg)
 
 
 def test_the_cli_refuses_them_in_check_generate_and_export(model_dirs):

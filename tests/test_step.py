@@ -8,16 +8,16 @@ every Python-level call that would read a tensor back (`item`, `tolist`, `cpu`, 
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from conftest import PROMPT, tiny_model, tiny_target
 from specpipe.controllers.fixed import FixedGamma
+from specpipe.engine import make_runner
 from specpipe.decode.loop import Decoder
+from specpipe.decode.syncs import reads_per_step
 from specpipe.pipeline import Pipeline, Request
-from specpipe.proposers.eagle import EagleProposer
+from specpipe.proposers.eagle import EagleProposer, TreeShape
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
@@ -28,67 +28,38 @@ from specpipe.verifiers.rejection import RejectionVerifier
 from test_eagle import copy_head
 from test_medusa import random_heads
 
-READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 GREEDY = SamplingParams()
 REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
 
 
-@contextlib.contextmanager
-def host_reads():
-    """Every read of a tensor back to the host while the block runs, by name."""
-    seen: list[str] = []
-    originals = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counting(name, method):
-        def read(self, *args, **kwargs):
-            seen.append(name)
-            return method(self, *args, **kwargs)
-        return read
-
-    for name, method in originals.items():
-        setattr(torch.Tensor, name, counting(name, method))
-    try:
-        yield seen
-    finally:
-        for name, method in originals.items():
-            setattr(torch.Tensor, name, method)
-
-
-def reads_per_step(pipe: Pipeline, prompts: list[list[int]], tokens: int = 12) -> list[int]:
+def counts_of(pipe: Pipeline, prompts: list[list[int]], tokens: int = 12) -> list[int]:
     """Host reads of each step of decoding `prompts` together."""
-    decoder = Decoder(pipe, len(prompts))
-    counts: list[int] = []
-    step = decoder._step
-
-    def counted(busy):
-        with host_reads() as seen:
-            events = list(step(busy))
-        counts.append(len(seen))
-        return iter(events)
-
-    decoder._step = counted
-    list(decoder.run([Request(p, tokens) for p in prompts]))
-    return counts
+    return reads_per_step(Decoder(pipe, len(prompts)), [Request(p, tokens) for p in prompts])
 
 
 PROPOSERS = {
-    "ngram": lambda target: NgramProposer(ngram_max=3, ngram_min=1),
-    "draft": lambda target: ModelDrafter(tiny_model(seed=7, layers=1), GREEDY),
-    "draft-sampled": lambda target: ModelDrafter(tiny_model(seed=7, layers=1), SamplingParams(temperature=0.8)),
-    "medusa": lambda target: MedusaProposer(random_heads(seed=1), GREEDY),
-    "medusa-tree": lambda target: MedusaProposer(random_heads(seed=1), GREEDY, tree=[[0], [1], [0, 0], [0, 1]]),
-    "eagle": lambda target: EagleProposer(copy_head(), GREEDY),
+    "ngram": lambda device: NgramProposer(ngram_max=3, ngram_min=1),
+    "draft": lambda device: ModelDrafter(tiny_model(seed=7, layers=1), GREEDY, device=device),
+    "draft-sampled": lambda device: ModelDrafter(tiny_model(seed=7, layers=1), SamplingParams(temperature=0.8),
+                                                 device=device),
+    "medusa": lambda device: MedusaProposer(random_heads(seed=1), GREEDY),
+    "medusa-tree": lambda device: MedusaProposer(random_heads(seed=1), GREEDY, tree=[[0], [1], [0, 0], [0, 1]]),
+    "eagle": lambda device: EagleProposer(copy_head(), GREEDY),
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("proposer", PROPOSERS)
-def test_a_step_reads_the_host_once(proposer):
+def test_a_step_reads_the_host_once(proposer, device):
+    """On a GPU (the `cuda` cases, run by benchmarks/gpu_check.sh) each read is a real sync."""
     target = tiny_target(seed=0)
     sampled = proposer.endswith("sampled")
     verifier = RejectionVerifier(SamplingParams(temperature=0.8)) if sampled else GreedyVerifier()
-    pipe = Pipeline(target, PROPOSERS[proposer](target), verifier, FixedGamma(3))
+    pipe = Pipeline(target, PROPOSERS[proposer](device), verifier, FixedGamma(3),
+                    runner=make_runner(target.model, device=device))
     prompts = [REPEATING] if proposer.endswith("tree") else [REPEATING, PROMPT, [3, 60, 22]]
-    counts = reads_per_step(pipe, prompts)
+    counts = counts_of(pipe, prompts)
     assert len(counts) > 2 and max(counts) == 1, counts  # the verdict's one copy, and nothing else
     assert pipe.run(REPEATING, max_new_tokens=12).stats.drafted > 0  # it really drafted
 
@@ -118,3 +89,18 @@ def test_a_request_can_opt_out_of_speculation_inside_a_speculating_batch():
     assert [o.token_ids for o in outs] == plain
     assert outs[1].stats.drafted == 0 and set(outs[1].stats.gamma_trace) == {0}
     assert outs[0].stats.drafted > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_eagle_tree_step_reads_its_shape_once(device):
+    """EAGLE-2's dynamic tree searches on the device and reads its shape back once (the runner's
+    mask and the verifier's walk take host parents): two reads a step on a GPU. On the CPU, where
+    a read is free, the search also asks after each depth whether a deeper node could be kept."""
+    target = tiny_target(seed=0)
+    gamma = 3
+    pipe = Pipeline(target, EagleProposer(copy_head(), GREEDY, TreeShape(top_k=2, nodes=5)), GreedyVerifier(),
+                    FixedGamma(gamma), runner=make_runner(target.model, device=device))
+    counts = counts_of(pipe, [REPEATING])
+    assert len(counts) > 2
+    assert max(counts) == 2 if device == "cuda" else 2 <= max(counts) <= 2 + (gamma - 1), counts
+    assert pipe.run(REPEATING, max_new_tokens=12).stats.drafted > 0

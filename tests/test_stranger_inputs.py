@@ -18,9 +18,10 @@ import time
 import pytest
 import torch
 
-from specpipe.build import build_pipeline, config_checks
+from specpipe.build import config_checks
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError
+from specpipe.pipeline import Pipeline
 from test_cli import assert_user_error, model_dirs, specpipe  # noqa: F401  (model_dirs: a fixture)
 
 
@@ -194,7 +195,7 @@ def test_integers_past_int64_are_refused_before_weights(model_dirs, setting, mon
 
     monkeypatch.setattr(specpipe.build, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(SpecpipeError, match="64-bit"):
-        build_pipeline(cfg)
+        Pipeline.from_config(cfg)
 
 
 def test_the_cli_refuses_a_huge_seed_in_one_paragraph(model_dirs):

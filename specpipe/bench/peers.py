@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from specpipe.bench.records import Measured
-from specpipe.checks import proposer_kind
+from specpipe.checks.identity import proposer_kind
 from specpipe.proposers.declaration import declaration_of
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import quantize_model

@@ -31,7 +31,7 @@ from specpipe.bench.results import RESULTS_FILE, SCHEMA, earlier_results, enviro
 from specpipe.bench.runner import WARMUP_TOKENS, bench_prompts, warm_up
 from specpipe.bench.summary import all_exact, summarize
 from specpipe.bench.table import bench_table, load_table
-from specpipe.checks import kind_of, proposer_kind
+from specpipe.checks.identity import kind_of, proposer_kind
 from specpipe.context import check_fits
 from specpipe.errors import SpecpipeError
 from specpipe.limits import fit_slots

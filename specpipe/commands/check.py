@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from specpipe.build import config_checks
-from specpipe.checks import Check, check_prompts
+from specpipe.checks.result import Check
+from specpipe.checks.validate import check_prompts
 from specpipe.limits import fit_slots
 from specpipe.markup import esc
 

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from specpipe.bench.results import write_json
 from specpipe.build import config_checks
-from specpipe.checks import refuse_if_any
+from specpipe.checks.result import refuse_if_any
 from specpipe.config import compose, conf_dir, with_shipped_recipe
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm

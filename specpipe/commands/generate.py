@@ -14,10 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from specpipe import jsonsafe
-from specpipe.checks import check_prompts, check_settings, proposer_kind, refuse_if_any
+from specpipe.checks.identity import proposer_kind
+from specpipe.checks.result import refuse_if_any
+from specpipe.checks.validate import check_prompts, check_settings
 from specpipe.limits import fit_slots
 from specpipe.markup import esc
-from specpipe.pipeline import Generation, Pipeline
+from specpipe.pipeline import Generation, Pipeline, collect
 from specpipe.ui.live import stream, summary
 
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
@@ -101,7 +103,7 @@ def _request_json(prompt: str, spec: Generation, base: Generation | None, equal:
 
 
 def _validate(cfg: DictConfig, prompts: list[str]) -> None:
-    """What `specpipe check` refuses too (specpipe/checks.py), before the status line and any load."""
+    """What `specpipe check` refuses too (specpipe/checks/), before the status line and any load."""
     refuse_if_any([check_settings(cfg), check_prompts(prompts)])
 
 
@@ -110,15 +112,18 @@ def _speculative(pipeline: Pipeline, cfg: DictConfig, prompt: str, kwargs: dict)
         title = f"{esc(cfg.model.name)} · proposer {proposer_kind(cfg)} · γ={cfg.gamma}"
         return stream(pipeline, prompt, Console(), title, **kwargs)
     if cfg.output == "text":
-        tokens, text, event = [], "", None
-        for event in pipeline.generate(prompt, **kwargs):
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-            tokens.extend(event.tokens)
-            text += event.text
+        generation = collect(_echoed(pipeline.generate(prompt, **kwargs)))
         sys.stdout.write("\n")
-        return Generation(tokens, text, event.finish_reason, event.stats)
+        return generation
     return pipeline.run(prompt, **kwargs)
+
+
+def _echoed(events):
+    """The events, each one's text written to standard output as it comes."""
+    for event in events:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        yield event
 
 
 def _as_json(cfg, pipeline: Pipeline, spec: Generation, base: Generation | None, equal) -> dict:

@@ -17,6 +17,7 @@ from specpipe.bench import plots
 from specpipe.bench.results import RESULTS_FILE, now, read_results, write_json
 from specpipe.bench.summary import OVERALL
 from specpipe.bench.table import sweep_markdown, sweep_table
+from specpipe import errors
 from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
 from specpipe.outputs import save_or_keep
@@ -69,11 +70,9 @@ class SweepSummary(Callback):
     """After `specpipe bench -m ...`: the sweep's table, over every job finished so far."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        from specpipe import cli
-
         folder = Path(config.hydra.sweep.dir)
         if any(folder.rglob(RESULTS_FILE)):
             try:
                 report(folder, plot=bool(config.get("plot", False)))
             except SpecpipeError as err:  # every job's results.json is saved already; say so, no traceback
-                sys.exit(cli.report(err))
+                sys.exit(errors.report(err))

@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from specpipe.bench.results import environment, now
-from specpipe.checks import declared, non_finite, proposer_kind
+from specpipe.checks.identity import declared, proposer_kind
+from specpipe.checks.validate import non_finite
 from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
 from specpipe.limits import integer_problems

@@ -12,3 +12,9 @@ class EngineExport:
     settings: dict  # vLLM: the speculative_config; SGLang: flag -> value
     command: str  # the serve command, ready to paste
     warnings: list[str] = field(default_factory=list)
+
+
+def sglang_chain(gamma: int) -> dict:
+    """SGLang's flags for a chain of γ draft tokens: top-k 1, and the verified token counts as one
+    of the draft tokens (as SGLang forces for top-k 1)."""
+    return {"--speculative-num-steps": gamma, "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": gamma + 1}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe.checks import declared, kind_of, lora_paths
+from specpipe.checks.identity import declared, kind_of, lora_paths
 from specpipe.proposers.declaration import Declaration
 from specpipe.controllers.base import check_schedule
 from specpipe.errors import SpecpipeError
@@ -34,20 +34,24 @@ class ExportPlan:
     batch_schedule: dict[int, int] = field(default_factory=dict)  # batch size -> γ (0: speculation off there)
     translated: bool = False  # the draft model has another tokenizer than the target
     warnings: list[str] = field(default_factory=list)
+    version: str = ""  # the engine version a mapping writes for (set by settings_for)
+    methods: tuple[str, ...] = ()  # that version's method / algorithm names
 
     @property
     def off_from(self) -> int | None:
         """The smallest batch size at which the schedule switches speculation off, if any."""
         return min((size for size, gamma in self.batch_schedule.items() if gamma == 0), default=None)
 
-    def settings_for(self, engine: str, version: str) -> tuple[dict | None, list[str]]:
+    def settings_for(self, engine: str, version: str, methods: tuple[str, ...] = ()) -> tuple[dict | None, list[str]]:
         """The proposer's own mapping to `engine` (None: nothing to speculate with), and the
-        warnings: the plan's and what the mapping says it loses (on a copy: the plan is reusable)."""
+        warnings: the plan's and what the mapping says it loses (on a copy: the plan is reusable).
+        The mapping reads the engine's version and methods from the plan, so proposers never
+        import the exporters."""
         mapping = self.proposer.export.get(engine)
         if mapping is None:
             raise SpecpipeError(f"proposer={self.proposer.name} has no {engine} {version} export (its module declares "
                                 "none).")
-        own = dataclasses.replace(self, warnings=list(self.warnings))
+        own = dataclasses.replace(self, warnings=list(self.warnings), version=version, methods=tuple(methods))
         return mapping(own), own.warnings
 
 

@@ -37,7 +37,7 @@ ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPA
 
 
 def export(plan: ExportPlan) -> EngineExport:
-    flags, warnings = plan.settings_for("sglang", VERSION)
+    flags, warnings = plan.settings_for("sglang", VERSION, ALGORITHMS)
     flags = flags or {}
     if plan.batch_schedule and flags:
         warnings.append(f"batch_schedule {plan.batch_schedule}: SGLang {VERSION} has no γ per batch size and no "
@@ -49,6 +49,3 @@ def export(plan: ExportPlan) -> EngineExport:
                         *(f"{flag} {shlex.quote(str(value))}" for flag, value in flags.items())])
     return EngineExport("sglang", VERSION, flags, command, warnings)
 
-
-def chain(gamma: int) -> dict:
-    return {"--speculative-num-steps": gamma, "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": gamma + 1}

@@ -35,7 +35,7 @@ SCHEDULED = ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash")
 
 
 def export(plan: ExportPlan) -> EngineExport:
-    config, warnings = plan.settings_for("vllm", VERSION)
+    config, warnings = plan.settings_for("vllm", VERSION, METHODS)
     if config:
         warnings += _schedule(plan, config)
     unknown = set(config or {}) - set(KEYS)

@@ -85,7 +85,7 @@ def declared_proposers() -> dict[str, Declaration]:
     """Every proposer of conf/proposer/, by its YAML's name."""
     from omegaconf import OmegaConf
 
-    from specpipe.config import conf_dir
+    from specpipe.paths import conf_dir
 
     found = {}
     for path in sorted((conf_dir() / "proposer").glob("*.yaml")):

@@ -7,7 +7,9 @@ vocabulary for sampling), and `specpipe check` reports the overlap and which way
 
 from __future__ import annotations
 
-from specpipe.checks import Check, same_tokenizer_problems
+from specpipe.checks.result import Check
+from specpipe.checks.tokenizers import same_tokenizer_problems
+from specpipe.export.engine import sglang_chain
 from specpipe.models.loader import load_model, load_tokenizer, resolve
 from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
@@ -53,14 +55,12 @@ def _vllm(plan) -> dict:
 
 
 def _sglang(plan) -> dict | None:
-    from specpipe.export.sglang import VERSION, chain
-
     if plan.translated:
-        plan.warnings.append(f"the draft has another tokenizer, and SGLang {VERSION}'s STANDALONE refuses a draft "
+        plan.warnings.append(f"the draft has another tokenizer, and SGLang {plan.version}'s STANDALONE refuses a draft "
                              "whose vocabulary differs: the command serves the plain target. vLLM serves it "
                              "(use_heterogeneous_vocab).")
         return None
-    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **chain(plan.gamma)}
+    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **sglang_chain(plan.gamma)}
 
 
 DECLARATION = Declaration("draft", tokenizer="any", draft_model="model", early_stop=True, peer="hf-assisted",

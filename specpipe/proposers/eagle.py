@@ -35,11 +35,13 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.engine import FINAL, Runner, TargetOutput
+from specpipe.export.engine import sglang_chain
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
 from specpipe.proposers.base import RowProposer, Rows, still_drafting
 from specpipe.proposers.declaration import Declaration
+from specpipe.proposers.eagle_tree import TreeSearch
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
@@ -180,52 +182,23 @@ class EagleProposer(RowProposer):
                           count)
 
     def _tree(self, state: _HeadRow, root: torch.Tensor, depth: int) -> DraftTree:
-        """EAGLE-2's search, on the host (its scores decide which nodes to expand: a read per depth)."""
+        """EAGLE-2's search on the device (`eagle_tree.TreeSearch`): each depth feeds the k best
+        nodes of the last one to the head as one block and takes their k best children; the
+        tree's shape is read back once, at the end. On the CPU, where a read costs no sync, the
+        search also stops at the depth whose children could no longer be kept."""
         k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
-        scores, tokens, parents = [], [], []  # every node made: cumulative log-prob, token, parent node
-        values, ids = (t.tolist() for t in self.lm.top(root, k))  # one read per depth
-        frontier = [self._add(scores, tokens, parents, s, t, -1) for s, t in zip(values, ids)]
-        made_by = {node: root for node in frontier}  # node -> the guessed feature that predicted it
-        rows: dict[int, int] = {}  # node -> its head cache row, once fed
+        values, ids = self.lm.top(root, k)  # [k]
+        search = TreeSearch(k, depth, root, values, ids)
         for d in range(1, depth):
-            expand = sorted(frontier, key=lambda n: -scores[n])[:k]
-            if sum(score > scores[expand[0]] for score in scores) >= self.tree.nodes:
+            best = search.best()
+            if root.device.type == "cpu" and bool(search.settled(best, self.tree.nodes)):
                 break  # children score no more than their parent: none could rank among the nodes kept
-            hidden = self._feed(state, torch.stack([made_by[n] for n in expand]),
-                                torch.tensor([tokens[n] for n in expand]).to(root.device),
-                                torch.full((len(expand),), state.committed + d - 1, device=root.device),  # one depth
-                                self._tree_mask(state, expand, parents, rows).to(root.device))
-            start = state.cache.length - len(expand)
-            values, ids = (t.tolist() for t in self.lm.top(hidden, k))  # [e, k]
-            frontier = []
-            for i, node in enumerate(expand):
-                rows[node] = start + i
-                for s, t in zip(values[i], ids[i]):
-                    child = self._add(scores, tokens, parents, scores[node] + s, t, node)
-                    made_by[child] = hidden[i]
-                    frontier.append(child)
+            guesses, tokens, mask = search.block(best, state.committed)
+            positions = torch.full((k,), state.committed + d - 1, device=root.device)  # one depth
+            hidden = self._feed(state, guesses, tokens, positions, mask)
+            search.grow(best, hidden, *self.lm.top(hidden, k))  # [k, k]
         state.cache.crop(state.committed)  # drafting rows are never kept
-        return _rerank(scores, tokens, parents, self.tree.nodes)
-
-    @staticmethod
-    def _add(scores: list, tokens: list, parents: list, score: float, token: int, parent: int) -> int:
-        scores.append(score)
-        tokens.append(token)
-        parents.append(parent)
-        return len(scores) - 1
-
-    def _tree_mask(self, state: _HeadRow, expand: list[int], parents: list[int], rows: dict[int, int]) -> torch.Tensor:
-        """[1, e, cache + e] bool: each new row sees the committed rows, its ancestors' rows, itself."""
-        length = state.cache.length
-        mask = torch.zeros(len(expand), length + len(expand), dtype=torch.bool)
-        mask[:, : state.committed] = True
-        for i, node in enumerate(expand):
-            mask[i, length + i] = True
-            ancestor = parents[node]
-            while ancestor >= 0:
-                mask[i, rows[ancestor]] = True
-                ancestor = parents[ancestor]
-        return mask[None]
+        return search.rerank(self.tree.nodes)
 
 
 class DraftLM:
@@ -272,30 +245,10 @@ def _rows_linear(rows: torch.Tensor, quantize: str) -> torch.nn.Module:
     return quantize_model(torch.nn.Sequential(linear), quantize)[0]
 
 
-def _rerank(scores: list[float], tokens: list[int], parents: list[int], keep: int) -> DraftTree:
-    """The `keep` best nodes (ancestors first on ties), as a DraftTree with parents before children."""
-    best = sorted(range(len(scores)), key=lambda n: (-scores[n], _depth(parents, n)))[:keep]
-    chosen = set(best)
-    for node in best:  # a tie can rank a child above its parent's sibling: keep the tree closed
-        while parents[node] >= 0 and parents[node] not in chosen:
-            node = parents[node]
-            chosen.add(node)
-    order = sorted(chosen, key=lambda n: (_depth(parents, n), -scores[n]))
-    index = {node: i for i, node in enumerate(order)}
-    return DraftTree(torch.tensor([tokens[n] for n in order], dtype=torch.long),  # moved to the device by the batch
-                     tuple(index[parents[n]] if parents[n] >= 0 else -1 for n in order),
-                     torch.tensor([scores[n] for n in order]).exp())
-
 
 def _span(start: int, count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(start, start + count, device=device)
 
-
-def _depth(parents: list[int], node: int) -> int:
-    depth = 0
-    while node >= 0:
-        node, depth = parents[node], depth + 1
-    return depth
 
 
 def validate_options(options: dict) -> None:
@@ -344,13 +297,12 @@ def lookup_warning(plan, engine: str) -> None:
 def _vllm(plan) -> dict:
     """The heads folder is already vLLM's EAGLE layout; vLLM shares the target's embeddings and
     LM head with it, as specpipe does."""
-    from specpipe.export.vllm import VERSION
     from specpipe.heads.io import read_config
 
     read_config(plan.heads, "eagle")  # a clear error now, not at vLLM's start-up
-    lookup_warning(plan, f"vLLM {VERSION}")
+    lookup_warning(plan, f"vLLM {plan.version}")
     if plan.tree:
-        plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE as a chain (it has no token tree); "
+        plan.warnings.append(f"proposer.tree: vLLM {plan.version} drafts EAGLE as a chain (it has no token tree); "
                              f"EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
     return {"method": "eagle", "model": plan.heads, "num_speculative_tokens": plan.gamma}
 
@@ -358,10 +310,8 @@ def _vllm(plan) -> dict:
 def _sglang(plan) -> dict:
     """SGLang's EAGLE drafts EAGLE-2's dynamic tree itself: depth γ, top-k per step, and the
     number of nodes kept (plus the verified token)."""
-    from specpipe.export.sglang import VERSION, chain
-
-    lookup_warning(plan, f"SGLang {VERSION}")
-    shape = chain(plan.gamma) if not plan.tree else {
+    lookup_warning(plan, f"SGLang {plan.version}")
+    shape = sglang_chain(plan.gamma) if not plan.tree else {
         "--speculative-num-steps": plan.gamma, "--speculative-eagle-topk": int(plan.tree["top_k"]),
         "--speculative-num-draft-tokens": int(plan.tree["nodes"]) + 1}
     return {"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": plan.heads, **shape}

@@ -11,6 +11,7 @@ proposer=eagle3`, or a third party's (a hub head's directory).
 
 from __future__ import annotations
 
+from specpipe.export.engine import sglang_chain
 from specpipe.heads.eagle3 import Eagle3Head, engine_keys
 from specpipe.heads.speculators import fit_summary, load_eagle3
 from specpipe.models.quantize import check_mode, resolve_precision, quantize_model
@@ -52,23 +53,19 @@ def build(*, context, heads: str, tree: dict | None = None, quantize: str = "aut
 
 def _vllm(plan) -> dict:
     """vLLM reads speculators checkpoints itself (`method: eagle3`, the aux layers from their config)."""
-    from specpipe.export.vllm import VERSION
-
     fit_summary(plan.heads)  # a clear error now, not at vLLM's start-up
-    lookup_warning(plan, f"vLLM {VERSION}")
+    lookup_warning(plan, f"vLLM {plan.version}")
     if plan.tree:
-        plan.warnings.append(f"proposer.tree: vLLM {VERSION} drafts EAGLE-3 as a chain (it has no token tree); "
+        plan.warnings.append(f"proposer.tree: vLLM {plan.version} drafts EAGLE-3 as a chain (it has no token tree); "
                              f"EAGLE-2's dynamic tree is exported as a chain of γ={plan.gamma}.")
     return {"method": "eagle3", "model": plan.heads, "num_speculative_tokens": plan.gamma}
 
 
 def _sglang(plan) -> dict:
     """SGLang's EAGLE3 drafts EAGLE-2's dynamic tree itself, as its EAGLE does."""
-    from specpipe.export.sglang import VERSION, chain
-
     fit_summary(plan.heads)
-    lookup_warning(plan, f"SGLang {VERSION}")
-    shape = chain(plan.gamma) if not plan.tree else {
+    lookup_warning(plan, f"SGLang {plan.version}")
+    shape = sglang_chain(plan.gamma) if not plan.tree else {
         "--speculative-num-steps": plan.gamma, "--speculative-eagle-topk": int(plan.tree["top_k"]),
         "--speculative-num-draft-tokens": int(plan.tree["nodes"]) + 1}
     return {"--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": plan.heads, **shape}

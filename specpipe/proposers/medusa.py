@@ -144,18 +144,14 @@ def build(*, context, heads: str, num_heads: int | None = None, tree: list | Non
 
 
 def _vllm(plan) -> None:
-    from specpipe.export.vllm import VERSION
-
-    plan.warnings.append(f"vLLM {VERSION} has no Medusa (method medusa is gone from its SpeculativeConfig): the "
+    plan.warnings.append(f"vLLM {plan.version} has no Medusa (method medusa is gone from its SpeculativeConfig): the "
                          "command serves the plain target and the heads' speedup is lost. Train an EAGLE head "
                          "(specpipe train proposer=eagle), which both engines serve.")
     return None
 
 
 def _sglang(plan) -> None:
-    from specpipe.export.sglang import ALGORITHMS, VERSION
-
-    plan.warnings.append(f"SGLang {VERSION} has no Medusa (its algorithms: {', '.join(ALGORITHMS)}): the command "
+    plan.warnings.append(f"SGLang {plan.version} has no Medusa (its algorithms: {', '.join(plan.methods)}): the command "
                          "serves the plain target, and the heads' speedup is lost. Train an EAGLE head "
                          "(specpipe train proposer=eagle), which both engines serve.")
     return None

@@ -63,9 +63,7 @@ def _vllm(plan) -> dict:
 
 
 def _sglang(plan) -> dict:
-    from specpipe.export.sglang import VERSION
-
-    plan.warnings.append(f"proposer.ngram_min / ngram_max: SGLang {VERSION} has no match-window flags; its NGRAM "
+    plan.warnings.append(f"proposer.ngram_min / ngram_max: SGLang {plan.version} has no match-window flags; its NGRAM "
                          "matches any suffix up to --speculative-ngram-max-trie-depth (18) in a trie of earlier "
                          "prompts and outputs, so it may draft where specpipe's lookup would not.")
     return {"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": plan.gamma + 1,

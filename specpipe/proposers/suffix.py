@@ -282,15 +282,13 @@ def build(*, context, max_depth: int = 24, max_cached_requests: int = 1000, max_
 
 def _vllm(plan) -> dict:
     """vLLM's suffix method (Arctic Inference's cache): γ is its upper bound on draft tokens."""
-    from specpipe.export.vllm import VERSION
-
     options = plan.options
     lost = [f"max_cached_tokens={options['max_cached_tokens']} (it bounds requests only)"]
     if options.get("max_spec_offset"):
         lost.append(f"max_spec_offset={options['max_spec_offset']} (vLLM passes 0)")
     if options.get("tree", True):
         lost.append("the tree (vLLM verifies the best path)")
-    plan.warnings.append(f"suffix: vLLM {VERSION} needs `pip install arctic-inference`; not exported: "
+    plan.warnings.append(f"suffix: vLLM {plan.version} needs `pip install arctic-inference`; not exported: "
                          f"{'; '.join(lost)}. The global tree holds outputs only, not the prompts' ends before them.")
     return {"method": "suffix", "num_speculative_tokens": plan.gamma,
             "suffix_decoding_max_tree_depth": int(options["max_depth"]),
@@ -302,9 +300,7 @@ def _vllm(plan) -> dict:
 def _sglang(plan) -> dict:
     """SGLang has no suffix decoding; its NGRAM is the nearest: a trie of earlier prompts and
     outputs, matched on the last tokens, drafted by frequency with match type PROB."""
-    from specpipe.export.sglang import VERSION
-
-    plan.warnings.append(f"suffix: SGLang {VERSION} has no suffix decoding; exported as NGRAM with match type PROB "
+    plan.warnings.append(f"suffix: SGLang {plan.version} has no suffix decoding; exported as NGRAM with match type PROB "
                          "(a frequency-ranked trie over prompts and outputs, the nearest): min_token_prob, "
                          "max_spec_factor / max_spec_offset (its drafts do not grow with the match) and the "
                          "request bounds are lost.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 from specpipe.engine import pick_engine
+from specpipe.export.engine import sglang_chain
 from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
@@ -32,14 +33,12 @@ def _vllm(plan) -> dict:
 
 
 def _sglang(plan) -> dict:
-    from specpipe.export.sglang import VERSION, chain
-
-    flags = {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **chain(plan.gamma)}
+    flags = {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **sglang_chain(plan.gamma)}
     if plan.options.get("quantize") == "int8":  # int8 weights: SGLang's nearest is int8 weights and activations
         plan.warnings.append("twin: proposer.quantize=int8 exported as --speculative-draft-model-quantization "
                              "w8a8_int8 (int8 activations too; a draft may use any precision, the target verifies).")
         return {**flags, "--speculative-draft-model-quantization": "w8a8_int8"}
-    plan.warnings.append(f"twin: SGLang {VERSION} has no {plan.options.get('quantize')} draft quantization, so the "
+    plan.warnings.append(f"twin: SGLang {plan.version} has no {plan.options.get('quantize')} draft quantization, so the "
                          "target drafts for itself at full cost and this cannot pay; use proposer.quantize=int8.")
     return flags
 

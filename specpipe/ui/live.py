@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specpipe.metrics import Stats
-from specpipe.pipeline import Generation, Pipeline
+from specpipe.pipeline import Generation, Pipeline, collect
 
 
 def estimated_speedup(stats: Stats) -> float:
@@ -37,14 +37,17 @@ def metrics_table(stats: Stats, gamma: int | None) -> Table:
 
 def stream(pipeline: Pipeline, prompt, console: Console, title: str, **kwargs) -> Generation:
     """Run one speculative generation, redrawing text and metrics after every step."""
-    text, tokens, event = "", [], None
     with Live(console=console, refresh_per_second=8) as live:
-        for event in pipeline.generate(prompt, **kwargs):
-            text += event.text
-            tokens.extend(event.tokens)
-            live.update(Group(Panel(Text(text), title=title), metrics_table(event.stats, event.gamma)))
+        def shown(events):
+            text = ""
+            for event in events:
+                text += event.text
+                live.update(Group(Panel(Text(text), title=title), metrics_table(event.stats, event.gamma)))
+                yield event
+
+        generation = collect(shown(pipeline.generate(prompt, **kwargs)))
     console.print()
-    return Generation(tokens, text, event.finish_reason, event.stats)
+    return generation
 
 
 def summary(spec: Stats, base: Stats | None, equal: bool | None, lossy: bool) -> Group:

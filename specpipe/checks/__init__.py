@@ -1,0 +1,14 @@
+"""Compatibility checks, run before any weights load (and by `specpipe check`).
+
+Each check returns `Check(name, status, why, fix)` with status ok / warn / refuse / n/a; the
+build refuses a configuration with any `refuse`, `specpipe check` prints them all. Only
+tokenizers and configs are read here (for the draft's vocabulary), never weights.
+
+  result      Check, refuse_if_any
+  identity    which components a config names (no rules)
+  validate    settings and component options against their ranges and types
+  tokenizers  a second model's tokenizer against the target's
+  target      early exit, adapters, precision, engine and device, memory
+  proposer    the proposer's declaration, sampling, heads, early stop, batching
+  run         run_checks: the one list every command shares
+"""

@@ -1,0 +1,151 @@
+"""Rules about the target: early exit, adapters, precision, engine and device, memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from specpipe.checks.identity import batch_size, declared, lora_paths, proposer_kind
+from specpipe.checks.result import Check
+from specpipe.errors import SpecpipeError
+from specpipe.limits import cache_slots, memory_problem
+from specpipe.models.quantize import BY_DEVICE, GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
+
+
+def check_early_exit(cfg: DictConfig, target_config=None) -> Check:
+    layers = cfg.model.get("early_exit")
+    if layers is None:
+        return Check("early exit", "n/a", "the target runs all its layers")
+    total = getattr(target_config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1 or (total and layers > total):
+        return Check("early exit", "refuse", f"model.early_exit={layers!r} must be a layer count between 1 and the "
+                     f"target's {total or 'number of'} layers", f"use model.early_exit=1..{total or 'N'}, or null")
+    if proposer_kind(cfg) != "none":
+        return Check("early exit", "refuse",
+                     f"model.early_exit={layers} and speculative decoding both cut the cost of decode "
+                     "steps; their gains do not stack, and an early-exit target changes what the draft "
+                     "is verified against.", "drop model.early_exit, or use proposer=none")
+    return Check("early exit", "ok", f"the target exits after layer {layers} (plain decoding)")
+
+
+def check_lora(cfg: DictConfig) -> Check:
+    paths, kind, second = lora_paths(cfg), proposer_kind(cfg), declared(cfg).draft_model
+    if not paths:
+        return Check("LoRA", "n/a", "no adapter on the target")
+    missing = [p for p in paths if not (Path(p).expanduser() / "adapter_config.json").is_file()]
+    if missing:
+        return Check("LoRA", "refuse", f"model.lora={missing[0]} is not a peft adapter directory (no "
+                     "adapter_config.json there)", "pass the directory written by `PeftModel.save_pretrained`")
+    if len(paths) > 1:
+        if second is not None:
+            return Check("LoRA", "refuse",
+                         f"{len(paths)} adapters switched per request: a {kind} proposer built without "
+                         "them drafts for the base model, not the adapted target.",
+                         "merge one adapter (model.lora=PATH), or use proposer=ngram")
+        return Check("LoRA", "ok", f"{len(paths)} adapters, switched per request; {kind} needs no weights")
+    if second not in (None, "target"):
+        return Check("LoRA", "warn",
+                     "the adapter is merged into the target, but the independent draft was trained on "
+                     "the base model: expect lower acceptance.", "fine-tune the draft with the same data")
+    return Check("LoRA", "ok", "the adapter is merged into the target before the twin is built "
+                 "(merge, then quantize)" if second == "target" else "the adapter is merged into the target")
+
+
+def check_precision(cfg: DictConfig) -> list[Check]:
+    checks = []
+    mode = cfg.model.quantize
+    if mode not in MODES:
+        status, why = "refuse", f"model.quantize={mode} is not a known precision"
+    elif mode not in TARGET_SAFE:
+        status = "refuse"
+        why = (f"model.quantize={mode} computes a verify block differently from one-token steps (one "
+               "activation scale per call): speculative output would drift from plain decoding")
+    else:
+        status, why = "ok", f"target weights {mode} ({GUARANTEE[mode]}): verify rows equal one-token rows"
+    checks.append(Check("target precision", status, why, f"use one of {', '.join(TARGET_SAFE)}"))
+    draft_mode = cfg.proposer.get("quantize")
+    if draft_mode is not None:
+        ok = draft_mode in MODES
+        checks.append(Check("draft precision", "ok" if ok else "refuse",
+                            f"proposer.quantize={draft_mode}: " + (
+                                "any precision is safe for a draft, the target verifies it" if ok
+                                else "not a known precision"), f"use one of {', '.join(MODES)}"))
+    return checks
+
+
+def check_engine(cfg: DictConfig, target_config) -> list[Check]:
+    """Which engine runs the target, the guarantee its precision gives, and the device."""
+    from specpipe.engine import DEVICES, ENGINES
+    from specpipe.engine.native_model import config_unsupported_reason
+
+    engine, mode = cfg.engine, cfg.model.quantize
+    if engine not in ENGINES:
+        return [Check("engine", "refuse", f"engine={engine} is not an engine", f"use one of {', '.join(ENGINES)}")]
+    reason = config_unsupported_reason(target_config) if target_config is not None else "its config is unknown"
+    if len(lora_paths(cfg)) > 1:
+        reason = "adapters switched per request need the peft model"
+    if engine == "native" and reason:
+        return [Check("engine", "refuse", f"engine=native cannot run {cfg.model.name}: {reason}", "use engine=auto or hf")]
+    native = engine == "native" or (engine == "auto" and not reason)
+    if not native and mode in NATIVE_ONLY:
+        return [Check("engine", "refuse", f"model.quantize={mode} needs the native engine (bf16 activations end to "
+                      f"end); {cfg.model.name} runs on hf: {reason or 'engine=hf was asked for'}",
+                      "use model.quantize=fp16 or none")]
+    slots = cache_slots(cfg, target_config)
+    lowered = f"; cache_len={cfg.cache_len} is past the model's positions: {slots} are allocated" if slots < cfg.cache_len else ""
+    checks = [Check("engine", "ok", (
+        f"native: own forward (fused projections, preallocated KV cache of {slots} slots indexed by "
+        f"position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}" if native
+        else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
+    guarantee = GUARANTEE.get(mode, "")
+    if mode == BY_DEVICE.get(cfg.device):
+        checks.append(Check("precision", "ok", f"{mode}: the {cfg.device} default (model.quantize=auto picks fbgemm fp16 "
+                            "weights on the CPU, bf16 on CUDA: the fastest precision each runs within its guarantee)"))
+    if mode in TARGET_SAFE:
+        checks.append(Check("verify guarantee", "ok", {
+            "exact": f"{mode}: every row of a verify block is bitwise equal to a one-token forward (greedy "
+                     "speculative output = plain output, bit for bit)",
+            "tolerance": f"{mode}: verify rows equal one-token rows to ~1e-5; a near-tie (top-2 logits within "
+                         "~1e-4) can flip"}[guarantee]))
+    if cfg.device not in DEVICES:
+        checks.append(Check("device", "refuse", f"device={cfg.device} is not supported", f"use {' or '.join(DEVICES)}"))
+    elif cfg.device == "cuda":
+        import torch
+
+        ok = torch.cuda.is_available() and native and mode in ("none", "bf16")
+        checks.append(Check("device", "ok" if ok else "refuse", "cuda: native engine, dense kernels" if ok else
+                            "device=cuda needs a visible CUDA GPU, the native engine and model.quantize=bf16 or none "
+                            "(fbgemm kernels are CPU-only)", "use device=cpu, or model.quantize=bf16"))
+    return checks
+
+
+def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
+    """What the target, a draft model and their KV caches will take (estimated from configs)."""
+    from specpipe.engine.footprint import cache_bytes, mib, weight_bytes
+
+    if target_config is None:
+        return Check("memory", "n/a", "the target's config is unknown")
+    tokens, rows = cache_slots(cfg, target_config), batch_size(cfg)
+    slots = f"{tokens} slots" + (f" × {rows} rows" if rows > 1 else "")
+    total = weight_bytes(target_config, cfg.model.quantize) + rows * cache_bytes(target_config, cfg.model.quantize, tokens)
+    parts = [f"target {mib(weight_bytes(target_config, cfg.model.quantize))} + KV cache "
+             f"{mib(rows * cache_bytes(target_config, cfg.model.quantize, tokens))} ({slots})"]
+    kind = proposer_kind(cfg)
+    draft_mode = cfg.proposer.get("quantize", "none")
+    try:
+        second = declared(cfg).draft_model
+        draft = target_config if second == "target" else draft_config_loader() if second else None
+    except SpecpipeError:  # an unreachable draft: the tokenizer check has said so already
+        draft = None
+    if draft is not None:
+        total += weight_bytes(draft, draft_mode) + rows * cache_bytes(draft, draft_mode, tokens)
+        parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache "
+                     f"{mib(rows * cache_bytes(draft, draft_mode, tokens))}")
+    elif declared(cfg).heads:
+        parts.append(f"{kind} heads: see bench's measured figures (their size is in the heads folder)")
+    too_much = memory_problem(total, cfg.device)  # refused here, before the allocator fails part way
+    if too_much:
+        return Check("memory", "refuse", "estimated: " + "; ".join(parts) + f"; {too_much}",
+                     "decode fewer sequences at once (batch=, concurrency=) or lower cache_len=")
+    return Check("memory", "ok", "estimated: " + "; ".join(parts), "lower cache_len= to shrink the caches")
