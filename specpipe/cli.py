@@ -15,6 +15,7 @@ from typing import Callable
 
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError, report
+from specpipe.prompt_args import argv_text, decode_text, is_flag
 
 USAGE = """usage: specpipe <command> [key=value ...]
        specpipe generate|check ["PROMPT" ... | - | prompt_file=PATH] [key=value ...]
@@ -118,17 +119,18 @@ def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
     """(the other arguments, the prompts in the order given). A prompt is text and never goes
     through Hydra's grammar or OmegaConf's interpolation: its commas, quotes, parentheses, `=`
     and `${...}` reach the tokenizer as typed. It comes as
-      - a positional argument: anything that is not a flag nor `key=value` with a setting's key
-        (`specpipe generate "Hi, how are you?" gamma=4`); after `--`, every argument is one;
+      - a positional argument: anything that is not one of Hydra's flags nor `key=value` with a
+        setting's key (`specpipe generate "Hi, how are you?" gamma=4`, `"-5 is negative"`); after
+        `--`, every argument is one;
       - `prompt=TEXT`;
       - `prompt_file=PATH`: the file's text (UTF-8), less its trailing newlines;
       - `-`: standard input, read whole, likewise.
-    Several prompts decode as a batch."""
+    Several prompts decode as a batch. Each is checked as a file's text is (prompt_args.py)."""
     rest, prompts, i = [], [], 0
     while i < len(args):
         arg = args[i]
         if arg == "--":
-            prompts += args[i + 1:]
+            prompts += [argv_text(a) for a in args[i + 1:]]
             break
         if arg in _VALUE_FLAGS and i + 1 < len(args):  # `--cfg job`: the flag's value is no prompt
             rest += args[i:i + 2]
@@ -137,13 +139,13 @@ def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
         if arg == "-":
             prompts.append(_read_text(sys.stdin.buffer.read(), "standard input"))
         elif arg.startswith("prompt="):
-            prompts.append(arg[len("prompt="):])
+            prompts.append(argv_text(arg[len("prompt="):], "prompt="))
         elif arg.startswith("prompt_file="):
             prompts.append(_read_prompt_file(arg[len("prompt_file="):]))
-        elif arg.startswith("-") or _is_setting(arg):
+        elif (arg.startswith("-") and is_flag(arg)) or _is_setting(arg):
             rest.append(arg)
         else:
-            prompts.append(arg)
+            prompts.append(argv_text(arg))
         i += 1
     return rest, prompts
 
@@ -175,12 +177,7 @@ def _read_prompt_file(path: str) -> str:
 
 
 def _read_text(data: bytes, where: str) -> str:
-    try:
-        text = data.decode("utf-8-sig")  # a BOM some editors write is not part of the prompt
-    except UnicodeDecodeError as err:
-        raise SpecpipeError(f"{where} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r}). "
-                            "Convert it, e.g. `iconv -f latin1 -t utf-8 FILE`, and pass it again.") from None
-    return text.rstrip("\r\n")
+    return decode_text(data, where).rstrip("\r\n")
 
 
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",

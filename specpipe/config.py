@@ -110,6 +110,7 @@ class TrainConfig:
     init: str = ""  # start from these trained heads (a folder train wrote) instead of fresh ones: train them further
     engine: str = "auto"  # the target's engine for feature extraction (see DecodeConfig)
     out: str = "recipes"  # heads go to <out>/<model>/<proposer>/, the recipe to <out>/<model>/<proposer>.yaml
+    overwrite: bool = False  # replace heads and a recipe already there (else refused: they may be the shipped ones)
 
 
 def job_dir_name(override_dirname: str) -> str:
@@ -137,7 +138,8 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     register()
-    overrides = expand_overrides(list(overrides), conf_dir())
+    typed = list(overrides)  # what the error names: the user's settings, not what a recipe expands to
+    overrides = expand_overrides(typed, conf_dir())
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir()), job_name="specpipe"):
             cfg = hydra_compose(config_name=command, overrides=list(overrides))
@@ -147,7 +149,7 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
         if err.__cause__ is not None:  # e.g. "Key 'quantize' is not in struct"
             detail += " (" + str(err.__cause__).splitlines()[0] + " for this choice.)"
         raise SpecpipeError(
-            f"The settings `{' '.join(overrides)}` are not valid: {detail} Settings are key=value "
+            f"The settings `{' '.join(typed)}` are not valid: {detail}{_recipe_hint(typed)} Settings are key=value "
             f"pairs from conf/{command}.yaml; components are chosen by name (proposer=draft, "
             "verifier=rejection, ...) from the folders of conf/."
         ) from None
@@ -169,6 +171,15 @@ def _precisions(cfg: DictConfig) -> DictConfig:
         if "proposer" in cfg and isinstance(cfg.proposer.get("quantize"), str):
             cfg.proposer.quantize = resolve_precision(cfg.proposer.quantize, device, draft=True)
     return cfg
+
+
+def _recipe_hint(typed: list[str]) -> str:
+    """A recipe's settings come first: an option of another component than the recipe chose is
+    refused for that component, which the user may not know they were using."""
+    recipe = next((arg.partition("=")[2] for arg in typed if arg.startswith("recipe=")), None)
+    return "" if recipe is None else (f" (recipe={recipe} is applied first: an option of a component other than "
+                                       "the one it chose needs that component named too, e.g. proposer=ngram "
+                                       "proposer.ngram_max=3.)")
 
 
 def _condense(message: str) -> str:
@@ -204,11 +215,25 @@ def with_shipped_recipe(overrides: list[str], command: str, conf: Path) -> list[
     holding its own specpipe.yaml already applies it, and a model without one gets conf/'s
     defaults."""
     given = _given(overrides)
-    if any(key.partition(".")[0] in ("proposer", "strategy", "recipe") for key in given):
+    if any(key in ("proposer", "strategy", "recipe") for key in given):
         return overrides
     model = given.get("model") or _default_model(command, conf)
     found = recipes.shipped_recipe(model) if model in _known_models(conf) else None
-    return overrides if found is None else [f"recipe={found}", *overrides]  # quoted by expand_overrides
+    if found is None or not _options_of_its_proposer(given, found, conf):
+        return overrides
+    return [f"recipe={found}", *overrides]  # quoted by expand_overrides
+
+
+def _options_of_its_proposer(given: dict[str, str], recipe_path: Path, conf: Path) -> bool:
+    """Whether the proposer options the user names (`proposer.tree=...`) are options of the recipe's
+    proposer: then they tune the recipe; an option only another proposer has (`proposer.ngram_max`)
+    means that proposer, conf/'s default, rather than the recipe with an option it would refuse."""
+    options = {key.partition(".")[2].partition(".")[0] for key in given if key.startswith("proposer.")}
+    if not options:
+        return True
+    kind = str(recipes.load_recipe(recipe_path).strategy.get("proposer", ""))
+    known = conf / "proposer" / f"{kind}.yaml"
+    return known.is_file() and options <= set(OmegaConf.load(known))
 
 
 def _default_model(command: str, conf: Path) -> str:

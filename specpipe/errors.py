@@ -16,5 +16,7 @@ def report(err: SpecpipeError) -> int:
     """Print a user error as the CLI does (one paragraph, no traceback); its exit code."""
     from rich.console import Console  # here, not at import: errors is a leaf every module may import
 
-    Console(stderr=True).print(f"[bold red]error:[/bold red] {err}", highlight=False)
+    from specpipe.markup import esc  # the message quotes user text: `[/x]` in a path is no markup tag
+
+    Console(stderr=True).print(f"[bold red]error:[/bold red] {esc(err)}", highlight=False)
     return err.exit_code

@@ -78,7 +78,7 @@ def test_train_answers_the_requests_and_answers_again_only_what_is_new_or_edited
     edited = tmp_path / "requests.jsonl"
     edited.write_text("".join(json.dumps(row) + "\n" for row in rows))
     monkeypatch.setitem(BUILTIN, "requests", edited)
-    assert train_command.run(compose(grown, "train")) == 0
+    assert train_command.run(compose([*grown, "overwrite=true"], "train")) == 0  # replaces the first run's heads
     assert seen[1] == requests.instructions(8) and seen[1][1] == "Please: " + second
     assert next((tmp_path / "cache" / "distill").glob("chat-target-*.jsonl")) == answers  # one cache: no digest
     assert len(answers.read_text().splitlines()) == 6 + 3  # the edited request and the two new ones answered

@@ -41,3 +41,11 @@ class PromptResult:
         out = asdict(self)
         out["speedup"] = self.speedup
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PromptResult:
+        """A result as `to_dict` wrote it (an interrupted bench's kept prompts, read back to resume)."""
+        fields = {k: v for k, v in data.items() if k != "speedup"}
+        fields["baseline"], fields["speculative"] = Measured(**data["baseline"]), Measured(**data["speculative"])
+        fields["peers"] = {name: Measured(**m) for name, m in data.get("peers", {}).items()}
+        return cls(**fields)

@@ -40,13 +40,19 @@ def bench_prompts(
     stop: list[str] = (),
     peers: list[Peer] = (),
     on_result: Callable[[PromptResult], None] = lambda result: None,
+    done: dict[int, PromptResult] | None = None,
 ) -> list[PromptResult]:
-    results = []
+    """done: {prompt index: result} measured earlier (an interrupted run's), not measured again; each
+    new result is added to it before `on_result` sees it, so a caller can keep them as they come."""
+    results, done = [], {} if done is None else done
     for index, prompt in enumerate(prompts):
+        if index in done:
+            results.append(done[index])
+            continue
         ids = pipeline.encode(prompt["messages"])
         tokens = min(int(prompt.get("max_new_tokens") or max_new_tokens), max_new_tokens)  # a prompt may ask fewer
         runs = _interleaved(pipeline, ids, peers, index, {"max_new_tokens": tokens, "seed": seed, "stop": list(stop)})
-        result = _compare(pipeline, prompt, ids, runs)
+        result = done[index] = _compare(pipeline, prompt, ids, runs)
         on_result(result)
         results.append(result)
     return results

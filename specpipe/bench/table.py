@@ -6,12 +6,13 @@ from rich.console import Group
 from rich.table import Table
 
 from specpipe.bench.summary import OVERALL
+from specpipe.markup import esc
 
 
 def bench_table(payload: dict) -> Group:
     """Two tables (so each fits a terminal): the headline figures, then how the steps went."""
     strategy = payload["strategy"]
-    title = (f"specpipe bench: {payload['model']} · proposer {strategy['proposer']} · controller "
+    title = (f"specpipe bench: {esc(payload['model'])} · proposer {strategy['proposer']} · controller "
              f"{strategy['controller']} · γ={strategy['gamma']} · verifier {strategy['verifier']}"
              + ("" if strategy["lossless"] else " [bold yellow](LOSSY)[/bold yellow]"))
     head = Table(title=title, caption="speedup: median (min-max) over prompts, each against the plain target "
@@ -24,14 +25,14 @@ def bench_table(payload: dict) -> Group:
         steps.add_column(column, justify="left" if column != "γ" else "right")
     for category, fig in payload["summary"].items():
         style = "bold" if category == OVERALL else None
-        head.add_row(category, str(fig["prompts"]), f"{fig['baseline_tokens_per_s']:.1f}", f"{fig['tokens_per_s']:.1f}",
+        head.add_row(esc(category), str(fig["prompts"]), f"{fig['baseline_tokens_per_s']:.1f}", f"{fig['tokens_per_s']:.1f}",
                      speedup_cell(fig["speedup"]), f"{fig['acceptance_rate']:.2f}", f"{fig['mean_accepted_length']:.2f}",
                      exact_cell(fig["exactness"]), style=style)
         for name, peer in fig["peers"].items():
-            head.add_row(f"  ↳ {name}", "", "", f"{peer['tokens_per_s']:.1f}", speedup_cell(peer["speedup"]),
+            head.add_row(f"  ↳ {esc(name)}", "", "", f"{peer['tokens_per_s']:.1f}", speedup_cell(peer["speedup"]),
                          "", "", exact_cell(peer["exactness"]), style="dim")
         tpt = fig["time_per_token_ms"]
-        steps.add_row(category, positions_cell(fig["per_position_acceptance"]), gamma_cell(fig["gamma"]),
+        steps.add_row(esc(category), positions_cell(fig["per_position_acceptance"]), gamma_cell(fig["gamma"]),
                       tpt_cell(tpt["baseline"]), tpt_cell(tpt["speculative"]), style=style)
     return Group(head, steps)
 
@@ -40,7 +41,7 @@ def load_table(payload: dict) -> Table:
     """A request load: plain and speculative side by side (and peers), then per category."""
     load = payload["load"]
     table = Table(title=f"request load: {load['requests']} requests, concurrency {load['concurrency']}"
-                  + (f" (run at 1: {load['batch_refusal']})" if load["batch_refusal"] else ""),
+                  + (f" (run at 1: {esc(load['batch_refusal'])})" if load["batch_refusal"] else ""),
                   caption="latency, TTFT (time to first token), TPOT (time per output token after the first): "
                   "P50 / P90 / P99 ms over requests")
     for column in ("run", "tok/s", "req/s", "speedup", "latency", "TTFT", "TPOT", "acceptance", "τ"):
@@ -58,7 +59,7 @@ def load_table(payload: dict) -> Table:
                       f"{peer['speedup']:.2f}x", "", "", "", "", "", style="dim")
     for category, fig in load["by_category"].items():
         rate, tau = fig["acceptance_rate"], fig["mean_accepted_length"]
-        table.add_row(f"  {category} ({fig['requests']})", "", "", speedup_cell(fig["speedup"]), "", "",
+        table.add_row(f"  {esc(category)} ({fig['requests']})", "", "", speedup_cell(fig["speedup"]), "", "",
                       _p3(fig["tpot_ms"]["speculative"]), f"{rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f})",
                       f"{tau['median']:.2f} ({tau['min']:.2f}-{tau['max']:.2f})", style="dim")
     return table
@@ -75,12 +76,12 @@ def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
                   caption="speedup: median over prompts against the plain target, same run")
     for column in ("job", "model", "proposer", "controller", "γ", "speedup", *categories, "acceptance", "τ", "exact",
                    "peers"):
-        table.add_column(column, justify="left" if column in ("job", "model", "proposer", "controller") else "right")
+        table.add_column(esc(column), justify="left" if column in ("job", "model", "proposer", "controller") else "right")
     for name, payload in jobs:
         overall, strategy = payload["summary"][OVERALL], payload["strategy"]
         per_category = [f"{payload['summary'][c]['speedup']['median']:.2f}x" if c in payload["summary"] else "-"
                         for c in categories]
-        table.add_row(name, payload["model"], strategy["proposer"], strategy["controller"], str(strategy["gamma"]),
+        table.add_row(esc(name), esc(payload["model"]), strategy["proposer"], strategy["controller"], str(strategy["gamma"]),
                       speedup_cell(overall["speedup"]), *per_category, f"{overall['acceptance_rate']:.2f}",
                       f"{overall['mean_accepted_length']:.2f}", exact_cell(overall["exactness"]),
                       " ".join(f"{n} {p['speedup']['median']:.2f}x" for n, p in overall["peers"].items()) or "-")

@@ -62,7 +62,8 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
         return Check("heads", "n/a", f"proposer={kind} uses no trained heads")
     from omegaconf import OmegaConf
 
-    from specpipe.heads.io import read_config
+    from specpipe.heads.integrity import heads_problem, shape_problem
+    from specpipe.heads.io import damaged_heads, read_config
 
     if OmegaConf.is_missing(cfg.proposer, "heads"):
         return Check("heads", "refuse", f"proposer={kind} needs proposer.heads=DIR (trained heads)",
@@ -73,10 +74,15 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
         heads = read(cfg.proposer.heads)
     except SpecpipeError as err:
         return Check("heads", "refuse", str(err), f"train heads: specpipe train proposer={kind} model={cfg.model.name}")
+    if damaged := heads_problem(cfg.proposer.heads):  # as a model's files are, before anything reads them
+        return Check("heads", "refuse", damaged_heads(cfg.proposer.heads, damaged).rstrip("."),
+                     f"restore the folder, or train heads: specpipe train proposer={kind} model={cfg.model.name}")
     target = target_config_loader()  # None: not fetched (export), only the trained-for name is compared
-    problems = [f"{what} {heads.get(key)} vs the target's {getattr(target, key, None)}"
-                for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
-                if target is not None and heads.get(key) != getattr(target, key, None)]
+    problems = [problem for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
+                if target is not None and (problem := shape_problem(what, key, heads.get(key), target))]
+    asked = cfg.proposer.get("num_heads")  # "use the first N": more than there are is refused, not capped
+    if isinstance(asked, int) and isinstance(heads.get("num_heads"), int) and asked > heads["num_heads"]:
+        problems.append(f"proposer.num_heads={asked}, and the folder holds {heads['num_heads']} heads")
     layers = getattr(target, "num_hidden_layers", None)
     outside = [k for k in heads.get("reads_layers", ()) if layers is not None and not 0 < k <= layers]
     if target is not None and outside:  # 0 would be the embeddings, which no runner hands over

@@ -13,7 +13,8 @@ from specpipe.checks.validate import check_options, check_settings
 
 def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
                target_config_loader=lambda: None, draft_config_loader=lambda: None) -> list[Check]:
-    settings, options = check_settings(cfg), check_options(cfg)
+    settings = check_settings(cfg)  # first: the options check builds the controller, sized by these
+    options = check_options(cfg) if settings.status != "refuse" else Check("options", "n/a", "not checked: fix the settings first")
     if "refuse" in (settings.status, options.status):  # later checks read these values
         return [settings, options]
     target_config = target_config_loader()

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from specpipe.checks.identity import batch_size, declared, lora_paths, proposer_kind
 from specpipe.checks.result import Check
 from specpipe.errors import SpecpipeError
+from specpipe.limits import cache_slots, memory_problem
 from specpipe.models.quantize import BY_DEVICE, GUARANTEE, MODES, NATIVE_ONLY, TARGET_SAFE
 
 
@@ -91,9 +92,11 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
         return [Check("engine", "refuse", f"model.quantize={mode} needs the native engine (bf16 activations end to "
                       f"end); {cfg.model.name} runs on hf: {reason or 'engine=hf was asked for'}",
                       "use model.quantize=fp16 or none")]
+    slots = cache_slots(cfg, target_config)
+    lowered = f"; cache_len={cfg.cache_len} is past the model's positions: {slots} are allocated" if slots < cfg.cache_len else ""
     checks = [Check("engine", "ok", (
-        f"native: own forward (fused projections, preallocated KV cache of {cfg.cache_len} slots indexed by "
-        f"position){', decoder stack compiled' if cfg.get('compile') else ''}" if native
+        f"native: own forward (fused projections, preallocated KV cache of {slots} slots indexed by "
+        f"position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}" if native
         else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
     guarantee = GUARANTEE.get(mode, "")
     if mode == BY_DEVICE.get(cfg.device):
@@ -123,8 +126,9 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
 
     if target_config is None:
         return Check("memory", "n/a", "the target's config is unknown")
-    tokens, rows = cfg.cache_len, batch_size(cfg)
+    tokens, rows = cache_slots(cfg, target_config), batch_size(cfg)
     slots = f"{tokens} slots" + (f" × {rows} rows" if rows > 1 else "")
+    total = weight_bytes(target_config, cfg.model.quantize) + rows * cache_bytes(target_config, cfg.model.quantize, tokens)
     parts = [f"target {mib(weight_bytes(target_config, cfg.model.quantize))} + KV cache "
              f"{mib(rows * cache_bytes(target_config, cfg.model.quantize, tokens))} ({slots})"]
     kind = proposer_kind(cfg)
@@ -135,8 +139,13 @@ def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
     except SpecpipeError:  # an unreachable draft: the tokenizer check has said so already
         draft = None
     if draft is not None:
+        total += weight_bytes(draft, draft_mode) + rows * cache_bytes(draft, draft_mode, tokens)
         parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache "
                      f"{mib(rows * cache_bytes(draft, draft_mode, tokens))}")
     elif declared(cfg).heads:
         parts.append(f"{kind} heads: see bench's measured figures (their size is in the heads folder)")
+    too_much = memory_problem(total, cfg.device)  # refused here, before the allocator fails part way
+    if too_much:
+        return Check("memory", "refuse", "estimated: " + "; ".join(parts) + f"; {too_much}",
+                     "decode fewer sequences at once (batch=, concurrency=) or lower cache_len=")
     return Check("memory", "ok", "estimated: " + "; ".join(parts), "lower cache_len= to shrink the caches")

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from specpipe.checks.result import Check
 from specpipe.components import call_target
 from specpipe.errors import SpecpipeError
+from specpipe.limits import integer_problems, size_problems
 
 
 OUTPUTS = ("rich", "json", "text")  # generate's output modes
@@ -49,7 +50,10 @@ def check_settings(cfg: DictConfig) -> Check:
             SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         except SpecpipeError as err:
             problems.append(str(err).rstrip("."))
-    problems += _gamma_problems(cfg)
+    if cfg.get("concurrency", 1) > 1 and cfg.get("requests") == 0:  # else silently ignored
+        problems.append(f"concurrency={cfg.concurrency} is the batch of a request load and needs requests=N (a "
+                        "per-prompt bench decodes one prompt at a time)")
+    problems += _gamma_problems(cfg) + integer_problems(cfg) + size_problems(cfg)
     if problems:
         return Check("settings", "refuse", "; ".join(problems), "fix the values named (see conf/ for the defaults)")
     return Check("settings", "ok", "every number finite and in range")

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from specpipe.bench import plots
+from specpipe.bench.partial import PARTIAL_FILE, KeptResults
 from specpipe.bench.load import load_summary, measure_load
 from specpipe.bench.peers import hf_batched, load_peer_names, make_peers, peer_names
 from specpipe.bench.results import RESULTS_FILE, SCHEMA, earlier_results, environment, measured_with, now, write_json
@@ -33,6 +34,8 @@ from specpipe.bench.table import bench_table, load_table
 from specpipe.checks.identity import kind_of, proposer_kind
 from specpipe.context import check_fits
 from specpipe.errors import SpecpipeError
+from specpipe.limits import fit_slots
+from specpipe.markup import esc
 from specpipe.outputs import save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
@@ -41,24 +44,29 @@ from specpipe.prompts import load_prompts
 def run(cfg: DictConfig) -> int:
     prompts = select_prompts(cfg)
     load = cfg.requests > 0
+    lowered = fit_slots(cfg, cfg.requests, "concurrency") if load else None  # before the checks read it
     peers = load_peer_names(cfg.peer) if load else peer_names(cfg.peer, cfg.proposer)
     folder, in_sweep = job_folder(cfg)
     err = Console(stderr=True)
     if in_sweep and earlier_run(folder, cfg, prompts, folder.name, err) is not None:
         return 0
     writable_output(folder, f"out={cfg.out}", files=(RESULTS_FILE,))
+    if lowered:
+        err.print(f"note: {esc(lowered)}", highlight=False)
     gc.collect()  # a sweep runs its jobs in one process: the last job's models must be gone first
-    with err.status(f"loading {cfg.model.name} and the proposer…"):
+    with err.status(f"loading {esc(cfg.model.name)} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning.name}: {warning.why}", highlight=False)
-    payload = (measure_requests if load else measure)(cfg, pipeline, prompts, peers, err)
+        err.print(f"[yellow]warning:[/yellow] {warning.name}: {esc(warning.why)}", highlight=False)
+    payload = measure_requests(cfg, pipeline, prompts, peers, err) if load else measure(cfg, pipeline, prompts,
+                                                                                         peers, err, folder)
     Console().print(load_table(payload) if load else bench_table(payload))  # seen, whatever happens to the file
     path = save(payload, folder)
-    err.print(f"results: {path}")
+    (folder / PARTIAL_FILE).unlink(missing_ok=True)  # every prompt is in results.json now
+    err.print(f"results: {esc(path)}")
     if cfg.plot:
         for png in plots.plot_run(payload, folder):
-            err.print(f"plot: {png}")
+            err.print(f"plot: {esc(png)}")
     # exit 1 on a greedy divergence (scripts can gate on it); a sweep's job records it and goes on
     return 0 if in_sweep or all_exact(payload["summary"]["overall"]) else 1
 
@@ -95,28 +103,45 @@ def earlier_run(folder: Path, cfg: DictConfig, prompts: list[dict], name: str, e
     if it was measured otherwise (said so: it is measured again, the earlier file kept renamed)."""
     earlier, changed = earlier_results(folder / RESULTS_FILE, measured_with(cfg, prompts))
     if earlier is not None:
-        err.print(f"[dim]{name}: measured in an earlier run with the same settings, skipped ({folder})[/dim]")
+        err.print(f"[dim]{esc(name)}: measured in an earlier run with the same settings, skipped ({esc(folder)})[/dim]")
     elif changed:
-        err.print(f"{name}: measured in an earlier run with other settings ({'; '.join(changed)}): measuring "
-                  f"again, the earlier {RESULTS_FILE} kept renamed with its date ({folder})", highlight=False)
+        err.print(f"{esc(name)}: measured in an earlier run with other settings ({esc('; '.join(changed))}): measuring "
+                  f"again, the earlier {RESULTS_FILE} kept renamed with its date ({esc(folder)})", highlight=False)
     return earlier
 
 
-def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console) -> dict:
+def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: list[str], err: Console,
+            folder: Path | None = None) -> dict:
+    """folder: where each prompt's result is kept as it comes (bench/partial.py), and an interrupted
+    run's are read back from: only the prompts left are measured."""
     check_fits(pipeline, prompts, cfg.max_new_tokens)  # every prompt fits, named by id, before anything runs
+    kept = KeptResults(folder or Path(cfg.out), measured_with(cfg, prompts))
+    if kept.resumed:
+        err.print(f"resuming: {kept.resumed} of {len(prompts)} prompts measured by an interrupted run with the same "
+                  f"settings ({esc(kept.path)}); measuring the rest", highlight=False)
     peer_runs = make_peers(peers, pipeline, cfg)
     with err.status("warming up…"):
         warm_up(pipeline, pipeline.encode(prompts[0]["messages"]), peer_runs, cfg.warmup, cfg.seed)
 
     def show(result) -> None:
         exact = {None: "", True: " exact", False: " [red]DIVERGED[/red]"}[result.exact]
-        err.print(f"{result.id} ({result.category}): {result.baseline.tokens_per_s:.1f} → "
+        err.print(f"{esc(result.id)} ({esc(result.category)}): {result.baseline.tokens_per_s:.1f} → "
                   f"{result.speculative.tokens_per_s:.1f} tok/s x{result.speedup:.2f} "
                   f"τ={result.speculative.stats['mean_accepted_length']:.2f}{exact}", highlight=False, soft_wrap=True)
 
     _print_engine(pipeline, pipeline.memory(), err)
-    results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                            stop=list(cfg.stop), peers=peer_runs, on_result=show)
+    def show_and_keep(result) -> None:
+        show(result)
+        kept.keep(result)
+
+    try:
+        results = bench_prompts(pipeline, prompts, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                                stop=list(cfg.stop), peers=peer_runs, on_result=show_and_keep, done=kept.done)
+    except KeyboardInterrupt:
+        if kept.done:
+            err.print(f"interrupted: {len(kept.done)} of {len(prompts)} prompts kept in {esc(kept.path)}; the same "
+                      "command resumes from there", highlight=False)
+        raise
     return {**_header(cfg, pipeline, prompts), "memory_bytes": pipeline.memory(),
             "prompts": [r.to_dict() for r in results], "summary": summarize(results)}
 
@@ -135,7 +160,7 @@ def measure_requests(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], p
                             peers=peer_runs, **options)
     _print_engine(pipeline, load["memory_bytes"], err)
     if load["batch_refusal"]:
-        err.print(f"[yellow]warning:[/yellow] one sequence at a time: {load['batch_refusal']}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] one sequence at a time: {esc(load['batch_refusal'])}", highlight=False)
     return {**_header(cfg, pipeline, prompts), "memory_bytes": load["memory_bytes"], "prompts": [],
             "summary": load_summary(load), "load": load}
 

@@ -10,19 +10,48 @@ from rich.console import Console
 from rich.table import Table
 
 from specpipe.build import config_checks
+from specpipe.checks.result import Check
 from specpipe.checks.validate import check_prompts
+from specpipe.limits import fit_slots
+from specpipe.markup import esc
 
 STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 
 
+def _prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
+    """What generate refuses once loaded, found from the tokenizer and config: a prompt that fills the
+    context (counted without a chat template, which only adds tokens, so every refusal is certain)."""
+    from specpipe.limits import cache_slots
+    from specpipe.models.loader import load_config, load_tokenizer, resolve
+
+    source = resolve(cfg.model.name)
+    tokenizer, config = load_tokenizer(source), load_config(source)
+    positions = getattr(config, "max_position_embeddings", None)
+    limit = cache_slots(cfg, config) if cfg.engine != "hf" else positions
+    if not isinstance(limit, int):
+        return Check("context", "n/a", "the target's context is unknown")
+    lengths = [len(tokenizer(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+    full = [f"prompt {i + 1} ({n} tokens)" for i, n in enumerate(lengths) if n >= limit]
+    if full:
+        return Check("context", "refuse", f"{', '.join(full)} leave no room for output in the {limit}-token context "
+                     f"(cache_len={cfg.cache_len}, the model's positions {positions})",
+                     "shorten the prompt, or raise cache_len= up to the model's positions")
+    return Check("context", "ok", f"the longest prompt is {max(lengths)} tokens of the {limit}-token context")
+
+
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     """prompts: the command line's prompts, as generate takes them (checked the same way)."""
+    lowered = fit_slots(cfg, len(prompts), "batch") if prompts else None  # as generate runs them
     checks = [*config_checks(cfg), *([check_prompts(prompts)] if prompts else [])]
-    table = Table(title=f"specpipe check: {cfg.model.name}")
+    if prompts and not any(c.status == "refuse" for c in checks):
+        checks.append(_prompt_room(cfg, prompts))
+    if lowered:
+        checks.append(Check("batch size", "ok", lowered))
+    table = Table(title=f"specpipe check: {esc(cfg.model.name)}")
     for column in ("check", "status", "why", "how to fix"):
         table.add_column(column)
     for check in checks:
         style = STYLE[check.status]
-        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", check.why, check.fix)
+        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", esc(check.why), esc(check.fix))
     Console().print(table)
     return 2 if any(c.status == "refuse" for c in checks) else 0

@@ -16,10 +16,11 @@ from rich.console import Console
 from specpipe.bench.results import write_json
 from specpipe.build import config_checks
 from specpipe.checks.result import refuse_if_any
-from specpipe.config import compose
+from specpipe.config import compose, conf_dir, with_shipped_recipe
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm
 from specpipe.export.plan import plan_of
+from specpipe.markup import esc
 from specpipe.outputs import atomic_write, save_or_keep, writable_output
 
 ENGINES = {"vllm": vllm, "sglang": sglang}
@@ -34,7 +35,8 @@ def run(args: list[str]) -> int:
         raise SpecpipeError(f"`specpipe export {args[0]}`: the engines are {', '.join(ENGINES)}. {USAGE}")
     out = next((a.partition("=")[2] for a in args[1:] if a.startswith("out=")), None)
     overrides = [a for a in args[1:] if not a.startswith("out=")]
-    cfg = compose(overrides, "generate")
+    # what plain `generate` would run, recipe included: an export of anything else misleads
+    cfg = compose(with_shipped_recipe(overrides, "generate", conf_dir()), "generate")
     # what `specpipe check` refuses, export refuses: a composition that cannot run is not exported
     checks = config_checks(cfg, fetch=False)
     refuse_if_any(checks)
@@ -45,13 +47,13 @@ def run(args: list[str]) -> int:
     result = vllm.export(plan) if args[0] == "vllm" else sglang.export(plan)
     err = Console(stderr=True)
     for warning in result.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {esc(warning)}", highlight=False)
     if result.engine == "vllm" and result.settings:
         written = save_or_keep(lambda to: write_json(to, result.settings), path, "the speculative_config")
-        err.print(f"speculative_config ({result.engine} {result.version}): {written}")
+        err.print(f"speculative_config ({result.engine} {result.version}): {esc(written)}")
     elif out:
         written = save_or_keep(lambda to: atomic_write(to, lambda f: f.write(result.command + "\n")), path,
                                "the launch command")
-        err.print(f"command: {written}")
+        err.print(f"command: {esc(written)}")
     print(result.command)
     return 0

@@ -17,18 +17,23 @@ from specpipe import jsonsafe
 from specpipe.checks.identity import proposer_kind
 from specpipe.checks.result import refuse_if_any
 from specpipe.checks.validate import check_prompts, check_settings
+from specpipe.limits import fit_slots
+from specpipe.markup import esc
 from specpipe.pipeline import Generation, Pipeline, collect
 from specpipe.ui.live import stream, summary
 
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
     """prompts: the command line's `prompt=` texts, verbatim (None: the config's `prompt`)."""
     prompts = prompts or [cfg.prompt]
-    _validate(cfg, prompts)
     err = Console(stderr=True)
-    with err.status(f"loading {cfg.model.name} and the proposer…"):
+    lowered = fit_slots(cfg, len(prompts), "batch")  # before the checks: their memory estimate reads it
+    _validate(cfg, prompts)
+    if lowered:
+        err.print(f"note: {esc(lowered)}", highlight=False)
+    with err.status(f"loading {esc(cfg.model.name)} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning.name}: {warning.why}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {warning.name}: {esc(warning.why)}", highlight=False)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, stop=list(cfg.stop))
     if len(prompts) > 1 or cfg.batch > 1:
         return _batch(cfg, pipeline, prompts, kwargs, err)
@@ -49,8 +54,9 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
     """The prompts as one batch (`batch` at a time), then the plain target as the same batch."""
     concurrency = cfg.batch or len(prompts)
     if pipeline.batch_refusal(pipeline.proposer):
-        err.print(f"[yellow]warning:[/yellow] one sequence at a time: {pipeline.batch_refusal(pipeline.proposer)}",
+        err.print(f"[yellow]warning:[/yellow] one sequence at a time: {esc(pipeline.batch_refusal(pipeline.proposer))}",
                   highlight=False)
+        concurrency = 1  # what runs, and what the output reports
     runs = {}
     for mode in ("speculative", "plain") if cfg.baseline and pipeline.proposer is not None else ("speculative",):
         with err.status(f"decoding {len(prompts)} prompts, {concurrency} at a time ({mode})…"):
@@ -65,8 +71,8 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
         print(jsonsafe.dumps({
             "model": cfg.model.name, "proposer": proposer_kind(cfg), "batch": concurrency,
             "config": {**OmegaConf.to_container(cfg, resolve=True), "prompt": prompts},
-            "requests": [{"prompt": p, "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
-                          **g.stats.to_dict()} for p, g in zip(prompts, spec)],
+            "requests": [_request_json(p, g, base[i] if base else None, equal[i] if equal else None)
+                         for i, (p, g) in enumerate(zip(prompts, spec))],
             "tokens_per_s": throughput, "baseline_tokens_per_s": base_throughput,
             "speedup": throughput / base_throughput if base_throughput else None,
             "greedy_equal": None if equal is None else all(equal),
@@ -89,6 +95,13 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
         Console().print(line, highlight=False)
 
 
+def _request_json(prompt: str, spec: Generation, base: Generation | None, equal: bool | None) -> dict:
+    """One request of a batch: its own greedy_equal and the plain target's ids beside its own, so a
+    request that diverges is found by its index, not only by the batch's overall flag."""
+    return {"prompt": prompt, "text": spec.text, "token_ids": spec.token_ids, "finish_reason": spec.finish_reason,
+            **spec.stats.to_dict(), "baseline_token_ids": base.token_ids if base else None, "greedy_equal": equal}
+
+
 def _validate(cfg: DictConfig, prompts: list[str]) -> None:
     """What `specpipe check` refuses too (specpipe/checks/), before the status line and any load."""
     refuse_if_any([check_settings(cfg), check_prompts(prompts)])
@@ -96,7 +109,7 @@ def _validate(cfg: DictConfig, prompts: list[str]) -> None:
 
 def _speculative(pipeline: Pipeline, cfg: DictConfig, prompt: str, kwargs: dict) -> Generation:
     if cfg.output == "rich":
-        title = f"{cfg.model.name} · proposer {proposer_kind(cfg)} · γ={cfg.gamma}"
+        title = f"{esc(cfg.model.name)} · proposer {proposer_kind(cfg)} · γ={cfg.gamma}"
         return stream(pipeline, prompt, Console(), title, **kwargs)
     if cfg.output == "text":
         generation = collect(_echoed(pipeline.generate(prompt, **kwargs)))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from specpipe.errors import SpecpipeError
+from specpipe.markup import esc
 from specpipe.models import zoo
 
 USAGE = "usage: specpipe models            list the built-in models and what is cached\n" \
@@ -22,13 +22,13 @@ def run(args: list[str]) -> int:
         return 0
     if args[0] == "fetch" and len(args) == 2:
         path = zoo.fetch(args[1])
-        Console().print(f"{args[1]}: [green]cached[/green] at {path}")
+        Console().print(f"{esc(args[1])}: [green]cached[/green] at {esc(path)}")
         return 0
     raise SpecpipeError(f"`specpipe models {' '.join(args)}` is not a models command. {USAGE}")
 
 
 def _list() -> None:
-    table = Table(title=f"specpipe model zoo (cache: {zoo.cache_root()})")
+    table = Table(title=f"specpipe model zoo (cache: {esc(zoo.cache_root())})")
     for column in ("name", "model", "size", "cached", "dense copy"):
         table.add_column(column)
     for row in zoo.status():
@@ -39,11 +39,11 @@ def _list() -> None:
 
 def _cached(row: dict) -> str:
     if row["damaged"]:
-        return f"[red]damaged[/red]: {escape(row['damaged'])}; fetched again on next use"
+        return f"[red]damaged[/red]: {esc(row['damaged'])}; fetched again on next use"
     return "[green]yes[/green]" if row["cached"] else f"no (specpipe models fetch {row['name']})"
 
 
 def _dense(row: dict) -> str:
     if row["dense_damaged"]:
-        return f"[red]damaged[/red]: {escape(row['dense_damaged'])}; rebuilt on next load"
+        return f"[red]damaged[/red]: {esc(row['dense_damaged'])}; rebuilt on next load"
     return "[green]yes[/green]" if row["dense"] else "no (built on first load)"

@@ -19,6 +19,7 @@ from specpipe.bench.summary import OVERALL
 from specpipe.bench.table import sweep_markdown, sweep_table
 from specpipe import errors
 from specpipe.errors import SpecpipeError
+from specpipe.markup import esc
 from specpipe.outputs import save_or_keep
 
 USAGE = ("usage: specpipe report DIR [plot=true] [markdown=true]   (DIR: the `out=` folder of a bench sweep "
@@ -59,10 +60,10 @@ def report(folder: Path, plot: bool = False, markdown: bool = False) -> None:
             for name, p in jobs]
     err = Console(stderr=True)
     payload = {"created": now(), "jobs": rows}
-    err.print(f"summary: {save_or_keep(lambda path: write_json(path, payload), folder / 'summary.json', 'the summary')}")
+    err.print(f"summary: {esc(save_or_keep(lambda path: write_json(path, payload), folder / 'summary.json', 'the summary'))}")
     if plot:
         for png in plots.plot_sweep(jobs, folder):
-            err.print(f"plot: {png}")
+            err.print(f"plot: {esc(png)}")
 
 
 class SweepSummary(Callback):

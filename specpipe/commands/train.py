@@ -34,6 +34,8 @@ from specpipe.checks.identity import declared, proposer_kind
 from specpipe.checks.validate import non_finite
 from specpipe.commands.tune import model_slug
 from specpipe.errors import SpecpipeError
+from specpipe.limits import integer_problems
+from specpipe.markup import esc
 from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
 from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.models.quantize import bulk_rows, quantize_model
@@ -59,6 +61,7 @@ def run(cfg: DictConfig) -> int:
     kind = kind_in(declared(cfg).trainer)
     folder = Path(cfg.out) / model_slug(cfg.model.name)
     checkpoint = folder / f".{name}-checkpoint"
+    _refuse_earlier_heads(folder, name, cfg.overwrite)
     writable_output(folder, f"out={cfg.out}", files=(f"{name}.yaml",), folders=(name,))
     err = Console(stderr=True)
     started = time.perf_counter()
@@ -83,8 +86,17 @@ def run(cfg: DictConfig) -> int:
 
     path = save_or_keep(write, folder, "the trained heads and their recipe")
     shutil.rmtree(checkpoint, ignore_errors=True)  # saved where asked: nothing left to resume
-    err.print(f"heads: {path.parent / name}\nrecipe: {path}  (use it: specpipe generate recipe={path})")
+    err.print(f"heads: {esc(path.parent / name)}\nrecipe: {esc(path)}  (use it: specpipe generate recipe={esc(path)})")
     return 0
+
+
+def _refuse_earlier_heads(folder: Path, name: str, overwrite: bool) -> None:
+    """A run writes its heads once, at its end: heads or a recipe already there are another run's
+    (with the default out=recipes, maybe the shipped ones), and are replaced only when asked."""
+    earlier = [path for path in (folder / name, folder / f"{name}.yaml") if path.exists()]
+    if earlier and not overwrite:
+        raise SpecpipeError(f"{earlier[0]} exists already, and train would replace it with the heads it trains. Nothing "
+                            "was run: pass out=ANOTHER_FOLDER to keep both, or overwrite=true to replace them.")
 
 
 def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) -> list[dict]:
@@ -216,8 +228,9 @@ def _validate(cfg: DictConfig) -> None:
         raise SpecpipeError(f"specpipe train proposer={kind}: it has nothing to train (its module declares no "
                             f"trainer; the trained proposers are {', '.join(n for n, d in declared_proposers().items() if d.trainer)}). Draft models come "
                             "trained, twins are the target, and lookup proposers read the prompt.")
-    if non_finite(cfg):
-        raise SpecpipeError(f"{'; '.join(non_finite(cfg))}: give every number a finite value.")
+    if non_finite(cfg) or integer_problems(cfg):
+        raise SpecpipeError(f"{'; '.join(non_finite(cfg) + integer_problems(cfg))}: give every number a finite value "
+                            "in its range.")
     at_least = {"num_heads": 1, "layers": 1, "epochs": 1, "batch": 1, "seq_len": 2, "unroll": 0, "ttt": 1, "distill": 0,
                 "distill_tokens": 1, "distill_batch": 1, "vocab_subset": 1, "intermediate_size": 0, "tokens": 0}
     low = [f"{key}={cfg[key]} (at least {bound})" for key, bound in at_least.items() if cfg[key] < bound]
@@ -256,11 +269,11 @@ def _start(cfg: DictConfig, kind: Kind, weights: TargetWeights, seqs: list[dict]
     if cfg.resume and state.exists():
         saved = torch.load(state)
         if saved["key"] == _run_key(cfg):
-            err.print(f"resuming from {checkpoint} after epoch {saved['epoch'] + 1}")
+            err.print(f"resuming from {esc(checkpoint)} after epoch {saved['epoch'] + 1}")
             return kind.load(checkpoint), saved["epoch"] + 1
     torch.manual_seed(cfg.seed)
     if cfg.init:  # further training of heads trained before (their shape as it is; see Kind.grow)
-        err.print(f"starting from the heads in {cfg.init}")
+        err.print(f"starting from the heads in {esc(cfg.init)}")
         return kind.grow(kind.load(Path(cfg.init)).float(), cfg, weights.lm, seqs), 0
     return kind.fresh(cfg, weights.config, weights.lm, seqs), 0
 
@@ -319,7 +332,7 @@ def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: Dict
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()  # never a stray half checkpoint
-        err.print(f"[yellow]warning:[/yellow] no checkpoint after epoch {epoch + 1} ({why(folder, exc)}): "
+        err.print(f"[yellow]warning:[/yellow] no checkpoint after epoch {epoch + 1} ({esc(why(folder, exc))}): "
                   "training goes on, but an interruption now would start over", highlight=False)
 
 

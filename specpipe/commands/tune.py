@@ -34,6 +34,7 @@ from specpipe.build import checked_context
 from specpipe.commands import bench
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError
+from specpipe.markup import esc
 from specpipe.models import zoo
 from specpipe.outputs import save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
@@ -64,7 +65,7 @@ def run(cfg: DictConfig) -> int:
         data["strategy"]["batch_schedule"] = schedule
         data["measured"]["batch_schedule"] = loads
     path = save_or_keep(lambda to: write_recipe(to, data), destination, "the recipe")
-    err.print(f"recipe: {path}  (use it: specpipe generate recipe={path})")
+    err.print(f"recipe: {esc(path)}  (use it: specpipe generate recipe={esc(path)})")
     return 0
 
 
@@ -101,7 +102,7 @@ def candidates(cfg: DictConfig, err: Console):
             name = f"{base}-g{gamma}" if fixed else base
             refused = _refusals(candidate_config(cfg, candidate))
             if refused:
-                err.print(f"[dim]{name}: skipped ({refused})[/dim]")
+                err.print(f"[dim]{esc(name)}: skipped ({esc(refused)})[/dim]")
                 continue
             yield name, candidate
 
@@ -115,10 +116,10 @@ def trained(cfg: DictConfig, destination: Path, err: Console):
         try:
             recipe = load_recipe(path)
         except SpecpipeError as err_:
-            err.print(f"[dim]{path.name}: skipped (not a usable recipe: {err_})[/dim]")
+            err.print(f"[dim]{esc(path.name)}: skipped (not a usable recipe: {esc(err_)})[/dim]")
             continue
         if recipe.target != cfg.model.name:
-            err.print(f"[dim]{path.name}: skipped (trained for {recipe.target})[/dim]")
+            err.print(f"[dim]{esc(path.name)}: skipped (trained for {esc(recipe.target)})[/dim]")
             continue
         yield path.stem, {**recipe.strategy, **{f"{ARTIFACT}{k}": v for k, v in recipe.artifacts.items()}}
 
@@ -157,7 +158,7 @@ def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[d
     earlier = bench.earlier_run(folder, candidate, prompts, name, err)
     if earlier is not None:
         return earlier
-    err.rule(name)
+    err.rule(esc(name))
     pipeline = Pipeline.from_config(candidate)
     try:
         payload = (bench.measure_requests if load else bench.measure)(candidate, pipeline, prompts, [], err)
@@ -236,7 +237,7 @@ def _measured(cfg: DictConfig, tried: dict, best: str | None, payload: dict | No
 
 def candidates_table(cfg: DictConfig, tried: dict) -> Table:
     best = winner(tried)
-    table = Table(title=f"specpipe tune: {cfg.model.name}", caption="speedup: median over prompts against the "
+    table = Table(title=f"specpipe tune: {esc(cfg.model.name)}", caption="speedup: median over prompts against the "
                   "plain target, same run; ★ the recipe's strategy")
     for column in ("candidate", "speedup", "acceptance", "τ", "exact"):
         table.add_column(column, justify="left" if column == "candidate" else "right")

@@ -29,10 +29,10 @@ from safetensors.torch import load_file, save_file
 
 from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, EagleShape
+from specpipe.heads.integrity import INDEX, WEIGHTS, heads_problem, weight_files
 from specpipe.heads.medusa import MedusaHeads
 
-CONFIG, WEIGHTS, DRAFT_VOCAB = "config.json", "model.safetensors", "draft_vocab.json"
-INDEX = "model.safetensors.index.json"  # transformers' index of a sharded checkpoint
+CONFIG, DRAFT_VOCAB = "config.json", "draft_vocab.json"
 SHARD_BYTES = 40_000_000  # heads are shipped in git beside recipes: no file over 50 MB
 
 
@@ -59,12 +59,19 @@ def read_weights(folder: Path | str) -> dict[str, torch.Tensor]:
     """A folder's tensors: `model.safetensors`, or the shards its `model.safetensors.index.json`
     maps them to (transformers' layout, which vLLM and speculators load too)."""
     folder = Path(folder)
-    index = folder / INDEX
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [WEIGHTS]
-    if missing := [name for name in files if not (folder / name).is_file()]:
-        raise SpecpipeError(f"{folder} lacks {', '.join(missing)}: copy the whole heads folder, or train the "
-                            "heads again (specpipe train).")
-    return {name: t for file in files for name, t in load_file(str(folder / file)).items()}
+    if problem := heads_problem(folder):  # checked like a model's files: never a raw safetensors error
+        raise SpecpipeError(damaged_heads(folder, problem))
+    files, _ = weight_files(folder)
+    try:
+        return {name: t for file in files for name, t in load_file(str(folder / file)).items()}
+    except Exception as err:  # what the structure check cannot see (bytes of an unknown dtype, ...)
+        raise SpecpipeError(damaged_heads(folder, f"safetensors cannot read it ({err})")) from None
+
+
+def damaged_heads(folder: Path | str, problem: str) -> str:
+    """The message for a heads folder whose weights are damaged (the checks give the same)."""
+    return (f"The heads in {folder} are damaged: {problem}. Copy the whole heads folder again (or restore it "
+            "from the recipe's repository), or train them again: specpipe train.")
 
 
 def write_weights(tensors: dict[str, torch.Tensor], folder: Path) -> None:

@@ -156,9 +156,11 @@ def _dequantize_into(source: ModelSource) -> None:
     from rich.console import Console
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specpipe.markup import esc
+
     Console(stderr=True).print(
-        f"[dim]First load of {source.name}: dequantizing the GGUF and caching it as safetensors "
-        f"in {source.dense} (once).[/dim]"
+        f"[dim]First load of {esc(source.name)}: dequantizing the GGUF and caching it as safetensors "
+        f"in {esc(source.dense)} (once).[/dim]"
     )
     model = _from_pretrained(AutoModelForCausalLM, source, dtype=torch.float32)
     tokenizer = _from_pretrained(AutoTokenizer, source)

@@ -315,4 +315,6 @@ def warn(message: str) -> None:
     """One line on stderr: what specpipe repairs on its own (a damaged cache entry)."""
     from rich.console import Console
 
-    Console(stderr=True).print(f"[yellow]{message}[/yellow]", highlight=False)
+    from specpipe.markup import esc
+
+    Console(stderr=True).print(f"[yellow]{esc(message)}[/yellow]", highlight=False)

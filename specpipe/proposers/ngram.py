@@ -48,6 +48,11 @@ def _last_match(tokens: np.ndarray, n: int) -> int | None:
     return int(hits[-1]) if hits.size else None
 
 
+def validate_options(options: dict) -> None:
+    """The match lengths, checked by `check` and `export` as the build checks them."""
+    NgramProposer(options.get("ngram_max", 4), options.get("ngram_min", 2))
+
+
 def build(*, context, ngram_max: int = 4, ngram_min: int = 2) -> NgramProposer:
     return NgramProposer(ngram_max=ngram_max, ngram_min=ngram_min)
 
