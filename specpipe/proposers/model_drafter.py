@@ -61,7 +61,8 @@ class ModelDrafter(Proposer):
         ids = ids.to(device, non_blocking=True)
         last = torch.tensor([max(len(feed) - 1, 0) for feed in feeds]).to(device, non_blocking=True)  # [B]
         kept = [len(feed) for feed in feeds]
-        alive = torch.tensor(gammas).to(device, non_blocking=True) > 0  # [B] rows still drafting
+        budget = torch.tensor(gammas).to(device, non_blocking=True)  # [B] each row's γ, copied once
+        alive = budget > 0  # [B] rows still drafting
         count_drafted = torch.zeros(count, dtype=torch.long, device=device)
         tokens, probs, confidence = [], [], []
         for i in range(steps):
@@ -73,7 +74,7 @@ class ModelDrafter(Proposer):
             confidence.append(top)
             if p is not None:
                 probs.append(p)
-            alive &= torch.tensor([i < g for g in gammas]).to(device, non_blocking=True)
+            alive &= budget > i  # no host-built tensor per draft token
             count_drafted += alive.long()
             if i + 1 == steps or not still_drafting(alive, top, rows.stop_below(i), device):
                 break  # the controller's call: γ logic stays out of the proposer
