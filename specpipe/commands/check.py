@@ -17,7 +17,8 @@ STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     """prompts: the command line's prompts, as generate takes them (checked the same way)."""
-    checks = [*config_checks(cfg), *([check_prompts(prompts)] if prompts else [])]
+    # judged by the zoo entry where a model is not fetched yet: `check` never downloads
+    checks = [*config_checks(cfg, fetch=False), *([check_prompts(prompts)] if prompts else [])]
     table = Table(title=f"specpipe check: {cfg.model.name}")
     for column in ("check", "status", "why", "how to fix"):
         table.add_column(column)
