@@ -89,3 +89,62 @@ def test_a_bf16_recipe_checks_without_its_model(fresh, capsys):
     assert cli.main(["check", f"recipe={recipe}"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "config is unknown" not in shown and "native" in shown
+
+
+@pytest.mark.parametrize("tuned, device, precision, features, warned", [
+    ({"device": "cpu", "cpu_features": ["avx2", "avx512", "amx"]}, "cpu", "bf16", ("avx2", "avx512"), "no AMX"),
+    ({"device": "cpu", "cpu_features": ["avx2", "avx512", "amx"]}, "cpu", "fp16", ("avx2", "avx512"), None),
+    ({"device": "cpu", "cpu_features": ["avx2", "avx512", "amx"]}, "cpu", "fp16", ("avx2",), "no AVX-512"),
+    ({"device": "cpu", "cpu_features": ["avx2"]}, "cuda", "bf16", ("avx2",), "device=cuda"),
+    ({"device": "cuda", "gpu": "NVIDIA H200"}, "cpu", "fp16", ("avx2",), "device=cpu"),
+    ({"device": "cpu", "cpu_features": ["avx2"]}, "cpu", "bf16", ("avx2", "avx512", "amx"), None),  # more is fine
+])
+def test_what_changes_a_recipes_choice(tuned, device, precision, features, warned):
+    from specpipe.checks.machine import differences
+
+    found = differences(tuned, device, precision, features)
+    assert (found[0] if found else None) == warned or warned in found[0]
+
+
+def test_check_says_in_one_line_what_to_run_when_a_bf16_recipe_meets_a_cpu_without_amx(fresh, monkeypatch, capsys):
+    from specpipe import machine
+
+    monkeypatch.setattr(machine, "cpu_features", lambda: ("avx2", "avx512"))
+    recipe = REPO / "recipes/qwen2.5-coder-1.5b/eagle3-tree-bf16.yaml"
+    assert cli.main(["check", f"recipe={recipe}"]) == 0  # a warning, not a refusal
+    shown = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "tuned on warn" in shown and "no AMX" in shown
+    assert "specpipe tune model=qwen2.5-coder-1.5b device=cpu" in shown
+
+
+def test_a_cpu_recipe_on_cuda_is_warned(fresh):
+    from specpipe.checks.machine import check_tuned_on
+    from specpipe.config import compose
+
+    found = check_tuned_on(compose([f"recipe={REPO / 'recipes/smollm2-135m/specpipe.yaml'}", "device=cuda"]))
+    assert found.status == "warn" and "device=cuda" in found.why and "AMD EPYC" in found.why
+    assert found.fix == "specpipe tune model=smollm2-135m device=cuda"
+
+
+def test_every_shipped_recipe_names_where_it_was_tuned():
+    for path in RECIPES:
+        tuned = yaml.safe_load(path.read_text())["measured"]["tuned_on"]
+        assert {"device", "cpu", "cpu_features", "gpu", "precision", "date"} <= set(tuned), path
+        assert set(tuned["cpu_features"]) <= {"avx2", "avx512", "amx"} and tuned["date"].startswith("2026-")
+
+
+def test_generate_warns_in_one_line_on_a_machine_that_differs(tmp_path):
+    """A recipe beside a model, tuned on a GPU: generate on the CPU says so, with the command."""
+    from conftest import tiny_model, tiny_tokenizer
+
+    tiny_model(0).save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "specpipe.yaml").write_text(yaml.safe_dump({
+        "specpipe_recipe": 1, "target": ".", "strategy": {"proposer": "ngram", "gamma": 3},
+        "measured": {"tuned_on": {"device": "cuda", "cpu": None, "cpu_features": [], "gpu": "NVIDIA H200",
+                                  "precision": "bf16", "date": "2026-12-04"}}}))
+    result = specpipe("generate", f"model={tmp_path / 'm'}", "prompt=w5 w17 w5", "max_new_tokens=4", "output=text")
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stderr.split())  # one warning (rich folds it at the terminal's width)
+    assert shown.count("warning: tuned on:") == 1 and "NVIDIA H200" in shown
+    assert f"specpipe tune model={tmp_path / 'm'} device=cpu" in shown

@@ -19,7 +19,8 @@ from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
 
 
-def build(*, context, model: str, quantize: str = "int8", fallback_model: str | None = None) -> ModelDrafter | CrossDrafter:
+def build(*, context, model: str, quantize: str = "int8",
+          fallback_model: str | None = None) -> ModelDrafter | CrossDrafter:
     """Load the draft model named `model` (zoo name, GGUF, directory or hub id). fallback_model is
     read by the exports only: what an engine without cross-tokenizer drafts serves instead."""
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
@@ -69,7 +70,8 @@ def _sglang(plan) -> dict | None:
             return None
     else:
         draft = plan.draft
-    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": draft, **sglang_chain(plan.gamma)}
+    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": draft,
+            **sglang_chain(plan.gamma)}
 
 
 def _same_tokenizer_draft(plan, why: str, older: str) -> str | None:
