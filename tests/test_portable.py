@@ -110,6 +110,7 @@ def test_check_says_in_one_line_what_to_run_when_a_bf16_recipe_meets_a_cpu_witho
     from specpipe import machine
 
     monkeypatch.setattr(machine, "cpu_features", lambda: ("avx2", "avx512"))
+    monkeypatch.setenv("COLUMNS", "400")  # the table's cells unwrapped
     recipe = REPO / "recipes/qwen2.5-coder-1.5b/eagle3-tree-bf16.yaml"
     assert cli.main(["check", f"recipe={recipe}"]) == 0  # a warning, not a refusal
     shown = " ".join(capsys.readouterr().out.replace("│", " ").split())
