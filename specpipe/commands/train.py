@@ -346,7 +346,8 @@ def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], example
         "target": cfg.model.name,
         "strategy": {"proposer": name, "proposer.heads": "artifact:heads", "verifier": "greedy", **_controller(cfg)},
         "artifacts": {"heads": name},
-        "measured": {"tuned_on": machine.tuned_on(str(cfg.device), str(cfg.model.quantize), now()[:10]),
+        # train has no device setting: it runs on the CPU
+        "measured": {"tuned_on": machine.tuned_on("cpu", str(cfg.model.quantize), now()[:10]),
                      **{k: [round(a, 4) for a in v] for k, v in figures.items()}, "train_positions": examples,
                      "tokens": cfg.tokens, "sources": list(cfg.sources), "distill": cfg.distill,
                      **({"instructions": cfg.instructions} if cfg.distill and not cfg.distill_prompts else {}),
