@@ -21,7 +21,8 @@ from specpipe.checks.run import run_checks
 from specpipe.components import call_target
 from specpipe.models.adapters import apply_early_exit, apply_lora
 from specpipe.models.quantize import resolve_precision
-from specpipe.models.loader import LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve
+from specpipe.models.loader import (LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve,
+                                     zoo_config)
 from specpipe.engine import make_runner
 from specpipe.sampling import SamplingParams
 
@@ -72,19 +73,20 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
 
 def config_checks(cfg: DictConfig, *, fetch: bool = True, target_tokenizer=None) -> list[Check]:
     """The checks of `specpipe check`, `generate`, `bench` and `export`: one path for all.
-    fetch=False (export): a zoo model not fetched yet is judged by its zoo entry (its tokenizer
-    family) instead of being downloaded; its config is then unknown."""
-    def known(load, name):  # a model not fetched yet (export) is not downloaded: its config or tokenizer is unknown
+    fetch=False (check, export): a zoo model not fetched yet is judged by its zoo entry (its
+    config and tokenizer family) instead of being downloaded; its tokenizer is then unknown."""
+    def known(load, name, offline=lambda name: None):  # a model not fetched yet is not downloaded
         source = resolve(name, fetch=fetch)
-        return load(source) if fetch or source.is_dense_cached or _is_fetched(source) else None
+        return load(source) if fetch or source.is_dense_cached or fetched(source) else offline(name)
 
     draft = draft_model_name(cfg)
     return run_checks(cfg, target_tokenizer or (lambda: known(load_tokenizer, cfg.model.name)),
-                      lambda: known(load_tokenizer, draft), lambda: known(load_config, cfg.model.name),
-                      lambda: known(load_config, draft))
+                      lambda: known(load_tokenizer, draft), lambda: known(load_config, cfg.model.name, zoo_config),
+                      lambda: known(load_config, draft, zoo_config))
 
 
-def _is_fetched(source: ModelSource) -> bool:
+def fetched(source: ModelSource) -> bool:
+    """Whether a model's files are on disk (a GGUF source: its file; a folder: always)."""
     from pathlib import Path
 
     return source.gguf is None or (Path(source.path) / source.gguf).is_file()

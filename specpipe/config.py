@@ -202,6 +202,8 @@ def expand_overrides(overrides: list[str], conf: Path) -> list[str]:
         front += recipes.as_overrides(recipes.resolve_artifacts(found))
         if "model" not in given:
             front.insert(0, f"model={found.model}")
+        if "recipe" not in given:  # one kept beside the model: recorded too (its measured block is read later)
+            front.insert(0, f"recipe={recipes.literal(str(found.path))}")
     user = [_absolute_recipe(arg, found) for arg in overrides]
     front = [arg for arg in front if not _shadowed(arg, given)]
     return _rewrite_models(front + user, conf)

@@ -47,7 +47,7 @@ TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", 
 _OPTION = re.compile(r"^(proposer|verifier|controller)\.[A-Za-z_][A-Za-z0-9_]*$")
 _CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ARTIFACT = "artifact:"
-PATH_OPTIONS = {"proposer.model", "proposer.heads"}  # options that name a model or a folder
+PATH_OPTIONS = {"proposer.model", "proposer.heads", "proposer.fallback_model"}  # options that name a model or a folder
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # org/name, or a bare name
 
 

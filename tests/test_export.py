@@ -2,12 +2,12 @@
 the engine versions named.
 
 The key lists below were read from the engines' released packages at the versions the
-exporters name: vLLM 0.33.0 (`vllm/config/speculative.py` of the wheel: SpeculativeConfig's
-user-settable fields and SpeculativeMethod) and SGLang 0.5.23 (`sglang/srt/arg_groups/fields/spec.py`
-of the wheel: the `Spec` namespace its parser is built from). They are kept here, apart from the
-exporters' own copies, so a typo in either shows. Where vLLM's own config module is importable
-(`vllm` installed, or its config sources on PYTHONPATH), its SpeculativeConfig validates what
-specpipe writes for the methods it can check without a model.
+exporters name: vLLM 0.34.0 and 0.33.0 (`vllm/config/speculative.py` of each wheel:
+SpeculativeConfig's user-settable fields and SpeculativeMethod) and SGLang 0.5.23
+(`sglang/srt/arg_groups/fields/spec.py` of the wheel: the `Spec` namespace its parser is built
+from). They are kept here, apart from the exporters' own copies, so a typo in either shows.
+Where the vLLM wheels are at hand ($SPECPIPE_VLLM_WHEELS, see vllm_wheel.py), vLLM's own
+SpeculativeConfig of each version validates every golden export of that version.
 """
 
 from __future__ import annotations
@@ -40,6 +40,20 @@ VLLM_0_33_0_SPECULATIVE_CONFIG_KEYS = [
     "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk", "xpress_topc", "fly_window_size",
     "fly_entropy_threshold", "fly_entropy_top_k",
 ]
+VLLM_0_34_0_SPECULATIVE_CONFIG_KEYS = [
+    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+    "draft_decode_context_parallel_size", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype",
+    "max_model_len", "revision", "code_revision", "index_share_for_mtp_iteration", "disable_eagle_block_drop",
+    "disable_lookahead_block_hashes", "draft_lm_head_quantization", "use_local_argmax_reduction",
+    "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting", "num_speculative_tokens_per_batch_size",
+    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_corpus_tokens",
+    "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "draft_load_config",
+    "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
+    "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk", "xpress_topc", "speculator_options",
+    "fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k",
+]  # tensor_parallel_size is a field only to refuse it; custom_method is set by vLLM
+VLLM_0_34_0_METHODS = ["ngram", "draft_model", "suffix", "eagle", "eagle3", "extract_hidden_states", "mtp", "dflash",
+                       "ngram_gpu", "dspark"]  # plus 29 model-specific *_mtp names; custom_class is gone
 VLLM_0_33_0_METHODS = ["ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3", "extract_hidden_states",
                        "mtp", "dflash", "ngram_gpu", "dspark"]  # plus 27 model-specific *_mtp names
 SGLANG_0_5_23_SPECULATIVE_FLAGS = [
@@ -68,6 +82,8 @@ CASES = {
                      "proposer.max_cached_requests=0", "proposer.max_spec_offset=2.0"],
     "draft": ["model=qwen2.5-coder-1.5b", "proposer=draft", "gamma=4"],
     "draft-other-tokenizer": ["model=qwen2.5-coder-1.5b", "proposer=draft", "proposer.model=smollm2-135m", "gamma=4"],
+    "draft-other-tokenizer-fallback": ["model=qwen2.5-coder-1.5b", "proposer=draft", "proposer.model=smollm2-135m",
+                                       "proposer.fallback_model=qwen2.5-coder-0.5b", "gamma=4"],
     "twin": ["model=qwen2.5-coder-1.5b", "proposer=twin", "gamma=3"],
     "twin-fp16": ["model=qwen2.5-coder-1.5b", "proposer=twin", "proposer.quantize=fp16", "gamma=3"],
     "ngram-cost": ["model=smollm2-135m", "strategy=ngram-cost"],
@@ -80,31 +96,46 @@ CASES = {
     "eagle3": [f"recipe={REPO / 'recipes/smollm2-135m/eagle3.yaml'}", "gamma=5"],
     "eagle3-tree": [f"recipe={REPO / 'recipes/smollm2-135m/eagle3.yaml'}", "gamma=5", "proposer.tree={top_k: 4, nodes: 12}"],
 }
+# (engine module, version, golden file prefix): vLLM's default version has the plain prefix
+TARGETS = [(vllm, "0.34.0", "vllm"), (vllm, "0.33.0", "vllm-0.33.0"), (sglang, "0.5.23", "sglang")]
+VLLM_KEYS = {"0.34.0": VLLM_0_34_0_SPECULATIVE_CONFIG_KEYS, "0.33.0": VLLM_0_33_0_SPECULATIVE_CONFIG_KEYS}
+VLLM_METHODS = {"0.34.0": VLLM_0_34_0_METHODS, "0.33.0": VLLM_0_33_0_METHODS}
 
 
-def exported(engine, case: str) -> dict:
+def exported(engine, case: str, version: str | None = None) -> dict:
     """The export of a case, the repository's own path written <repo> (the heads of shipped recipes)."""
-    result = engine.export(plan_of(compose(CASES[case])))
+    result = engine.export(plan_of(compose(CASES[case])), version)
     text = json.dumps({"settings": result.settings, "command": result.command, "warnings": result.warnings})
     return json.loads(text.replace(str(REPO), "<repo>"))
 
 
+def golden(prefix: str, case: str) -> Path:
+    return GOLDEN / f"{prefix}-{case}.json"
+
+
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("engine", [vllm, sglang], ids=["vllm", "sglang"])
-def test_golden(engine, case):
-    got = exported(engine, case)
-    path = GOLDEN / f"{engine.__name__.split('.')[-1]}-{case}.json"
+@pytest.mark.parametrize("engine, version, prefix", TARGETS, ids=[t[2] for t in TARGETS])
+def test_golden(engine, version, prefix, case):
+    got = exported(engine, case, version)
+    path = golden(prefix, case)
     if os.environ.get("SPECPIPE_UPDATE_GOLDEN"):
         path.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
     assert got == json.loads(path.read_text())
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_vllm_keys_exist_in_v0_33_0(case):
-    settings = exported(vllm, case)["settings"]
-    assert set(settings) <= set(VLLM_0_33_0_SPECULATIVE_CONFIG_KEYS)
+@pytest.mark.parametrize("version", VLLM_KEYS)
+def test_vllm_keys_exist_in_the_version_named(case, version):
+    settings = exported(vllm, case, version)["settings"]
+    assert set(settings) <= set(VLLM_KEYS[version])
     if settings:
-        assert settings["method"] in VLLM_0_33_0_METHODS  # the method is always explicit
+        assert settings["method"] in VLLM_METHODS[version]  # the method is always explicit
+
+
+def test_the_exporters_key_lists_are_the_wheels():
+    for version, keys in VLLM_KEYS.items():
+        assert vllm.VERSIONS[version].keys == tuple(keys)
+        assert vllm.VERSIONS[version].methods == tuple(VLLM_METHODS[version])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -117,17 +148,26 @@ def test_sglang_flags_exist_in_v0_5_23(case):
             assert settings["--speculative-num-draft-tokens"] == settings["--speculative-num-steps"] + 1
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if "ngram" in c or "suffix" in c or c == "plain"])
-def test_vllm_validates_the_exported_config(case):
-    """vLLM's own SpeculativeConfig accepts what specpipe writes (methods it checks without a model)."""
-    speculative = pytest.importorskip("vllm.config.speculative", reason="vLLM is not installed")
-    settings = exported(vllm, case)["settings"]
-    if settings.get("method") == "suffix":
-        pytest.importorskip("arctic_inference", reason="vLLM's suffix method needs arctic-inference")
-    if not settings:
-        pytest.skip("nothing to validate: the plain target")
-    config = speculative.SpeculativeConfig(**settings)
-    assert config.method == settings["method"] and config.num_speculative_tokens == settings["num_speculative_tokens"]
+@pytest.mark.parametrize("version", VLLM_KEYS)
+def test_vllms_own_speculative_config_validates_every_golden_export(tmp_path_factory, version):
+    """vLLM's SpeculativeConfig, from the released wheel of each version, accepts what specpipe
+    writes for it (the golden files: every proposer, schedule and fallback)."""
+    from vllm_wheel import unpack, validate, wheel
+
+    whl = wheel(version)
+    if whl is None:
+        pytest.skip(f"no vllm-{version} wheel in $SPECPIPE_VLLM_WHEELS (pip download --no-deps vllm=={version} -d DIR)")
+    prefix = dict((v, p) for _, v, p in TARGETS if _ is vllm)[version]
+    settings = {case: json.loads(golden(prefix, case).read_text())["settings"] for case in CASES}
+    settings = {case: s for case, s in settings.items() if s}  # the plain target has nothing to validate
+    verdicts = validate(unpack(whl, tmp_path_factory.mktemp(f"vllm-{version}")), list(settings.values()))
+    refused = {case: verdict for case, verdict in zip(settings, verdicts) if verdict and "skipped" not in verdict}
+    assert not refused
+    judged = {case for case, verdict in zip(settings, verdicts) if verdict is None}
+    assert {"ngram", "ngram-cost", "ngram-batch-schedule"} <= judged
+    if version == vllm.VERSION:  # 0.34 judges suffix natively, and model methods without their checkpoint
+        assert {"suffix", "suffix-chain", "suffix-batch-schedule", "draft", "draft-other-tokenizer-fallback",
+                "twin", "twin-fp16", "eagle", "eagle-tree", "eagle3", "eagle3-tree"} <= judged
 
 
 def test_adaptive_controller_exports_the_measured_mean_gamma_and_says_what_is_lost(tmp_path):
@@ -188,10 +228,54 @@ def test_eagle_exports_its_heads_folder_to_vllm_and_sglang(tmp_path, tree):
                    *([f"proposer.tree={tree}"] if tree else [])])
     v = vllm.export(plan_of(cfg))
     assert v.settings == {"method": "eagle", "model": str((tmp_path / "eagle").resolve()), "num_speculative_tokens": 5}
-    assert set(v.settings) <= set(VLLM_0_33_0_SPECULATIVE_CONFIG_KEYS)
+    assert set(v.settings) <= set(VLLM_0_34_0_SPECULATIVE_CONFIG_KEYS)
     assert any("dynamic tree" in w for w in v.warnings) == bool(tree)
     s = sglang.export(plan_of(cfg)).settings
     assert set(s) <= set(SGLANG_0_5_23_SPECULATIVE_FLAGS) and s["--speculative-algorithm"] == "EAGLE"
     assert s["--speculative-draft-model-path"] == str((tmp_path / "eagle").resolve())
     expected = (5, 4, 13) if tree else (5, 1, 6)  # steps, top-k, draft tokens (incl. the verified one)
     assert (s["--speculative-num-steps"], s["--speculative-eagle-topk"], s["--speculative-num-draft-tokens"]) == expected
+
+
+def _export(capsys, *args) -> tuple[int, str, str]:
+    from specpipe import cli
+
+    code = cli.main(["export", *args])
+    printed = capsys.readouterr()
+    return code, printed.out, " ".join(printed.err.split())
+
+
+def test_export_names_the_engine_version_and_keeps_the_previous_one_reachable(tmp_path, capsys):
+    draft = ["model=qwen2.5-coder-1.5b", "proposer=draft", "proposer.model=smollm2-135m"]
+    code, out, err = _export(capsys, "vllm", *draft, f"out={tmp_path / 'new.json'}")
+    assert code == 0 and "exporting for vllm 0.34.0 (for 0.33.0: engine_version=0.33.0)" in err
+    assert "--speculative-config" not in out  # the plain target: out= holds its serve command
+    assert (tmp_path / "new.json").read_text().strip() == "vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    code, out, err = _export(capsys, "vllm", *draft, "engine_version=0.33.0", f"out={tmp_path / 'old.json'}")
+    assert code == 0 and "exporting for vllm 0.33.0" in err
+    assert json.loads((tmp_path / "old.json").read_text())["use_heterogeneous_vocab"] is True
+    code, out, err = _export(capsys, "sglang", "proposer=ngram", "engine_version=0.5.23")
+    assert code == 0 and "exporting for sglang 0.5.23" in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["vllm", "proposer=ngram", "engine_version=0.32.0"], ["engine_version=0.32.0", "0.34.0 or 0.33.0"]),
+    (["sglang", "proposer=ngram", "engine_version=0.5.22"], ["engine_version=0.5.22", "0.5.23"]),
+    (["vllm", "proposer=suffix", "proposer.max_cached_tokens=3000000000"],
+     ["proposer.max_cached_tokens=3000000000", "suffix_decoding_corpus_tokens", "[0, 2**31)"]),
+    (["vllm", "model=qwen2.5-coder-1.5b", "proposer=draft", "proposer.model=smollm2-135m",
+      "proposer.fallback_model=smollm2-135m"], ["proposer.fallback_model=smollm2-135m", "tokenizer"]),
+])
+def test_a_composition_that_cannot_be_exported_says_which_key_and_why_and_writes_nothing(tmp_path, capsys, args, words):
+    out = tmp_path / "folder" / "spec.json"
+    code, printed, err = _export(capsys, *args, f"out={out}")
+    assert code == 2 and printed == "" and "Traceback" not in err
+    for word in words:
+        assert word in err, err
+    assert not (tmp_path / "folder").exists()  # nothing written, not even the folder
+
+
+def test_the_previous_version_still_exports_what_the_new_one_refuses(tmp_path, capsys):
+    code, out, err = _export(capsys, "vllm", "proposer=suffix", "proposer.max_cached_tokens=3000000000",
+                             "engine_version=0.33.0", f"out={tmp_path / 'spec.json'}")
+    assert code == 0 and json.loads((tmp_path / "spec.json").read_text())["method"] == "suffix"

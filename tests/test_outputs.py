@@ -36,8 +36,8 @@ def clobber(folder) -> None:
 
 def then_clobber(work, folder):
     """`work`, after which `folder` goes bad: the failure comes after the work, not at the preflight."""
-    def wrapped(*args):
-        result = work(*args)
+    def wrapped(*args, **kwargs):
+        result = work(*args, **kwargs)
         clobber(folder)
         return result
     return wrapped
@@ -221,9 +221,10 @@ def test_tune_reuses_only_same_settings_and_keeps_a_recipe_it_could_not_write(  
 
 
 def test_export_and_train_keep_what_they_could_not_write(setup, tmp_path, cache, capsys, monkeypatch):  # noqa: F811
-    from specpipe.export import vllm
+    from specpipe.commands import export
 
-    monkeypatch.setattr(vllm, "export", then_clobber(vllm.export, tmp_path / "exp"))
+    # the export is made before the preflight (a refused one writes nothing): the folder goes bad right after it
+    monkeypatch.setattr(export, "writable_output", then_clobber(export.writable_output, tmp_path / "exp"))
     assert cli.main(["export", "vllm", f"model={setup / 'target'}", "proposer=ngram",
                      f"out={tmp_path / 'exp' / 'config.json'}"]) == 2
     assert f"Kept instead at {next(cache.glob('unsaved/*/config.json'))}" in message(capsys)

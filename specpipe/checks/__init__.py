@@ -10,5 +10,6 @@ tokenizers and configs are read here (for the draft's vocabulary), never weights
   tokenizers  a second model's tokenizer against the target's
   target      early exit, adapters, precision, engine and device, memory
   proposer    the proposer's declaration, sampling, heads, early stop, batching
+  machine     this machine against the one a recipe was tuned on (measured.tuned_on)
   run         run_checks: the one list every command shares
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from specpipe.checks.machine import check_tuned_on
 from specpipe.checks.proposer import check_batch, check_early_stop, check_heads, check_proposer, check_sampling
 from specpipe.checks.result import Check
 from specpipe.checks.target import check_early_exit, check_engine, check_lora, check_memory, check_precision
@@ -33,4 +34,5 @@ def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
         check_memory(cfg, target_config, draft_config_loader),
         check_batch(cfg, target_config, draft_config_loader, tokenizer.translated),
         check_early_stop(cfg),
+        check_tuned_on(cfg),
     ]

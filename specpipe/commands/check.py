@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from specpipe.build import config_checks
+from specpipe.build import config_checks, fetched
 from specpipe.checks.result import Check
 from specpipe.checks.validate import check_prompts
 from specpipe.limits import fit_slots
@@ -24,7 +24,9 @@ def _prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
     from specpipe.limits import cache_slots
     from specpipe.models.loader import load_config, load_tokenizer, resolve
 
-    source = resolve(cfg.model.name)
+    source = resolve(cfg.model.name, fetch=False)  # `check` never downloads
+    if not (source.is_dense_cached or fetched(source)):
+        return Check("context", "n/a", f"{cfg.model.name} is not fetched yet: its prompts are counted once it is")
     tokenizer, config = load_tokenizer(source), load_config(source)
     positions = getattr(config, "max_position_embeddings", None)
     limit = cache_slots(cfg, config) if cfg.engine != "hf" else positions
@@ -42,7 +44,8 @@ def _prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     """prompts: the command line's prompts, as generate takes them (checked the same way)."""
     lowered = fit_slots(cfg, len(prompts), "batch") if prompts else None  # as generate runs them
-    checks = [*config_checks(cfg), *([check_prompts(prompts)] if prompts else [])]
+    # judged by the zoo entry where a model is not fetched yet: `check` never downloads
+    checks = [*config_checks(cfg, fetch=False), *([check_prompts(prompts)] if prompts else [])]
     if prompts and not any(c.status == "refuse" for c in checks):
         checks.append(_prompt_room(cfg, prompts))
     if lowered:

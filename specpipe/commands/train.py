@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specpipe import machine
 from specpipe.bench.results import environment, now
 from specpipe.checks.identity import declared, proposer_kind
 from specpipe.checks.validate import non_finite
@@ -358,7 +359,9 @@ def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], example
         "target": cfg.model.name,
         "strategy": {"proposer": name, "proposer.heads": "artifact:heads", "verifier": "greedy", **_controller(cfg)},
         "artifacts": {"heads": name},
-        "measured": {**{k: [round(a, 4) for a in v] for k, v in figures.items()}, "train_positions": examples,
+        # train has no device setting: it runs on the CPU
+        "measured": {"tuned_on": machine.tuned_on("cpu", str(cfg.model.quantize), now()[:10]),
+                     **{k: [round(a, 4) for a in v] for k, v in figures.items()}, "train_positions": examples,
                      "tokens": cfg.tokens, "sources": list(cfg.sources), "distill": cfg.distill,
                      **({"instructions": cfg.instructions} if cfg.distill and not cfg.distill_prompts else {}),
                      "distill_tokens": cfg.distill_tokens, "epochs": cfg.epochs, **({"init": cfg.init} if cfg.init else {}),

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, open_dict
 from rich.console import Console
 from rich.table import Table
 
+from specpipe import machine
 from specpipe.bench.results import environment, now
 from specpipe.bench.summary import OVERALL, all_exact
 from specpipe.build import checked_context
@@ -220,6 +221,8 @@ def recipe_data(cfg: DictConfig, tried: dict, destination: Path) -> dict:
 def _measured(cfg: DictConfig, tried: dict, best: str | None, payload: dict | None) -> dict:
     overall = payload["summary"][OVERALL] if payload else None
     return {
+        # what check and generate compare this machine with (a device or CPU that changes the choice)
+        "tuned_on": machine.tuned_on(str(cfg.device), str(cfg.model.quantize), now()[:10]),
         "winner": best or "plain",
         "speedup_median": overall["speedup"]["median"] if overall else 1.0,
         "speedup_by_category": {c: f["speedup"]["median"] for c, f in payload["summary"].items()} if payload else {},

@@ -18,6 +18,7 @@ from specpipe.checks.identity import declared, kind_of, lora_paths
 from specpipe.proposers.declaration import Declaration
 from specpipe.controllers.base import check_schedule
 from specpipe.errors import SpecpipeError
+from specpipe.export.engine import engine_model
 from specpipe.models import zoo
 from specpipe.recipe import load_recipe
 
@@ -36,31 +37,27 @@ class ExportPlan:
     warnings: list[str] = field(default_factory=list)
     version: str = ""  # the engine version a mapping writes for (set by settings_for)
     methods: tuple[str, ...] = ()  # that version's method / algorithm names
+    keys: tuple[str, ...] = ()  # that version's keys (vLLM) or flags (SGLang): what a mapping may write
+    model: str = ""  # the target as configured (a zoo name stays a zoo name here)
 
     @property
     def off_from(self) -> int | None:
         """The smallest batch size at which the schedule switches speculation off, if any."""
         return min((size for size, gamma in self.batch_schedule.items() if gamma == 0), default=None)
 
-    def settings_for(self, engine: str, version: str, methods: tuple[str, ...] = ()) -> tuple[dict | None, list[str]]:
+    def settings_for(self, engine: str, version: str, methods: tuple[str, ...] = (),
+                     keys: tuple[str, ...] = ()) -> tuple[dict | None, list[str]]:
         """The proposer's own mapping to `engine` (None: nothing to speculate with), and the
         warnings: the plan's and what the mapping says it loses (on a copy: the plan is reusable).
-        The mapping reads the engine's version and methods from the plan, so proposers never
-        import the exporters."""
+        The mapping reads the engine's version, methods and keys from the plan, so proposers never
+        import the exporters, and ask whether a key exists rather than which version it is."""
         mapping = self.proposer.export.get(engine)
         if mapping is None:
             raise SpecpipeError(f"proposer={self.proposer.name} has no {engine} {version} export (its module declares "
                                 "none).")
-        own = dataclasses.replace(self, warnings=list(self.warnings), version=version, methods=tuple(methods))
+        own = dataclasses.replace(self, warnings=list(self.warnings), version=version, methods=tuple(methods),
+                                  keys=tuple(keys))
         return mapping(own), own.warnings
-
-
-def engine_model(name: str) -> str:
-    """A zoo name as its hub id; a local path made absolute; a hub id as is."""
-    if name in zoo.ZOO:
-        return zoo.ZOO[name].hub_id
-    path = Path(name).expanduser()
-    return str(path.resolve()) if path.exists() else name
 
 
 def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
@@ -74,7 +71,7 @@ def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
     options.pop("_target_", None)
     plan = ExportPlan(engine_model(cfg.model.name), declaration, gamma, options, warnings=[lost] if lost else [],
-                      batch_schedule=check_schedule(cfg.get("batch_schedule")))
+                      batch_schedule=check_schedule(cfg.get("batch_schedule")), model=str(cfg.model.name))
     if plan.batch_schedule.get(1):  # what runs at batch 1 is the schedule's γ
         plan.gamma = plan.batch_schedule[1]
     if cfg.model.name in zoo.ZOO:

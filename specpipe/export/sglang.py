@@ -17,6 +17,7 @@ from specpipe.export.engine import EngineExport
 from specpipe.export.plan import ExportPlan
 
 VERSION = "0.5.23"
+VERSIONS = (VERSION,)  # the versions specpipe writes for
 FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
          "--speculative-draft-model-revision", "--speculative-draft-load-format", "--speculative-num-steps",
          "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-dflash-block-size",
@@ -36,8 +37,17 @@ FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--specula
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP")
 
 
-def export(plan: ExportPlan) -> EngineExport:
-    flags, warnings = plan.settings_for("sglang", VERSION, ALGORITHMS)
+def pinned(version: str | None) -> str:
+    """SGLang has one pinned version; another is a user error naming the key."""
+    if version not in (None, VERSION):
+        raise SpecpipeError(f"engine_version={version}: specpipe writes SGLang {VERSION} flags only. Pass "
+                            f"engine_version={VERSION}, or none.")
+    return VERSION
+
+
+def export(plan: ExportPlan, version: str | None = None) -> EngineExport:
+    pinned(version)
+    flags, warnings = plan.settings_for("sglang", VERSION, ALGORITHMS, FLAGS)
     flags = flags or {}
     if plan.batch_schedule and flags:
         warnings.append(f"batch_schedule {plan.batch_schedule}: SGLang {VERSION} has no γ per batch size and no "

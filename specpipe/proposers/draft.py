@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from specpipe.checks.result import Check
 from specpipe.checks.tokenizers import same_tokenizer_problems
-from specpipe.export.engine import sglang_chain
+from specpipe.errors import SpecpipeError
+from specpipe.export.engine import engine_model, sglang_chain
+from specpipe.models import zoo
 from specpipe.models.loader import load_model, load_tokenizer, resolve
 from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
@@ -17,8 +19,10 @@ from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
 
 
-def build(*, context, model: str, quantize: str = "int8") -> ModelDrafter | CrossDrafter:
-    """Load the draft model named `model` (zoo name, GGUF, directory or hub id)."""
+def build(*, context, model: str, quantize: str = "int8",
+          fallback_model: str | None = None) -> ModelDrafter | CrossDrafter:
+    """Load the draft model named `model` (zoo name, GGUF, directory or hub id). fallback_model is
+    read by the exports only: what an engine without cross-tokenizer drafts serves instead."""
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     source = resolve(model)
     tokenizer = load_tokenizer(source)
@@ -44,23 +48,63 @@ def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, tempe
                  f"{how}", translated=True)
 
 
-def _vllm(plan) -> dict:
-    config = {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma}
-    if plan.translated:  # vLLM's token-level intersection (TLI), greedy draft sampling only
+def _vllm(plan) -> dict | None:
+    if not plan.translated:
+        return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma}
+    if "use_heterogeneous_vocab" in plan.keys:  # vLLM's token-level intersection (TLI), 0.32-0.33
         plan.warnings.append("the draft has another tokenizer: exported with use_heterogeneous_vocab (vLLM drafts "
                              "greedily among the shared tokens only); specpipe's re-tokenised greedy drafts, which "
                              "also reach target tokens the draft's vocabulary lacks, are lost.")
-        config["use_heterogeneous_vocab"] = True
-    return config
+        return {"method": "draft_model", "model": plan.draft, "num_speculative_tokens": plan.gamma,
+                "use_heterogeneous_vocab": True}
+    draft = _same_tokenizer_draft(plan, f"vLLM {plan.version} has no draft with another tokenizer (it removed "
+                                        "use_heterogeneous_vocab with its V1 model runner)", "engine_version=0.33.0")
+    return draft and {"method": "draft_model", "model": draft, "num_speculative_tokens": plan.gamma}
 
 
 def _sglang(plan) -> dict | None:
     if plan.translated:
-        plan.warnings.append(f"the draft has another tokenizer, and SGLang {plan.version}'s STANDALONE refuses a draft "
-                             "whose vocabulary differs: the command serves the plain target. vLLM serves it "
-                             "(use_heterogeneous_vocab).")
+        draft = _same_tokenizer_draft(plan, f"SGLang {plan.version}'s STANDALONE refuses a draft whose vocabulary "
+                                            "differs", "`specpipe export vllm engine_version=0.33.0`")
+        if draft is None:
+            return None
+    else:
+        draft = plan.draft
+    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": draft,
+            **sglang_chain(plan.gamma)}
+
+
+def _same_tokenizer_draft(plan, why: str, older: str) -> str | None:
+    """For an engine without cross-tokenizer drafts: the draft with the target's tokenizer the
+    recipe names (`proposer.fallback_model`), else None (the plain target), the loss named."""
+    fallback = plan.options.get("fallback_model")
+    if not fallback:
+        plan.warnings.append(f"the draft has another tokenizer, and {why}: the command serves the plain target and "
+                             "the draft's speedup is lost. Name a draft with the target's tokenizer as "
+                             f"proposer.fallback_model{_suggestion(plan.model)} to serve it instead, or export "
+                             f"for an engine that serves this draft ({older}).")
         return None
-    return {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft, **sglang_chain(plan.gamma)}
+    _check_fallback(plan.model, str(fallback))
+    served = engine_model(str(fallback))
+    plan.warnings.append(f"the draft has another tokenizer, and {why}: exported with proposer.fallback_model "
+                         f"({served}), which shares the target's tokenizer; proposer.model's drafts are lost.")
+    return served
+
+
+def _suggestion(target: str) -> str:
+    drafts = zoo.drafts_for(target)
+    return f" (e.g. proposer.fallback_model={drafts[0]})" if drafts else ""
+
+
+def _check_fallback(target: str, fallback: str) -> None:
+    """A fallback that is a zoo model of another tokenizer family than a zoo target is refused
+    here, by key; any other is the user's word (its tokenizer is read only when it runs)."""
+    if target in zoo.ZOO and fallback in zoo.ZOO and \
+            zoo.ZOO[target].tokenizer_family != zoo.ZOO[fallback].tokenizer_family:
+        raise SpecpipeError(f"proposer.fallback_model={fallback}: its tokenizer ({zoo.ZOO[fallback].tokenizer_family}) "
+                            f"is not the target's ({zoo.ZOO[target].tokenizer_family}), which engines without "
+                            f"cross-tokenizer drafts need. Name a draft of {target}'s family"
+                            f"{_suggestion(target)}, or none.")
 
 
 DECLARATION = Declaration("draft", tokenizer="any", draft_model="model", early_stop=True, peer="hf-assisted",

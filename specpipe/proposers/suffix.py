@@ -281,20 +281,43 @@ def build(*, context, max_depth: int = 24, max_cached_requests: int = 1000, max_
 
 
 def _vllm(plan) -> dict:
-    """vLLM's suffix method (Arctic Inference's cache): γ is its upper bound on draft tokens."""
-    options = plan.options
-    lost = [f"max_cached_tokens={options['max_cached_tokens']} (it bounds requests only)"]
+    """vLLM's suffix method: γ is its upper bound on draft tokens. From 0.34 it runs on the GPU
+    with a corpus of finished responses bounded in tokens (specpipe's max_cached_tokens); before,
+    it ran Arctic Inference's cache, bounded in requests only."""
+    options, lost = plan.options, []
+    config = {"method": "suffix", "num_speculative_tokens": plan.gamma,
+              "suffix_decoding_max_tree_depth": int(options["max_depth"]),
+              "suffix_decoding_max_cached_requests": int(options["max_cached_requests"])}
+    if "suffix_decoding_corpus_tokens" in plan.keys:
+        config["suffix_decoding_corpus_tokens"] = _corpus_tokens(options)
+        # no-ops there: its GPU speculator always drafts num_speculative_tokens, so they are not written
+        lost.append(f"max_spec_factor={options['max_spec_factor']} and min_token_prob={options['min_token_prob']} "
+                    "(vLLM always drafts γ tokens, however short the match)")
+        needs = ""
+    else:
+        lost.append(f"max_cached_tokens={options['max_cached_tokens']} (it bounds requests only)")
+        config.update({"suffix_decoding_max_spec_factor": float(options["max_spec_factor"]),
+                       "suffix_decoding_min_token_prob": float(options["min_token_prob"])})
+        needs = " needs `pip install arctic-inference`;"
     if options.get("max_spec_offset"):
         lost.append(f"max_spec_offset={options['max_spec_offset']} (vLLM passes 0)")
     if options.get("tree", True):
         lost.append("the tree (vLLM verifies the best path)")
-    plan.warnings.append(f"suffix: vLLM {plan.version} needs `pip install arctic-inference`; not exported: "
-                         f"{'; '.join(lost)}. The global tree holds outputs only, not the prompts' ends before them.")
-    return {"method": "suffix", "num_speculative_tokens": plan.gamma,
-            "suffix_decoding_max_tree_depth": int(options["max_depth"]),
-            "suffix_decoding_max_cached_requests": int(options["max_cached_requests"]),
-            "suffix_decoding_max_spec_factor": float(options["max_spec_factor"]),
-            "suffix_decoding_min_token_prob": float(options["min_token_prob"])}
+    plan.warnings.append(f"suffix: vLLM {plan.version}{needs} not exported: {'; '.join(lost)}. The global tree "
+                         "holds outputs only, not the prompts' ends before them.")
+    return config
+
+
+CORPUS_LIMIT = 1 << 31  # vLLM 0.34's bound on suffix_decoding_corpus_tokens (exclusive)
+
+
+def _corpus_tokens(options) -> int:
+    """max_cached_tokens as vLLM's corpus size; one it refuses is the recipe's error, named."""
+    tokens = int(options["max_cached_tokens"])
+    if not 0 <= tokens < CORPUS_LIMIT:
+        raise SpecpipeError(f"proposer.max_cached_tokens={tokens}: vLLM's suffix_decoding_corpus_tokens, which it "
+                            f"becomes, must lie in [0, 2**31). Lower it, or export with engine_version=0.33.0.")
+    return tokens
 
 
 def _sglang(plan) -> dict:
