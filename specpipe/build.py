@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.controllers.base import check_schedule
+from specpipe.controllers.guard import guarded
 from specpipe.checks import Check, draft_model_name, lora_paths, refuse_if_any, run_checks
 from specpipe.errors import SpecpipeError
 from specpipe.models.adapters import apply_early_exit, apply_lora
@@ -96,6 +97,7 @@ def build_pipeline(cfg: DictConfig) -> Pipeline:
     controller = call_target(cfg.controller, "controller", context)
     if controller is not None:
         controller.schedule = check_schedule(cfg.get("batch_schedule"))
+    controller = guarded(controller, bool(cfg.get("guard", True)))  # under every controller, unless pinned
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     target = context.target
     precision = resolve_precision(cfg.model.quantize, context.device)  # a config not composed by specpipe may hold auto
