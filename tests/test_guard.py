@@ -208,3 +208,26 @@ def test_smollm2_guarded_greedy_equals_plain():
         assert spec.token_ids == plain.token_ids, prompt["id"]
         held += spec.stats.held
     assert held >= 2  # each request measured plain steps at least once
+
+
+def test_bench_reports_the_worst_prompt_and_the_guards_steps_per_category():
+    from specpipe.bench.records import Measured, PromptResult
+    from specpipe.bench.summary import summarize
+    from specpipe.bench.table import guard_cell, worst_cell
+    from specpipe.metrics import Stats
+
+    def result(id_: str, category: str, speedup: float, held: int) -> PromptResult:
+        stats = Stats(steps=10, emitted=20, held=held).to_dict()
+        return PromptResult(id_, category, 5, Measured([1], 10.0, stats=stats), Measured([1], 10.0 * speedup, stats=stats))
+
+    summary = summarize([result("a", "creative", 0.98, 7), result("b", "creative", 1.3, 0), result("c", "code", 2.0, 1)])
+    assert summary["creative"]["worst"] == {"id": "a", "speedup": pytest.approx(0.98)}
+    assert summary["overall"]["worst"]["id"] == "a"
+    assert summary["creative"]["guard"] == {"held": 7, "steps": 20} and summary["overall"]["guard"]["held"] == 8
+    assert "0.98x" in worst_cell(summary["overall"]["worst"]) and guard_cell(summary["overall"]["guard"]) == "8/30 (27%)"
+
+
+def test_the_live_view_says_when_speculation_is_paused():
+    from specpipe.ui.live import gamma_text
+
+    assert "paused" in gamma_text(0, held=True) and gamma_text(4, held=False) == "4"
