@@ -53,8 +53,8 @@ def test_drops_to_zero_where_speculation_is_slower_and_comes_back_when_it_pays()
     guard.admit(0)
     bad = [g for g, in run(guard, 200, lambda slot, g: 0, dear)]
     assert bad[0] == 0  # the request's first step measures a plain step
-    assert sum(g > 0 for g in bad) <= 12  # a few steps to judge, then probes ever further apart
-    assert all(g == 0 for g in bad[-30:-1] if g == 0) and bad[-60:].count(4) <= 1
+    assert sum(g > 0 for g in bad) <= 28  # a window to judge, then trials of 4 steps ever further apart
+    assert bad[-60:].count(4) <= 4
     assert guard.paused(0)
     good = [g for g, in run(guard, 100, lambda slot, g: g, cheap)]  # every draft accepted now
     assert not guard.paused(0)
@@ -158,11 +158,13 @@ def test_a_guarded_run_equals_plain_greedy_token_for_token(scripted):
     target = tiny_target(seed=0, eos=EOS)
     pipe = scripted(Pipeline(target, ModelDrafter(tiny_model(seed=7, layers=1), GREEDY), GreedyVerifier(),
                              Guard(FixedGamma(4))))
-    for prompt in (PROMPT, [3, 60, 22]):
+    held = steps = 0
+    for prompt in (PROMPT, [3, 60, 22], [9, 9, 30, 2, 61], [12, 40]):
         got = pipe.run(prompt, max_new_tokens=60)
         assert got.token_ids == pipe.run(prompt, max_new_tokens=60, speculative=False).token_ids
-        assert 2 * got.stats.held >= got.stats.steps  # an unrelated draft at this cost: paused most of the run
-        assert got.stats.drafted > 0  # with speculative probes
+        assert got.stats.drafted > 0 and got.stats.held > 0
+        held, steps = held + got.stats.held, steps + got.stats.steps
+    assert 3 * held >= steps, (held, steps)  # an unrelated draft at this cost: paused much of the run
 
 
 def test_guarded_batches_equal_plain_greedy(scripted):

@@ -15,11 +15,11 @@ Speculation pays while a row's mean gain over its last `window` speculative step
   > 1 a row alone at γ = 0 still pays for its neighbours' verify block, so only a whole plain
   step measures it, and there a row's probe is skipped where another row's probe measured the
   cost in the last `refresh // 4` steps. While every row is paused, every step is a plain step.
-- A row whose gain falls under 1 (after `window // 2` steps, so one slow step does not decide)
-  is paused: γ = 0 for it. Every `probe_every` paused steps it speculates once (a probe at the
-  inner controller's γ); the wait doubles, up to `probe_max`, while probes say it does not pay,
-  and the row resumes where a probe's gain reaches 1 + `margin` (hysteresis: noise around 1.0
-  should not flip it every step).
+- A row whose mean gain over its last `window` speculative steps (a full window: acceptance is
+  bursty, one step says little) is under 1 is paused: γ = 0 for it. After `probe_every` paused
+  steps it speculates again for a trial of `window // 2` steps; a trial whose mean gain reaches
+  1 + `margin` resumes it (hysteresis: noise around 1.0 should not flip it every step), else it
+  is paused again and the wait doubles, up to `probe_max`.
 - Gains, pauses and the probe schedule are each request's own, reset when a request takes its
   row (`admit`): alone (batch 1), a request's γ depends on its own steps and their timings only.
 
@@ -48,8 +48,9 @@ class RowGuard:
     steps: int = 0  # since the request took the row
     plain_at: int | None = None  # its step of the last plain probe (None: not yet)
     paused: bool = False
-    wait: int = 0  # paused steps left before the next speculative probe
-    interval: int = 0  # the wait after a probe that did not pay (doubles)
+    trial: bool = False  # speculating again after a pause, judged after window // 2 steps
+    wait: int = 0  # paused steps left before the next trial
+    interval: int = 0  # the wait after a trial that did not pay (doubles)
 
 
 class Guard(Controller):
@@ -130,21 +131,25 @@ class Guard(Controller):
                                speculated or verdicts, timing, batch)
 
     def _judge(self, row: RowGuard, gain: float) -> None:
-        """A speculative step's gain: pause a row whose speculation costs more than it yields,
-        resume a paused one whose probe pays."""
-        if row.paused:  # this step was its probe
-            if gain >= 1.0 + self.margin:
-                row.paused, row.interval = False, self.probe_every
-                row.gains.clear()
-                row.gains.append(gain)
-            else:
-                row.interval = min(2 * row.interval, self.probe_max)
-                row.wait = row.interval
-            return
+        """A speculative step's gain: pause a row whose speculation costs more than it yields;
+        a paused row's speculative step starts its trial."""
+        if row.paused:
+            row.paused, row.trial = False, True
         row.gains.append(gain)
-        if len(row.gains) >= max(self.window // 2, 1) and statistics.mean(row.gains) < 1.0:
-            row.paused, row.wait = True, row.interval
-            row.gains.clear()
+        mean = statistics.mean(row.gains)
+        if row.trial and len(row.gains) >= max(self.window // 2, 1):
+            if mean >= 1.0 + self.margin:
+                row.trial, row.interval = False, self.probe_every  # it pays again
+            else:
+                self._pause(row, backoff=True)
+        elif not row.trial and len(row.gains) >= self.window and mean < 1.0:
+            self._pause(row, backoff=False)
+
+    def _pause(self, row: RowGuard, backoff: bool) -> None:
+        if backoff:
+            row.interval = min(2 * row.interval, self.probe_max)
+        row.paused, row.trial, row.wait = True, False, row.interval
+        row.gains.clear()
 
     # plain cost
     def plain_cost(self, batch: int) -> float | None:
