@@ -80,6 +80,14 @@ def test_noise_around_paying_speculation_does_not_pause_it():
     assert trace.count(0) <= 1 + 300 // guard.refresh  # 2 tokens a step ~ 1.8x: never judged slower
 
 
+def test_a_request_that_pays_as_a_whole_is_not_paused_in_a_bad_phase():
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    phase = iter([g for _ in range(10) for g in [4] * 8 + [0] * 24])  # 8 good steps, then 24 that gain nothing
+    trace = [g for g, in run(guard, 300, lambda slot, g: next(phase) if g else 0, cheap)]  # 1.7x as a whole
+    assert trace.count(0) <= 1 + 300 // guard.refresh  # the plain probes only
+
+
 def test_each_row_is_judged_alone_and_a_whole_plain_step_measures_the_batch():
     guard = Guard(FixedGamma(4))
     for slot in (0, 1):

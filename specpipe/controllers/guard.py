@@ -7,7 +7,10 @@ what plain steps cost, from the step timings every controller receives anyway:
     gain = tokens the row's speculative step emitted × plain step seconds ÷ that step's seconds
 
 the tokens a speculative step yields per plain step's worth of time (a plain step yields 1).
-Speculation pays while a row's mean gain over its last `window` speculative steps is >= 1.
+Speculation pays while a row's gain over all its speculative steps since it (re)started is
+>= 1 (tokens over plain-step units, summed): the aim is a request never slower as a whole, and
+acceptance comes in phases (a stretch of free text inside a code answer) that a short window
+would take for the request's worth, pausing requests that pay overall.
 
 - Plain cost, per batch size: the median of the last few steps in which every row ran at γ = 0
   (shared by all requests: it is the machine's). Each request probes it on its first step and
@@ -15,11 +18,11 @@ Speculation pays while a row's mean gain over its last `window` speculative step
   > 1 a row alone at γ = 0 still pays for its neighbours' verify block, so only a whole plain
   step measures it, and there a row's probe is skipped where another row's probe measured the
   cost in the last `refresh // 4` steps. While every row is paused, every step is a plain step.
-- A row whose mean gain over its last `window` speculative steps (a full window: acceptance is
-  bursty, one step says little) is under 1 is paused: γ = 0 for it. After `probe_every` paused
-  steps it speculates again for a trial of `window // 2` steps; a trial whose mean gain reaches
-  1 + `margin` resumes it (hysteresis: noise around 1.0 should not flip it every step), else it
-  is paused again and the wait doubles, up to `probe_max`.
+- A row whose gain is under 1 after at least `window` speculative steps is paused: γ = 0 for
+  it. After `probe_every` paused steps it speculates again for a trial of `window // 2` steps;
+  a trial whose gain reaches 1 + `margin` resumes it, counting from the trial (hysteresis:
+  noise around 1.0 should not flip it every step), else it is paused again and the wait
+  doubles, up to `probe_max`.
 - Gains, pauses and the probe schedule are each request's own, reset when a request takes its
   row (`admit`): alone (batch 1), a request's γ depends on its own steps and their timings only.
 
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specpipe.controllers.base import Controller
 from specpipe.types import RowVerdict, StepTiming
@@ -44,7 +47,9 @@ from specpipe.types import RowVerdict, StepTiming
 class RowGuard:
     """One request's verdict on speculation."""
 
-    gains: deque = field(default_factory=deque)  # recent speculative steps' gain
+    tokens: int = 0  # emitted by its speculative steps since it (re)started
+    cost: float = 0.0  # their seconds, in plain steps
+    judged: int = 0  # those steps
     steps: int = 0  # since the request took the row
     plain_at: int | None = None  # its step of the last plain probe (None: not yet)
     paused: bool = False
@@ -93,7 +98,7 @@ class Guard(Controller):
         self.inner.admit(slot)
 
     def _new_row(self) -> RowGuard:
-        return RowGuard(deque(maxlen=self.window), interval=self.probe_every)
+        return RowGuard(interval=self.probe_every)
 
     def row_gamma(self, slot: int, gamma: int) -> int:
         row = self._rows.setdefault(slot, self._new_row())
@@ -123,33 +128,33 @@ class Guard(Controller):
             row = self._rows.setdefault(slot, self._new_row())
             row.steps += 1
             if gamma > 0 and plain is not None:
-                self._judge(row, (verdict.n_accepted + 1) * plain / max(timing.total_s, 1e-9))
+                self._judge(row, verdict.n_accepted + 1, timing.total_s / plain)
             elif row.paused and not self._probe_plain:
                 row.wait -= 1
         speculated = [v for v, g in zip(verdicts, given) if g > 0]
         self.inner.update_rows([s for s, g in zip(slots, given) if g > 0] if speculated else slots,
                                speculated or verdicts, timing, batch)
 
-    def _judge(self, row: RowGuard, gain: float) -> None:
-        """A speculative step's gain: pause a row whose speculation costs more than it yields;
-        a paused row's speculative step starts its trial."""
+    def _judge(self, row: RowGuard, tokens: int, cost: float) -> None:
+        """A speculative step (`tokens` emitted in `cost` plain steps' time): pause a row whose
+        speculation costs more than it yields; a paused row's speculative step starts its trial."""
         if row.paused:
             row.paused, row.trial = False, True
-        row.gains.append(gain)
-        mean = statistics.mean(row.gains)
-        if row.trial and len(row.gains) >= max(self.window // 2, 1):
-            if mean >= 1.0 + self.margin:
+        row.tokens, row.cost, row.judged = row.tokens + tokens, row.cost + cost, row.judged + 1
+        gain = row.tokens / max(row.cost, 1e-9)
+        if row.trial and row.judged >= max(self.window // 2, 1):
+            if gain >= 1.0 + self.margin:
                 row.trial, row.interval = False, self.probe_every  # it pays again
             else:
                 self._pause(row, backoff=True)
-        elif not row.trial and len(row.gains) >= self.window and mean < 1.0:
+        elif not row.trial and row.judged >= self.window and gain < 1.0:
             self._pause(row, backoff=False)
 
     def _pause(self, row: RowGuard, backoff: bool) -> None:
         if backoff:
             row.interval = min(2 * row.interval, self.probe_max)
         row.paused, row.trial, row.wait = True, False, row.interval
-        row.gains.clear()
+        row.tokens, row.cost, row.judged = 0, 0.0, 0
 
     # plain cost
     def plain_cost(self, batch: int) -> float | None:
