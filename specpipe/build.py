@@ -19,6 +19,7 @@ from specpipe.checks.identity import draft_model_name, lora_paths
 from specpipe.checks.result import Check, refuse_if_any
 from specpipe.checks.run import run_checks
 from specpipe.components import call_target
+from specpipe.controllers.guard import guarded
 from specpipe.models.adapters import apply_early_exit, apply_lora
 from specpipe.models.quantize import resolve_precision
 from specpipe.models.loader import (LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve,
@@ -101,6 +102,7 @@ def build_parts(cfg: DictConfig) -> dict:
     controller = call_target(cfg.controller, "controller", context)
     if controller is not None:
         controller.schedule = check_schedule(cfg.get("batch_schedule"))
+    controller = guarded(controller, bool(cfg.get("guard", False)))  # under every controller with guard=true
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     target = context.target
     precision = resolve_precision(cfg.model.quantize, context.device)  # a config not composed by specpipe may hold auto

@@ -201,12 +201,12 @@ def _split_flags(args: list[str]) -> tuple[list[str], list[str]]:
 def _hydra_main(command: str, task: Callable, overrides: list[str]) -> int:
     import hydra
 
-    from specpipe.config import conf_dir, register
+    from specpipe.config import _precisions, conf_dir, register
 
     register()
     def guarded(cfg) -> None:
         try:
-            code = task(cfg) or 0
+            code = task(_precisions(cfg)) or 0  # model.quantize=auto resolved, as `compose` does for a single run
         except SpecpipeError as err:
             sys.exit(report(err))
         if code:

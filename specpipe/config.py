@@ -45,6 +45,9 @@ class DecodeConfig:
     cache_len: int = 2048  # native KV cache slots per sequence (at most the model's max_position_embeddings)
     compile: bool = False  # native engine: torch.compile the target's decoder stack (docs/engine.md: what it buys)
     batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
+    # per request, γ = 0 while speculation measures slower than plain steps (controllers/guard.py);
+    # false: γ is what the controller says, every step (a pinned γ, e.g. to measure it)
+    guard: bool = False  # opt in: on the shipped recipe it still costs more than it saves (docs/controllers.md)
 
 
 @dataclass

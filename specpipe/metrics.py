@@ -27,9 +27,11 @@ class Stats:
     gamma_trace: list[int] = field(default_factory=list)  # γ of each step
     step_s: list[float] = field(default_factory=list)  # seconds of each step (propose + verify)
     emitted_trace: list[int] = field(default_factory=list)  # tokens each step emitted
+    held: int = 0  # steps the guard held at γ = 0 (speculation paused, or a plain probe)
 
-    def record(self, verdict: RowVerdict, timing: StepTiming, emitted: int) -> None:
+    def record(self, verdict: RowVerdict, timing: StepTiming, emitted: int, held: bool = False) -> None:
         self.steps += 1
+        self.held += held
         self.drafted += verdict.gamma
         self.accepted += verdict.n_accepted
         self.emitted += emitted
@@ -81,6 +83,7 @@ class Stats:
             "drafted_at": self.drafted_at,
             "accepted_at": self.accepted_at,
             "gamma_trace": self.gamma_trace,
+            "guard_held": self.held,
             "tokens_per_s": self.tokens_per_s,
             "prefill_s": self.prefill_s,
             "propose_s": self.propose_s,

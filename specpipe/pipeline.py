@@ -35,6 +35,7 @@ class StepEvent:
     gamma: int  # γ of this step
     stats: Stats  # running totals
     finish_reason: str | None = None  # set on the last event: eos, stop_string or length
+    held: bool = False  # the guard held this step at γ = 0 (speculation paused, or a plain probe)
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Pipeline:
         """Stream one generation (a batch of one); `speculative=False` decodes with the plain target."""
         request = Request(prompt, max_new_tokens, seed, tuple(stop))
         for event in Decoder(self, 1, speculative).run([request]):
-            yield StepEvent(event.tokens, event.text, event.gamma, event.stats, event.finish_reason)
+            yield StepEvent(event.tokens, event.text, event.gamma, event.stats, event.finish_reason, event.held)
 
     def context_limit(self) -> ContextLimit | None:
         """The tightest bound of the target's runner and a draft model's (which keeps its own cache,

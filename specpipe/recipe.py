@@ -43,7 +43,7 @@ RECIPE_VERSION = 1
 RECIPE_KEYS = {"specpipe_recipe", "target", "strategy", "artifacts", "measured", "versions", "about"}
 GROUPS = ("proposer", "verifier", "controller")
 TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", "model.quantize", "model.chat",
-            "batch_schedule"}
+            "batch_schedule", "guard"}
 _OPTION = re.compile(r"^(proposer|verifier|controller)\.[A-Za-z_][A-Za-z0-9_]*$")
 _CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ARTIFACT = "artifact:"

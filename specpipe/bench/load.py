@@ -115,6 +115,7 @@ def load_summary(load: dict) -> dict:
         "mean_accepted_length": load["speculative"]["mean_accepted_length"],
         "per_position_acceptance": load["speculative"]["per_position_acceptance"],
         "gamma": gamma_summary(steps),
+        "guard": {"held": load["speculative"].get("guard_held", 0), "steps": len(steps)},
         "time_per_token_ms": {"baseline": _p50_p99(load["plain"]["tpot_ms"]),
                               "speculative": _p50_p99(load["speculative"]["tpot_ms"])},
         "exactness": load["exact"],
@@ -138,6 +139,8 @@ def _mode_figures(served: list[Served], wall_s: float) -> dict:
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_accepted_length": tokens / steps if steps else 0.0,
         "per_position_acceptance": _pooled_positions([s.stats for s in served]),
+        "guard_held": sum(s.stats.get("guard_held", 0) for s in served),  # row steps the guard held at γ = 0
+        "row_steps": steps,
     }
 
 

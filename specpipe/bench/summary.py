@@ -5,7 +5,9 @@ speedup: per prompt, tokens/s of the pipeline ÷ tokens/s of the plain target on
 τ and per-position acceptance pool the steps of all prompts. Time per token: each emitted token
 gets its step's time shared by the tokens that step emitted; P50 / P99 over all tokens.
 Exactness (greedy): the share of prompts whose output is token-identical to the plain target's;
-anything under 100% is a failure (near-ties are named, not excused).
+anything under 100% is a failure (near-ties are named, not excused). worst: the prompt with the
+lowest speedup (what a user of that category can lose). guard: the steps the guard held at γ = 0
+(speculation paused, or a plain probe) out of all steps.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def category_figures(results: list[PromptResult]) -> dict:
         "baseline_tokens_per_s": statistics.mean(r.baseline.tokens_per_s for r in results),
         "tokens_per_s": statistics.mean(r.speculative.tokens_per_s for r in results),
         "speedup": spread([r.speedup for r in results]),
+        "worst": worst_prompt(results),
+        "guard": {"held": sum(s.get("guard_held", 0) for s in stats), "steps": steps},
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_accepted_length": emitted / steps if steps else 0.0,
         "per_position_acceptance": _pooled_positions(stats),
@@ -46,6 +50,11 @@ def category_figures(results: list[PromptResult]) -> dict:
         "exactness": _exactness(results, lambda r: r.exact, near_ties=True),
         "peers": _peer_figures(results),
     }
+
+
+def worst_prompt(results: list[PromptResult]) -> dict:
+    worst = min(results, key=lambda r: r.speedup)
+    return {"id": worst.id, "speedup": worst.speedup}
 
 
 def all_exact(figures: dict) -> bool:

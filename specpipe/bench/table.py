@@ -14,26 +14,28 @@ def bench_table(payload: dict) -> Group:
     strategy = payload["strategy"]
     title = (f"specpipe bench: {esc(payload['model'])} · proposer {strategy['proposer']} · controller "
              f"{strategy['controller']} · γ={strategy['gamma']} · verifier {strategy['verifier']}"
+             + f" · guard {'on' if strategy.get('guard') else 'off'}"
              + ("" if strategy["lossless"] else " [bold yellow](LOSSY)[/bold yellow]"))
     head = Table(title=title, caption="speedup: median (min-max) over prompts, each against the plain target "
                  "on the same prompt in the same run")
     steps = Table(caption="per-position acceptance: P(draft token i accepted | drafted); γ: mean \\[min-max] and "
-                  "the share of steps without a draft; time/token: P50 / P99 ms")
-    for column in ("category", "prompts", "plain tok/s", "tok/s", "speedup", "acceptance", "τ", "exact"):
+                  "the share of steps without a draft; guard γ=0: steps the guard held at γ = 0 (speculation "
+                  "paused, or a plain probe) of all steps; time/token: P50 / P99 ms")
+    for column in ("category", "prompts", "plain tok/s", "tok/s", "speedup", "worst prompt", "acceptance", "τ", "exact"):
         head.add_column(column, justify="left" if column == "category" else "right")
-    for column in ("category", "per-position acceptance", "γ", "time/token plain", "time/token spec"):
-        steps.add_column(column, justify="left" if column != "γ" else "right")
+    for column in ("category", "per-position acceptance", "γ", "guard γ=0", "time/token plain", "time/token spec"):
+        steps.add_column(column, justify="left" if column not in ("γ", "guard γ=0") else "right")
     for category, fig in payload["summary"].items():
         style = "bold" if category == OVERALL else None
         head.add_row(esc(category), str(fig["prompts"]), f"{fig['baseline_tokens_per_s']:.1f}", f"{fig['tokens_per_s']:.1f}",
-                     speedup_cell(fig["speedup"]), f"{fig['acceptance_rate']:.2f}", f"{fig['mean_accepted_length']:.2f}",
-                     exact_cell(fig["exactness"]), style=style)
+                     speedup_cell(fig["speedup"]), worst_cell(fig.get("worst")), f"{fig['acceptance_rate']:.2f}",
+                     f"{fig['mean_accepted_length']:.2f}", exact_cell(fig["exactness"]), style=style)
         for name, peer in fig["peers"].items():
             head.add_row(f"  ↳ {esc(name)}", "", "", f"{peer['tokens_per_s']:.1f}", speedup_cell(peer["speedup"]),
-                         "", "", exact_cell(peer["exactness"]), style="dim")
+                         "", "", "", exact_cell(peer["exactness"]), style="dim")
         tpt = fig["time_per_token_ms"]
         steps.add_row(esc(category), positions_cell(fig["per_position_acceptance"]), gamma_cell(fig["gamma"]),
-                      tpt_cell(tpt["baseline"]), tpt_cell(tpt["speculative"]), style=style)
+                      guard_cell(fig.get("guard")), tpt_cell(tpt["baseline"]), tpt_cell(tpt["speculative"]), style=style)
     return Group(head, steps)
 
 
@@ -44,7 +46,7 @@ def load_table(payload: dict) -> Table:
                   + (f" (run at 1: {esc(load['batch_refusal'])})" if load["batch_refusal"] else ""),
                   caption="latency, TTFT (time to first token), TPOT (time per output token after the first): "
                   "P50 / P90 / P99 ms over requests")
-    for column in ("run", "tok/s", "req/s", "speedup", "latency", "TTFT", "TPOT", "acceptance", "τ"):
+    for column in ("run", "tok/s", "req/s", "speedup", "latency", "TTFT", "TPOT", "acceptance", "τ", "guard γ=0"):
         table.add_column(column, justify="left" if column == "run" else "right")
     for name in ("plain", "speculative"):
         fig = load[name]
@@ -53,15 +55,17 @@ def load_table(payload: dict) -> Table:
                                                                     "max": load["speedup"]}).split(" (")[0],
                       _p3(fig["latency_ms"]), _p3(fig["ttft_ms"]), _p3(fig["tpot_ms"]),
                       "" if name == "plain" else f"{fig['acceptance_rate']:.2f}",
-                      "" if name == "plain" else f"{fig['mean_accepted_length']:.2f}")
+                      "" if name == "plain" else f"{fig['mean_accepted_length']:.2f}",
+                      "" if name == "plain" else guard_cell({"held": fig.get("guard_held", 0),
+                                                             "steps": fig.get("row_steps", 0)}))
     for name, peer in load["peers"].items():
         table.add_row(f"↳ {name}", f"{peer['tokens_per_s']:.1f}", f"{peer['requests_per_s']:.2f}",
-                      f"{peer['speedup']:.2f}x", "", "", "", "", "", style="dim")
+                      f"{peer['speedup']:.2f}x", "", "", "", "", "", "", style="dim")
     for category, fig in load["by_category"].items():
         rate, tau = fig["acceptance_rate"], fig["mean_accepted_length"]
         table.add_row(f"  {esc(category)} ({fig['requests']})", "", "", speedup_cell(fig["speedup"]), "", "",
                       _p3(fig["tpot_ms"]["speculative"]), f"{rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f})",
-                      f"{tau['median']:.2f} ({tau['min']:.2f}-{tau['max']:.2f})", style="dim")
+                      f"{tau['median']:.2f} ({tau['min']:.2f}-{tau['max']:.2f})", "", style="dim")
     return table
 
 
@@ -74,16 +78,17 @@ def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
     categories = list(dict.fromkeys(c for _, p in jobs for c in p["summary"] if c != OVERALL))
     table = Table(title=f"specpipe sweep: {len(jobs)} finished job(s)",
                   caption="speedup: median over prompts against the plain target, same run")
-    for column in ("job", "model", "proposer", "controller", "γ", "speedup", *categories, "acceptance", "τ", "exact",
-                   "peers"):
+    for column in ("job", "model", "proposer", "controller", "γ", "speedup", "worst prompt", *categories, "acceptance",
+                   "τ", "guard γ=0", "exact", "peers"):
         table.add_column(esc(column), justify="left" if column in ("job", "model", "proposer", "controller") else "right")
     for name, payload in jobs:
         overall, strategy = payload["summary"][OVERALL], payload["strategy"]
         per_category = [f"{payload['summary'][c]['speedup']['median']:.2f}x" if c in payload["summary"] else "-"
                         for c in categories]
         table.add_row(esc(name), esc(payload["model"]), strategy["proposer"], strategy["controller"], str(strategy["gamma"]),
-                      speedup_cell(overall["speedup"]), *per_category, f"{overall['acceptance_rate']:.2f}",
-                      f"{overall['mean_accepted_length']:.2f}", exact_cell(overall["exactness"]),
+                      speedup_cell(overall["speedup"]), worst_cell(overall.get("worst")), *per_category,
+                      f"{overall['acceptance_rate']:.2f}", f"{overall['mean_accepted_length']:.2f}",
+                      guard_cell(overall.get("guard")), exact_cell(overall["exactness"]),
                       " ".join(f"{n} {p['speedup']['median']:.2f}x" for n, p in overall["peers"].items()) or "-")
     return table
 
@@ -119,8 +124,8 @@ def sweep_markdown(jobs: list[tuple[str, dict]]) -> str:
     if all("load" in payload for _, payload in jobs):
         return load_markdown(jobs)
     lines = ["| model | engine | proposer | controller | γ | category | prompts | plain tok/s | tok/s "
-             "| speedup (median, min-max) | acceptance | τ | per-position acceptance | peer: speedup | exact |",
-             "|" + "---|" * 15]
+             "| speedup (median, min-max) | acceptance | τ | per-position acceptance | guard γ=0 | peer: speedup | exact |",
+             "|" + "---|" * 16]
     for _, payload in jobs:
         strategy = payload["strategy"]
         for category, fig in payload["summary"].items():
@@ -131,7 +136,8 @@ def sweep_markdown(jobs: list[tuple[str, dict]]) -> str:
                 f"| {payload['model']} | {engine_text(payload)} | {strategy['proposer']} | {strategy['controller']} | {strategy['gamma']} "
                 f"| {category} | {fig['prompts']} | {fig['baseline_tokens_per_s']:.1f} | {fig['tokens_per_s']:.1f} "
                 f"| {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f}) | {fig['acceptance_rate']:.2f} "
-                f"| {fig['mean_accepted_length']:.2f} | {positions_cell(fig['per_position_acceptance'])} | {peers} "
+                f"| {fig['mean_accepted_length']:.2f} | {positions_cell(fig['per_position_acceptance'])} "
+                f"| {guard_cell(fig.get('guard'))} | {peers} "
                 f"| {_exact_text(fig['exactness'])} |")
     return "\n".join(lines)
 
@@ -157,6 +163,20 @@ def positions_cell(rates: list[float], shown: int = 6) -> str:
 
 def gamma_cell(gamma: dict) -> str:
     return f"{gamma['mean']:.1f} [{gamma['min']}-{gamma['max']}] off {gamma['off_share']:.0%}"
+
+
+def worst_cell(worst: dict | None) -> str:
+    """The worst prompt's speedup and id (results written before it was recorded: -)."""
+    if not worst:
+        return "-"
+    color = "green" if worst["speedup"] >= 1.0 else "red"
+    return f"[{color}]{worst['speedup']:.2f}x[/{color}] {worst['id']}"
+
+
+def guard_cell(guard: dict | None) -> str:
+    if not guard or not guard["steps"]:
+        return "-"
+    return f"{guard['held']}/{guard['steps']} ({guard['held'] / guard['steps']:.0%})"
 
 
 def tpt_cell(ms: dict | None) -> str:

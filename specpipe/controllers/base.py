@@ -1,10 +1,13 @@
 """The controller interface: `gamma(batch) -> int`, `update(verdict, timing)`,
-`update_batch(verdicts, timing, batch)`, `stop_below(position)`.
+`update_batch(verdicts, timing, batch)`, `stop_below(position)`, and per batch row `admit(slot)`,
+`row_gamma(slot, gamma)`, `update_rows(slots, verdicts, timing, batch)` (the decode loop's calls;
+by default a row takes the batch's γ: the guard, controllers/guard.py, overrides them).
 
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
-model) goes down to γ = 0, which makes the next step a plain decoding step. A batch takes one
-γ for all its rows per step (vLLM's rule: the verify block is one shape). A `schedule`
+model) goes down to γ = 0, which makes the next step a plain decoding step, and the guard under
+every controller sets a row to γ = 0 where its speculation measured slower than plain steps. A
+batch takes one γ per step (vLLM's rule: the verify block is one shape); a row may take less. A `schedule`
 (`batch_schedule=`, vLLM's γ per batch size) fixes γ at the batch sizes it covers, whatever the
 controller would pick: the entry of the largest batch size not above the batch's applies.
 """
@@ -47,6 +50,17 @@ class Controller:
         each verdict as a step of its own; the cost model learns costs per batch size)."""
         for verdict in verdicts:
             self.update(verdict, timing)
+
+    def admit(self, slot: int) -> None:
+        """A new request took batch row `slot` (default: nothing to forget)."""
+
+    def row_gamma(self, slot: int, gamma: int) -> int:
+        """The γ of batch row `slot` this step, given the step's (default: the step's)."""
+        return gamma
+
+    def update_rows(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+        """`update_batch` with the batch row of each verdict (default: the rows are not needed)."""
+        self.update_batch(verdicts, timing, batch)
 
     def stop_below(self, position: int) -> float:
         """A drafter stops after draft token `position` where its top probability is below this

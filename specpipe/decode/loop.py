@@ -4,7 +4,7 @@ A `Decoder` holds `slots` sequences, one per batch row of the target's KV cache 
 model's). Each step (docs/concepts.md "One step"):
 
   1. γ = controller.gamma(batch); each row's own γ ≤ it (its budget, the context, its request's
-     `speculative` flag: 0 is a plain step for that row)
+     `speculative` flag, the controller's `row_gamma`: the guard's pause; 0 is a plain step for that row)
   2. draft = proposer.propose(rows, gammas)         DraftBatch [B, W] + num_draft [B], on the device
   3. out = runner.forward([last, *draft])            ONE forward of [B, W + 1]; logits stay on the device
   4. verdict = verifier.verify(draft, out.logits)    ids [B, W + 1] (-1 pad) + num_accepted [B], on the device
@@ -79,6 +79,7 @@ class RequestEvent:
     stats: Stats  # the request's running totals
     timing: RequestTiming
     finish_reason: str | None = None  # set on the request's last event
+    held: bool = False  # the guard held this step at γ = 0 (speculation paused, or a plain probe)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class _Row:
     text: TextStream
     rng: RowRandom
     speculative: bool
+    held: bool = False  # this step: the controller gave γ = 0 where the step's γ allowed more (the guard)
     out: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
 
@@ -189,6 +191,7 @@ class Decoder:
         out = self.runner.prefill(slot, ids[:-1], hidden=hidden) if len(ids) > 1 else None
         if speculative:
             self.proposer.prefill(slot, row.tokens, out)
+            pipeline.controller.admit(slot)  # the guard's judgement of this row starts afresh
         row.stats.prefill_s = time.perf_counter() - started
         return row
 
@@ -196,13 +199,17 @@ class Decoder:
         """The step's γ and each row's: a step emits <= γ + 1, and one forward pads every row to
         the widest draft, so the fullest row bounds every row's γ (its block would run past the
         cache; greedy output is unchanged)."""
+        controller = self.pipeline.controller
         speculating = [row for _, row in busy if row.speculative]
-        gamma = self.pipeline.controller.gamma(len(busy)) if speculating else 0
+        gamma = controller.gamma(len(busy)) if speculating else 0
         widest = gamma if self.limit is None else self.limit.tokens - max(len(row.tokens) for _, row in busy)
         gammas = [0] * width
         for slot, row in busy:
-            gammas[slot] = max(0, min(gamma, row.budget - 1, widest)) if row.speculative else 0
-        return gamma, gammas
+            if row.speculative:
+                allowed = max(0, min(gamma, row.budget - 1, widest))
+                gammas[slot] = controller.row_gamma(slot, allowed)
+                row.held = allowed > 0 and gammas[slot] == 0
+        return max(gammas), gammas
 
     def _step(self, busy: list[tuple[int, _Row]]) -> Iterator[tuple[int, _Row, RequestEvent]]:
         """One step of every busy row (the module docstring's 1-7)."""
@@ -226,8 +233,9 @@ class Decoder:
                       [h.path for h in host] if draft.tree is not None else None)
         if self.proposer is not None:
             self.proposer.commit(verdict, host, out)
-            pipeline.controller.update_batch([host[slot] for slot, row in busy if row.speculative], timing,
-                                             len(busy))
+            slots = [slot for slot, row in busy if row.speculative]
+            if slots:  # every row may have opted out of speculation
+                pipeline.controller.update_rows(slots, [host[slot] for slot in slots], timing, len(busy))
         return self._emit(busy, host, timing, gamma)  # 7.
 
     def _propose(self, rows: list[_Row | None], gammas: list[int]) -> DraftBatch:
@@ -253,7 +261,7 @@ class Decoder:
             keep, reason = row.rule.cut(row.out, verdict.emitted)
             tokens = verdict.emitted[:keep]
             row.out.extend(tokens)
-            row.stats.record(verdict, timing, keep)
+            row.stats.record(verdict, timing, keep, held=row.held)
             emitted += keep
             now = self._now()
             if row.timing.first_token_s is None:
@@ -262,7 +270,7 @@ class Decoder:
                 row.timing.finished_s = now
             text = row.text.push(tokens, final=reason is not None)
             events.append((slot, row, RequestEvent(row.index, tokens, text, verdict.gamma, row.stats, row.timing,
-                                                   reason)))
+                                                   reason, row.held)))
         self.steps.append(BatchStep(self._now(), len(busy), gamma, emitted, timing.total_s))
         return iter(events)
 

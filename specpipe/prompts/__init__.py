@@ -1,7 +1,10 @@
 """Prompt sets: the built-in ones and the user's JSONL files, read through one validator.
 
 `dev`: 50 prompts in six categories (code, code-edit, chat, summarize, math, multiturn), what
-benchmarks measure. `requests` to `requests-6`: 280 training requests each in the first five
+benchmarks measure. `held-aside`: 16 prompts unlike the dev set and the training requests
+(creative writing, other natural languages, long chats, structured output such as JSON, tables,
+CSV and YAML), where trained heads and lookup drafts find little: recipes are judged there too.
+Sets join with `+` (`prompts=dev+held-aside`). `requests` to `requests-6`: 280 training requests each in the first five
 (train/requests.py), written apart from `dev`: a head never learns the prompts it is measured on. A file
 holds one JSON object a line: {"id", "category", "messages": [{"role", "content"}, ...],
 "max_new_tokens"} (only "messages" is required; a bare {"prompt": text} is one user message).
@@ -21,7 +24,7 @@ from pathlib import Path
 from specpipe.errors import SpecpipeError
 
 _HERE = Path(__file__).parent
-BUILTIN = {"dev": _HERE / "dev.jsonl",
+BUILTIN = {"dev": _HERE / "dev.jsonl", "held-aside": _HERE / "held-aside.jsonl",
            # the banks of training requests (train/requests.py)
            "requests": _HERE / "requests.jsonl", "requests-2": _HERE / "requests-2.jsonl",
            "requests-3": _HERE / "requests-3.jsonl", "requests-4": _HERE / "requests-4.jsonl",
@@ -35,6 +38,10 @@ _OTHER_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
 def load_prompts(name_or_path, categories: list[str] | None = None) -> list[dict]:
     """The prompts of a built-in set or a JSONL file (those in `categories`, if given), each with
     "id", "category" and "messages" filled in; a SpecpipeError naming the line of a bad record."""
+    if isinstance(name_or_path, str) and "+" in name_or_path and not Path(name_or_path).expanduser().is_file():
+        joined = [p for part in name_or_path.split("+") for p in load_prompts(part.strip(), categories)]
+        _unique_ids([(i, p) for i, p in enumerate(joined, 1)], Path(name_or_path))
+        return joined
     builtin = BUILTIN.get(name_or_path) if isinstance(name_or_path, str) else None
     path = builtin or Path(str(name_or_path)).expanduser()
     if not path.is_file():

@@ -2,7 +2,8 @@
 
 The estimated speedup during generation assumes a verify forward costs what a plain step
 costs (τ × verify time / step time); the measured speedup replaces it once the plain target
-has run on the same prompt.
+has run on the same prompt. While the guard holds the request at γ = 0 (its speculation measured
+slower than plain steps, or a plain probe), the γ column says so.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def estimated_speedup(stats: Stats) -> float:
     return stats.mean_accepted_length * stats.verify_s / stats.decode_s if stats.decode_s else 0.0
 
 
-def metrics_table(stats: Stats, gamma: int | None) -> Table:
+def metrics_table(stats: Stats, gamma: int | None, held: bool = False) -> Table:
     table = Table(box=None, padding=(0, 2), show_header=True, header_style="bold")
     for column in ("tokens/s", "acceptance", "mean accepted length τ", "γ", "est. speedup"):
         table.add_column(column, justify="right")
@@ -29,10 +30,16 @@ def metrics_table(stats: Stats, gamma: int | None) -> Table:
         f"{stats.tokens_per_s:.1f}",
         f"{stats.acceptance_rate:.0%}" if stats.drafted else "-",
         f"{stats.mean_accepted_length:.2f}",
-        "-" if gamma is None else str(gamma),
+        gamma_text(gamma, held),
         f"{estimated_speedup(stats):.2f}x" if stats.drafted else "-",
     )
     return table
+
+
+def gamma_text(gamma: int | None, held: bool) -> str:
+    if held:
+        return "[yellow]0 · speculation paused (guard)[/yellow]"
+    return "-" if gamma is None else str(gamma)
 
 
 def stream(pipeline: Pipeline, prompt, console: Console, title: str, **kwargs) -> Generation:
@@ -42,7 +49,7 @@ def stream(pipeline: Pipeline, prompt, console: Console, title: str, **kwargs) -
             text = ""
             for event in events:
                 text += event.text
-                live.update(Group(Panel(Text(text), title=title), metrics_table(event.stats, event.gamma)))
+                live.update(Group(Panel(Text(text), title=title), metrics_table(event.stats, event.gamma, event.held)))
                 yield event
 
         generation = collect(shown(pipeline.generate(prompt, **kwargs)))

@@ -1,0 +1,243 @@
+"""The guard (controllers/guard.py): γ = 0 for a request whose speculation measures slower than
+plain steps, back when probes say it pays, nothing changed where it pays; output unchanged.
+
+Decisions are tested on scripted step costs (no models), driven the way the decode loop drives
+a controller: `gamma(batch)`, `row_gamma(slot, γ)` per row, then `update_rows`. Exactness is
+tested on tiny float64 models with a scripted clock (so the guard really pauses), and on the
+real SmolLM2 with the wall clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import PROMPT, tiny_model, tiny_target
+from specpipe.controllers.cost import CostModelGamma
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.controllers.guard import Guard, guarded
+from specpipe.decode.loop import Request
+from specpipe.pipeline import Pipeline
+from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.ngram import NgramProposer
+from specpipe.sampling import SamplingParams
+from specpipe.types import RowVerdict, StepTiming
+from specpipe.verifiers.greedy import GreedyVerifier
+from specpipe.verifiers.rejection import RejectionVerifier
+
+PLAIN_S = 0.010  # a plain step
+
+
+def run(guard: Guard, steps: int, accepted, cost, slots=(0,)) -> list[list[int]]:
+    """`steps` steps of rows `slots`; accepted(slot, γ) draft tokens kept, cost(width) the
+    step's seconds for a verify block of `width` tokens. Returns each step's γ per row."""
+    trace = []
+    for _ in range(steps):
+        gamma = guard.gamma(len(slots))
+        given = [guard.row_gamma(slot, gamma) for slot in slots]
+        verdicts = [RowVerdict(min(accepted(slot, g), g), 0, g) for slot, g in zip(slots, given)]
+        guard.update_rows(list(slots), verdicts, StepTiming(0.0, cost(1 + max(given))), len(slots))
+        trace.append(given)
+    return trace
+
+
+def dear(width: int) -> float:
+    return PLAIN_S * (1 + 0.5 * (width - 1))  # a draft token costs half a plain step
+
+
+def cheap(width: int) -> float:
+    return PLAIN_S * (1 + 0.05 * (width - 1))  # verifying several tokens costs little more than one
+
+
+def test_drops_to_zero_where_speculation_is_slower_and_comes_back_when_it_pays():
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    bad = [g for g, in run(guard, 200, lambda slot, g: 0, dear)]
+    assert bad[0] == 0  # the request's first step measures a plain step
+    assert sum(g > 0 for g in bad) <= 28  # a window to judge, then trials of 4 steps ever further apart
+    assert bad[-60:].count(4) <= 4
+    assert guard.paused(0)
+    good = [g for g, in run(guard, 100, lambda slot, g: g, cheap)]  # every draft accepted now
+    assert not guard.paused(0)
+    assert good[-20:].count(4) >= 19  # back within one probe interval, and it stays
+    assert good.index(4) <= guard.probe_max
+
+
+def test_costs_nothing_where_speculation_pays():
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    trace = [g for g, in run(guard, 200, lambda slot, g: 2, cheap)]  # 3 tokens a step at 1.15 plain steps
+    assert trace.count(0) <= 1 + 200 // guard.refresh  # the plain probes only
+    assert not guard.paused(0)
+
+
+def test_noise_around_paying_speculation_does_not_pause_it():
+    import random
+
+    rng = random.Random(0)
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    trace = [g for g, in run(guard, 300, lambda slot, g: 1, lambda w: cheap(w) * rng.uniform(0.8, 1.25))]
+    assert trace.count(0) <= 1 + 300 // guard.refresh  # 2 tokens a step ~ 1.8x: never judged slower
+
+
+def test_a_request_that_pays_as_a_whole_is_not_paused_in_a_bad_phase():
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    phase = iter([g for _ in range(10) for g in [4] * 8 + [0] * 24])  # 8 good steps, then 24 that gain nothing
+    trace = [g for g, in run(guard, 300, lambda slot, g: next(phase) if g else 0, cheap)]  # 1.7x as a whole
+    assert trace.count(0) <= 1 + 300 // guard.refresh  # the plain probes only
+
+
+def test_each_row_is_judged_alone_and_a_whole_plain_step_measures_the_batch():
+    guard = Guard(FixedGamma(4))
+    for slot in (0, 1):
+        guard.admit(slot)
+    trace = run(guard, 120, lambda slot, g: g if slot == 0 else 0, lambda w: PLAIN_S * 2 * (1 + 0.2 * (w - 1)),
+                slots=(0, 1))
+    assert trace[0] == [0, 0]  # a plain probe of the whole batch
+    assert guard.plain_cost(2) == pytest.approx(PLAIN_S * 2)
+    assert not guard.paused(0) and guard.paused(1)
+    assert [row[0] for row in trace[-20:]] == [4] * 20
+
+
+def test_a_new_request_starts_afresh_but_keeps_the_plain_cost():
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    run(guard, 50, lambda slot, g: 0, dear)
+    assert guard.paused(0)
+    guard.admit(0)
+    assert not guard.paused(0) and guard.plain_cost(1) == pytest.approx(PLAIN_S)
+
+
+def test_the_guard_passes_the_inner_controllers_choices_and_schedule_through():
+    inner = CostModelGamma(3, gamma_min=0, gamma_max=6)
+    guard = guarded(inner)
+    assert isinstance(guard, Guard) and guarded(inner, enabled=False) is inner and guarded(guard) is guard
+    guard.schedule = {1: 2}
+    assert inner.schedule == {1: 2} and guard.gamma(1) == 2
+    assert guard.row_gamma(0, 0) == 0  # the inner's γ = 0 is not the guard's to change
+
+
+def test_the_guard_is_opt_in_and_a_recipe_may_set_it():
+    from specpipe.config import compose
+    from specpipe.recipe import TOP_KEYS
+
+    assert compose([]).guard is False and compose(["guard=true"]).guard is True
+    assert "guard" in TOP_KEYS
+
+
+class ScriptedClock:
+    """Step timings as a function of the verify block's width (set by the runner's forward):
+    draft tokens cost half a plain step, so speculation pays only where most are accepted."""
+
+    width = 1
+
+    def __init__(self, device):
+        pass
+
+    def mark(self) -> None:
+        pass
+
+    def timing(self) -> StepTiming:
+        return StepTiming(0.0, dear(ScriptedClock.width))
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    def install(pipe: Pipeline) -> Pipeline:
+        forward = pipe.runner.forward
+
+        def measured(block, **kwargs):
+            ScriptedClock.width = block.shape[1]  # [B, width]
+            return forward(block, **kwargs)
+
+        monkeypatch.setattr(pipe.runner, "forward", measured)
+        return pipe
+
+    monkeypatch.setattr("specpipe.decode.loop.Clock", ScriptedClock)
+    return install
+
+
+EOS = 1
+GREEDY = SamplingParams()
+
+
+def test_a_guarded_run_equals_plain_greedy_token_for_token(scripted):
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = scripted(Pipeline(target, ModelDrafter(tiny_model(seed=7, layers=1), GREEDY), GreedyVerifier(),
+                             Guard(FixedGamma(4))))
+    held = steps = 0
+    for prompt in (PROMPT, [3, 60, 22], [9, 9, 30, 2, 61], [12, 40]):
+        got = pipe.run(prompt, max_new_tokens=60)
+        assert got.token_ids == pipe.run(prompt, max_new_tokens=60, speculative=False).token_ids
+        assert got.stats.drafted > 0 and got.stats.held > 0
+        held, steps = held + got.stats.held, steps + got.stats.steps
+    assert 3 * held >= steps, (held, steps)  # an unrelated draft at this cost: paused much of the run
+
+
+def test_guarded_batches_equal_plain_greedy(scripted):
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = scripted(Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), Guard(FixedGamma(3))))
+    prompts = [PROMPT, [7, 8, 9, 10, 7, 8, 9, 10, 7, 8], [44], [5, 5, 5, 5], [12, 40]]
+    alone = [pipe.run(p, max_new_tokens=30, speculative=False).token_ids for p in prompts]
+    batched = {i: [] for i in range(len(prompts))}
+    held = 0
+    for event in pipe.serve([Request(p, 30) for p in prompts], concurrency=3):
+        batched[event.index].extend(event.tokens)
+        held += event.held
+    assert [batched[i] for i in range(len(prompts))] == alone
+    assert held > 0
+
+
+def test_a_sampled_guarded_run_is_reproducible_per_request(scripted):
+    """Given the same step timings, a request's γ decisions are its own, so its seeded sample is
+    the same whenever it runs, whatever ran before it on the pipeline."""
+    sampling = SamplingParams(temperature=1.0)
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = scripted(Pipeline(target, ModelDrafter(tiny_model(seed=7, layers=1), sampling),
+                             RejectionVerifier(sampling), Guard(FixedGamma(3)), sampling=sampling))
+    first = [pipe.run(PROMPT, max_new_tokens=40, seed=s) for s in range(4)]
+    again = [pipe.run(PROMPT, max_new_tokens=40, seed=s) for s in reversed(range(4))][::-1]
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    assert len({tuple(g.token_ids) for g in first}) > 2  # different seeds, different samples
+    assert all(g.stats.held > 0 for g in first)  # the guard really changed γ
+
+
+@pytest.mark.slow  # the real SmolLM2 (zoo), the wall clock
+def test_smollm2_guarded_greedy_equals_plain():
+    from specpipe.config import compose
+    from specpipe.prompts import load_prompts
+
+    pipeline = Pipeline.from_config(compose(["proposer=ngram", "gamma=4"]))
+    assert isinstance(pipeline.controller, Guard)
+    held = 0
+    for prompt in [p for p in load_prompts("held-aside") if p["category"] in ("creative", "structured")][:2]:
+        ids = pipeline.encode(prompt["messages"])
+        spec = pipeline.run(ids, max_new_tokens=48)
+        plain = pipeline.run(ids, max_new_tokens=48, speculative=False)
+        assert spec.token_ids == plain.token_ids, prompt["id"]
+        held += spec.stats.held
+    assert held >= 2  # each request measured plain steps at least once
+
+
+def test_bench_reports_the_worst_prompt_and_the_guards_steps_per_category():
+    from specpipe.bench.records import Measured, PromptResult
+    from specpipe.bench.summary import summarize
+    from specpipe.bench.table import guard_cell, worst_cell
+    from specpipe.metrics import Stats
+
+    def result(id_: str, category: str, speedup: float, held: int) -> PromptResult:
+        stats = Stats(steps=10, emitted=20, held=held).to_dict()
+        return PromptResult(id_, category, 5, Measured([1], 10.0, stats=stats), Measured([1], 10.0 * speedup, stats=stats))
+
+    summary = summarize([result("a", "creative", 0.98, 7), result("b", "creative", 1.3, 0), result("c", "code", 2.0, 1)])
+    assert summary["creative"]["worst"] == {"id": "a", "speedup": pytest.approx(0.98)}
+    assert summary["overall"]["worst"]["id"] == "a"
+    assert summary["creative"]["guard"] == {"held": 7, "steps": 20} and summary["overall"]["guard"]["held"] == 8
+    assert "0.98x" in worst_cell(summary["overall"]["worst"]) and guard_cell(summary["overall"]["guard"]) == "8/30 (27%)"
+
+
+def test_the_live_view_says_when_speculation_is_paused():
+    from specpipe.ui.live import gamma_text
+
+    assert "paused" in gamma_text(0, held=True) and gamma_text(4, held=False) == "4"
