@@ -16,9 +16,9 @@ import argparse
 import statistics
 from collections import defaultdict
 
-from specpipe.build import build_pipeline
 from specpipe.config import compose
 from specpipe.exactness import first_divergence
+from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
 
 CONTROLLERS = {
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or list(CONTROLLERS)
     base = [f"model={args.model}", f"recipe={args.recipe}" if args.recipe else f"proposer={args.proposer}"]
-    first = build_pipeline(compose(base + CONTROLLERS[names[0]]))
+    first = Pipeline.from_config(compose(base + CONTROLLERS[names[0]]))
     pipelines = {n: first if n == names[0] else _sharing(first, base + CONTROLLERS[n]) for n in names}
     rows = defaultdict(list)  # (category, name) -> [(speedup, stats, exact)]
     warm = first.encode(load_prompts("dev", [args.categories[0]])[0]["messages"])
@@ -83,8 +83,8 @@ def _block(first, pipelines, order, ids, prompt_id, category, tokens, rows) -> N
 
 def _sharing(first, overrides):
     """Another controller on the same loaded target and proposer (only the controller differs)."""
-    from specpipe.build import call_target, checked_context
-    from specpipe.pipeline import Pipeline
+    from specpipe.build import checked_context
+    from specpipe.components import call_target
 
     cfg = compose(overrides)
     context, _ = checked_context(cfg)

@@ -18,7 +18,8 @@ from collections import defaultdict
 
 import torch
 
-from specpipe.build import build_pipeline, call_target, checked_context
+from specpipe.build import checked_context
+from specpipe.components import call_target
 from specpipe.config import compose
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.exactness import first_divergence
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     args = parser.parse_args()
     torch.manual_seed(0)
-    plain = build_pipeline(compose([f"model={args.target}", "proposer=none"]))
+    plain = Pipeline.from_config(compose([f"model={args.target}", "proposer=none"]))
     pipes = {}
     for draft in args.drafts:
         cfg = compose([f"model={args.target}", "proposer=draft", f"proposer.model={draft}", f"gamma={args.gamma}"])

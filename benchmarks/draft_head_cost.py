@@ -20,29 +20,39 @@ from collections import defaultdict
 
 import torch
 
-from specpipe.build import build_pipeline
 from specpipe.config import compose
+from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
 
 PROPOSE = "specpipe.propose"
 
 
 def timed_proposer(pipe, log: list[tuple[float, int]]):
-    """Wrap the pipeline's proposer so each propose logs (seconds, tokens drafted)."""
+    """Wrap the pipeline's proposer so each propose logs (seconds, tokens drafted: the draft's
+    columns, a host int; one row here, a tree's nodes). The draft stays on the device: on a GPU
+    the clock waits for the device before and after."""
     propose = pipe.proposer.propose
+    device = pipe.runner.device
 
-    def wrapped(state, gamma):
+    def wrapped(rows, gammas):
+        _sync(device)
         start = time.perf_counter()
         with torch.profiler.record_function(PROPOSE):
-            draft = propose(state, gamma)
-        log.append((time.perf_counter() - start, len(draft.tokens)))
+            draft = propose(rows, gammas)
+        _sync(device)
+        log.append((time.perf_counter() - start, draft.width))
         return draft
 
     pipe.proposer.propose = wrapped
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run(recipe: str, overrides: list[str], options: dict) -> None:
-    pipe = build_pipeline(compose([f"recipe={recipe}", "engine=native", *overrides]))
+    pipe = Pipeline.from_config(compose([f"recipe={recipe}", "engine=native", *overrides]))
     tokens = int(options.get("tokens", 96))
     prompts = [pipe.encode(p["messages"]) for c in ("code", "chat") for p in load_prompts("dev", [c])[:1]]
     pipe.run(prompts[0], max_new_tokens=16)  # kernel set-up: not measured

@@ -23,7 +23,8 @@ import sys
 from collections import defaultdict
 
 from specpipe import compose
-from specpipe.build import build_pipeline, call_target, checked_context
+from specpipe.build import checked_context
+from specpipe.components import call_target
 from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
 
@@ -35,7 +36,7 @@ def pipelines(base: list[str], settings: dict[str, list[str]]) -> dict[str, Pipe
     for name, overrides in settings.items():
         cfg = compose(base + overrides)
         if first is None:
-            first = out[name] = build_pipeline(cfg)
+            first = out[name] = Pipeline.from_config(cfg)
             continue
         context, _ = checked_context(cfg)
         context._target = first.target  # the loaded target: not a second copy
@@ -53,13 +54,14 @@ class SourceLog:
         for pipe in pipes.values():
             lookup = getattr(pipe.proposer, "lookup", None)
             if lookup is not None:
-                lookup.propose = self._wrap(lookup.propose)
+                lookup.lookup = self._wrap(lookup.lookup)
 
-    def _wrap(self, propose):
-        def tagged(state, gamma):
-            draft = propose(state, gamma)
-            self.steps.append("L" if len(draft.tokens) else "H")
-            return draft
+    def _wrap(self, lookup):
+        """The head asks its lookup first in every step it drafts; a match is the step's draft."""
+        def tagged(committed, gamma):
+            copied = lookup(committed, gamma)
+            self.steps.append("L" if copied is not None else "H")
+            return copied
         return tagged
 
 

@@ -20,7 +20,6 @@ from collections import defaultdict
 
 import torch
 
-from specpipe.build import build_pipeline
 from specpipe.config import compose
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.exactness import first_divergence
@@ -34,7 +33,7 @@ CATEGORIES = ["code", "code-edit", "chat", "summarize", "math", "multiturn"]
 
 
 def pipelines(args) -> dict[str, Pipeline]:
-    plain = build_pipeline(compose([f"model={args.model}", "proposer=none"]))
+    plain = Pipeline.from_config(compose([f"model={args.model}", "proposer=none"]))
     def on_target(proposer, gamma):
         return Pipeline(plain.target, proposer, GreedyVerifier(), FixedGamma(gamma, 1, gamma), runner=plain.runner)
     return {"plain": plain,

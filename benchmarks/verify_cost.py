@@ -1,8 +1,9 @@
 """Cost of one target forward over k new tokens (k = 1: a plain step; k = γ+1: a verify step).
 
 Usage: python benchmarks/verify_cost.py MODEL [PRECISION ...] [--ks=1,2,5,9,16] [--engine=native]
-       [--context=64] [--tree]
-Prints, per precision, the median ms of a forward of k tokens on top of a `context`-token cache,
+       [--context=64] [--tree] [--device=cpu]
+Prints, per precision, the median ms of a forward of k tokens on top of a `context`-token cache
+(on a GPU the clock waits for the device before and after: the logits stay on it),
 and whether the rows of a k-token forward equal one-token forwards (batch invariance: what a
 target precision needs for lossless greedy output; `bitwise` is what the exact precisions
 promise). --tree: each k-token block is a tree verify instead (the last token and k - 1 nodes,
@@ -20,28 +21,39 @@ import torch
 
 from specpipe.engine import make_runner
 from specpipe.models.loader import load_model, resolve
-from specpipe.types import DraftTree
 
 KS = (1, 2, 5, 9, 16)
 CONTEXT = list(range(1000, 1064))
 
 
-def tree_ancestry(k: int) -> torch.Tensor | None:
-    """[k, k] ancestry of a verify block of the last token and k - 1 nodes, three children a node."""
+def tree_parents(k: int) -> tuple[int, ...] | None:
+    """The parents of a verify block of the last token and k - 1 nodes, three children a node."""
     if k < 2:
         return None
-    nodes = k - 1
-    return DraftTree(torch.arange(nodes), tuple(j // 3 - 1 for j in range(nodes)), torch.ones(nodes)).ancestry()
+    return tuple(j // 3 - 1 for j in range(k - 1))
+
+
+def ids_block(runner, ids: list[int]) -> torch.Tensor:
+    """One row of token ids, [1, n], on the runner's device."""
+    return torch.tensor([ids]).to(runner.device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_forward(runner, k: int, reps: int = 7, tree: bool = False) -> float:
     """Median ms of a k-token forward after the context (the first call, kernel set-up, dropped)."""
     times = []
-    ancestry = tree_ancestry(k) if tree else None
+    parents = tree_parents(k) if tree else None
+    block = ids_block(runner, list(range(100, 100 + k)))
     for _ in range(reps):
-        runner.crop(len(CONTEXT))
+        runner.crop(0, len(CONTEXT))
+        _sync(runner.device)
         start = time.perf_counter()
-        runner.forward(list(range(100, 100 + k)), ancestry=ancestry)
+        runner.forward(block, tree=parents)
+        _sync(runner.device)
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:]) * 1e3
 
@@ -49,10 +61,10 @@ def time_forward(runner, k: int, reps: int = 7, tree: bool = False) -> float:
 def invariance_error(runner, k: int = 9) -> tuple[float, bool]:
     """(max |logits of row i in a k-token forward - the same token fed alone|, bitwise equal)."""
     ids = list(range(200, 200 + k))
-    runner.crop(len(CONTEXT))
-    block = runner.forward(ids).logits[0]
-    runner.crop(len(CONTEXT))
-    single = torch.cat([runner.forward([i]).logits[0] for i in ids])
+    runner.crop(0, len(CONTEXT))
+    block = runner.forward(ids_block(runner, ids)).logits[0]
+    runner.crop(0, len(CONTEXT))
+    single = torch.cat([runner.forward(ids_block(runner, [i])).logits[0] for i in ids])
     return float((block - single).abs().max()), torch.equal(block, single)
 
 
@@ -61,6 +73,7 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     ks = tuple(int(k) for k in flags["--ks"].split(",")) if "--ks" in flags else KS
     engine = flags.get("--engine", "native")
+    device = flags.get("--device", "cpu")
     tree = "--tree" in sys.argv[1:]
     CONTEXT[:] = range(1000, 1000 + int(flags.get("--context", 64)))
     name, modes = args[0], args[1:] or ["fp16", "bf16", "w8a16"]
@@ -69,8 +82,8 @@ def main() -> None:
           f"({len(CONTEXT)} cached), and batch invariance")
     print("precision | " + " | ".join(f"k={k}" for k in ks) + f" | k={ks[-1]} / k={ks[0]} | max row error | bitwise")
     for mode in modes:
-        runner = make_runner(model, engine=engine, precision=mode, cache_len=len(CONTEXT) + 64)
-        runner.forward(CONTEXT)
+        runner = make_runner(model, engine=engine, precision=mode, cache_len=len(CONTEXT) + 64, device=device)
+        runner.prefill(0, CONTEXT)
         ms = [time_forward(runner, k, tree=tree) for k in ks]
         err, bitwise = invariance_error(runner)
         print(f"{mode} | " + " | ".join(f"{t:.1f}" for t in ms) + f" | {ms[-1] / ms[0]:.2f} | {err:.1e} | {bitwise}")
