@@ -208,7 +208,7 @@ def test_smollm2_guarded_greedy_equals_plain():
     from specpipe.config import compose
     from specpipe.prompts import load_prompts
 
-    pipeline = Pipeline.from_config(compose(["proposer=ngram", "gamma=4"]))
+    pipeline = Pipeline.from_config(compose(["proposer=ngram", "gamma=4", "guard=true"]))
     assert isinstance(pipeline.controller, Guard)
     held = 0
     for prompt in [p for p in load_prompts("held-aside") if p["category"] in ("creative", "structured")][:2]:
