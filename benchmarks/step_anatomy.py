@@ -1,8 +1,8 @@
 """Where a pipeline's steps go: several proposer settings on one target, per step.
 
-Usage: python benchmarks/step_anatomy.py --base 'KEY=VALUE ...' NAME='KEY=VALUE ...' [NAME=...]
+Usage: python benchmarks/step_anatomy.py --base='KEY=VALUE ...' NAME='KEY=VALUE ...' [NAME=...]
        [--prompts=dev] [--categories=code,code-edit,chat,summarize,math] [--limit=2] [--tokens=96]
-e.g.   python benchmarks/step_anatomy.py --base 'model=qwen2.5-coder-1.5b model.quantize=bf16' \\
+e.g.   python benchmarks/step_anatomy.py --base='model=qwen2.5-coder-1.5b model.quantize=bf16' \\
          head='recipe=recipes/qwen2.5-coder-1.5b/eagle3.yaml' \\
          draft='proposer=draft proposer.model=qwen2.5-coder-0.5b gamma=4 controller=fixed'
 
@@ -27,6 +27,7 @@ from specpipe.build import checked_context
 from specpipe.components import call_target
 from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
+from specpipe.proposers.ngram import NgramProposer
 
 
 def pipelines(base: list[str], settings: dict[str, list[str]]) -> dict[str, Pipeline]:
@@ -53,7 +54,7 @@ class SourceLog:
         self.steps: list[str] = []
         for pipe in pipes.values():
             lookup = getattr(pipe.proposer, "lookup", None)
-            if lookup is not None:
+            if isinstance(lookup, NgramProposer):  # a head's (proposer=ngram's own `lookup` is its method)
                 lookup.lookup = self._wrap(lookup.lookup)
 
     def _wrap(self, lookup):
