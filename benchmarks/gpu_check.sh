@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; DEVICE="${DEVICE:-cuda}"; MORE="$(mktemp -d)/more"  # packed into $OUT, never left there
 TOKENS="${TOKENS:-128}"
-mkdir -p "$MORE"
+mkdir -p "$OUT" "$MORE"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/report.md"
 python -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA')" > "$OUT/device.txt" 2>&1
