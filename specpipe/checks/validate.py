@@ -4,7 +4,6 @@ component's options against the types its build function declares (and its own
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import types
@@ -13,7 +12,7 @@ import typing
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.checks.result import Check
-from specpipe.components import call_target
+from specpipe.components import call_target, module_of
 from specpipe.errors import SpecpipeError
 from specpipe.limits import integer_problems, size_problems
 
@@ -103,15 +102,14 @@ def check_options(cfg: DictConfig) -> Check:
             continue
         options = OmegaConf.to_container(cfg[group], resolve=True)
         options.pop("_target_")
-        module, _, name = str(target).rpartition(".")
-        try:
-            build = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
+        module = module_of(target)  # only specpipe's own modules are imported
+        build = getattr(module, str(target).rpartition(".")[2], None)
+        if build is None:
             continue  # call_target refuses it by name
         hints = _option_types(build)
         problems += [f"{group}.{key}={value!r} is not {_type_name(hints[key])}" for key, value in options.items()
                      if key in hints and not _fits(value, hints[key])]
-        validate = getattr(importlib.import_module(module), "validate_options", None)
+        validate = getattr(module, "validate_options", None)
         if validate is not None and not problems:
             try:
                 validate(options)
