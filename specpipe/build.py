@@ -42,12 +42,19 @@ class BuildContext:
     device: str = "cpu"
     cache_len: int = 2048
     compile: bool = False  # the target's stack only: a draft's steps are many and small, its graphs another compile
+    kernels: str = "exact"  # engine=llamacpp, the target's (a draft runs the fastest: the target verifies it)
     _target: LoadedModel | None = field(default=None, repr=False)
 
-    def runner(self, model, precision: str, compile: bool = False):
-        """A runner for a model of this pipeline (target or draft) on the configured engine."""
+    def runner(self, model, precision: str, compile: bool = False, kernels: str = "fast"):
+        """A runner for a model of this pipeline (target or draft) on the configured engine
+        (model: torch weights, or with engine=llamacpp its source)."""
         return make_runner(model, engine=self.engine, precision=precision, cache_len=self.cache_len,
-                           device=self.device, compile=compile)
+                           device=self.device, compile=compile, kernels=kernels)
+
+    def weights(self, source: ModelSource):
+        """What a runner of this engine loads a model from: llama.cpp reads the GGUF file itself
+        (nothing dequantized), the other engines take dense torch weights."""
+        return source if self.engine == "llamacpp" else load_model(source)
 
     @property
     def target(self) -> LoadedModel:
@@ -68,7 +75,7 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
     source = resolve(cfg.model.name)
     context = BuildContext(cfg.model.name, source, tokenizer(), sampling,
                            lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len,
-                           cfg.compile)
+                           cfg.compile, cfg.get("kernels", "exact"))
     return context, checks
 
 
@@ -104,9 +111,13 @@ def build_parts(cfg: DictConfig) -> dict:
         controller.schedule = check_schedule(cfg.get("batch_schedule"))
     controller = guarded(controller, bool(cfg.get("guard", False)))  # under every controller with guard=true
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
-    target = context.target
-    precision = resolve_precision(cfg.model.quantize, context.device)  # a config not composed by specpipe may hold auto
-    runner = context.runner(target.model, precision, compile=context.compile)
+    precision = resolve_precision(cfg.model.quantize, context.device, engine=context.engine)  # a config not composed by specpipe may hold auto
+    if context.engine == "llamacpp":  # the GGUF runs as it is; the dense weights load only if something asks
+        target = LoadedModel(context.name, None, context.tokenizer, context.source)
+        runner = context.runner(context.source, precision, kernels=context.kernels)
+    else:
+        target = context.target
+        runner = context.runner(target.model, precision, compile=context.compile)
     return dict(target=target, proposer=proposer, verifier=verifier, controller=controller,
                 sampling=context.sampling, chat=cfg.model.chat, runner=runner,
                 warnings=[c for c in checks if c.status == "warn"])

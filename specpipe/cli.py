@@ -29,6 +29,7 @@ commands:
   train      heads for a frozen target (proposer=medusa), written as a recipe with its figures
   export     a recipe (or settings) as vLLM or SGLang configuration: specpipe export vllm|sglang ...
   models     list the built-in model zoo; `specpipe models fetch NAME` fetches one
+  install    `specpipe install llamacpp`: build llama-cpp-python for engine=llamacpp (CPU flags that work here)
 
 examples:
   specpipe generate "Write a haiku about caches"
@@ -50,9 +51,9 @@ def _hydra_commands() -> dict[str, Callable]:
 
 def _plain_commands() -> dict[str, Callable]:
     """Commands that take their own arguments first (a folder, an export format)."""
-    from specpipe.commands import export, models, report
+    from specpipe.commands import export, install, models, report
 
-    return {"models": models.run, "report": report.run, "export": export.run}
+    return {"models": models.run, "report": report.run, "export": export.run, "install": install.run}
 
 
 def main(argv: list[str] | None = None) -> int:

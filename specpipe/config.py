@@ -41,9 +41,13 @@ class DecodeConfig:
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     engine: str = "auto"  # native (own forward: Llama, Qwen2 families) | hf (any transformers model) | auto
+    # | llamacpp (the GGUF on llama.cpp's CPU kernels; `specpipe install llamacpp`)
     device: str = "cpu"  # cpu | cuda (native engine)
     cache_len: int = 2048  # native KV cache slots per sequence (at most the model's max_position_embeddings)
     compile: bool = False  # native engine: torch.compile the target's decoder stack (docs/engine.md: what it buys)
+    # engine=llamacpp: exact (q8_0 KV cache, weights not repacked: a verify block's rows equal one-token
+    # rows on ggml's CPU kernels) | fast (llama.cpp's defaults: f16 KV, repacked weights; within tolerance)
+    kernels: str = "exact"
     batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
     # per request, γ = 0 while speculation measures slower than plain steps (controllers/guard.py);
     # false: γ is what the controller says, every step (a pinned γ, e.g. to measure it)
@@ -170,7 +174,7 @@ def _precisions(cfg: DictConfig) -> DictConfig:
     device = str(cfg.get("device", "cpu"))
     with open_dict(cfg):
         if "model" in cfg and isinstance(cfg.model.get("quantize"), str):
-            cfg.model.quantize = resolve_precision(cfg.model.quantize, device)
+            cfg.model.quantize = resolve_precision(cfg.model.quantize, device, engine=str(cfg.get("engine", "auto")))
         if "proposer" in cfg and isinstance(cfg.proposer.get("quantize"), str):
             cfg.proposer.quantize = resolve_precision(cfg.proposer.quantize, device, draft=True)
     return cfg

@@ -40,9 +40,11 @@ def context_limit(runner, part: str) -> ContextLimit | None:
     itself at most the model's max_position_embeddings), else max_position_embeddings (the hf
     engine's cache grows, but positions past the model's are garbage, or an index error); None
     where neither is known."""
-    positions = getattr(getattr(getattr(runner, "model", None), "config", None), "max_position_embeddings", None)
+    positions = getattr(runner, "positions", None)  # a GGUF runner knows its model's trained context
+    if positions is None:
+        positions = getattr(getattr(getattr(runner, "model", None), "config", None), "max_position_embeddings", None)
     positions = positions if isinstance(positions, int) and positions > 0 else None
-    slots = getattr(getattr(runner, "cache", None), "capacity", None)
+    slots = getattr(runner, "capacity", None) or getattr(getattr(runner, "cache", None), "capacity", None)
     if isinstance(slots, int) and (positions is None or slots < positions):
         most = f" (the {part} model takes up to {positions})" if positions else ""
         return ContextLimit(slots, f"the {part}'s KV cache holds {slots} tokens (cache_len={slots})",

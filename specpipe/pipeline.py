@@ -71,7 +71,7 @@ class Pipeline:
         if proposer is not None:
             proposer.bind(self.runner)  # heads read the target's LM head and embeddings through it
         self.hidden = tuple(proposer.hidden_layers) if proposer is not None else ()
-        self.eos_ids = eos_ids_of(target.model, target.tokenizer)
+        self.eos_ids = eos_ids_of(self.runner, target.tokenizer)
         self.warnings = list(warnings)
         self.announced: set[tuple[int, ...]] = set()  # prompts whose fit was reported: not again per run
 

@@ -31,9 +31,8 @@ class StopRule:
         return any(s in tail for s in self.stop_strings)
 
 
-def eos_ids_of(model, tokenizer) -> set[int]:
-    """EOS ids from the tokenizer and the model's generation config (instruct models have two)."""
-    ids = {tokenizer.eos_token_id}
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
+def eos_ids_of(runner, tokenizer) -> set[int]:
+    """EOS ids from the tokenizer and the model the runner runs (its generation config, or a GGUF's
+    vocabulary): instruct models have two, EOS and end of turn."""
+    ids = {tokenizer.eos_token_id} | runner.stop_ids()
     return {i for i in ids if i is not None}

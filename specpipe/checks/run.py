@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from specpipe.checks.llamacpp import check_llamacpp
 from specpipe.checks.machine import check_tuned_on
 from specpipe.checks.proposer import check_batch, check_early_stop, check_heads, check_proposer, check_sampling
 from specpipe.checks.result import Check
@@ -20,18 +21,19 @@ def run_checks(cfg: DictConfig, target_tokenizer_loader, draft_tokenizer_loader,
         return [settings, options]
     target_config = target_config_loader()
     tokenizer = check_tokenizer(cfg, target_tokenizer_loader, draft_tokenizer_loader)
+    if cfg.engine == "llamacpp":  # the GGUF runs as it is: its own rules for precision, engine and memory
+        target = check_llamacpp(cfg)
+    else:
+        target = [check_early_exit(cfg, target_config), check_lora(cfg), *check_precision(cfg),
+                  *check_engine(cfg, target_config), check_memory(cfg, target_config, draft_config_loader)]
     return [
         settings,
         options,
         check_proposer(cfg),
-        check_early_exit(cfg, target_config),
-        check_lora(cfg),
-        *check_precision(cfg),
+        *target,
         check_sampling(cfg),
         tokenizer,
         check_heads(cfg, lambda: target_config),
-        *check_engine(cfg, target_config),
-        check_memory(cfg, target_config, draft_config_loader),
         check_batch(cfg, target_config, draft_config_loader, tokenizer.translated),
         check_early_stop(cfg),
         check_tuned_on(cfg),

@@ -242,9 +242,9 @@ class Decoder:
         device = self.runner.device
         if not any(gammas):
             return DraftBatch.empty(len(rows), device)
+        trees = len(rows) == 1 and self.pipeline.verifier.verifies_trees and self.pipeline.runner.trees
         view = Rows([row.tokens if row else [] for row in rows], [row.rng if row else _IDLE for row in rows],
-                    self.pipeline.controller.stop_below, device,
-                    trees=len(rows) == 1 and self.pipeline.verifier.verifies_trees)
+                    self.pipeline.controller.stop_below, device, trees=trees)
         draft = self.proposer.propose(view, gammas)
         if draft.tree is not None:  # a chain fits (γ < budget); a tree has more nodes than γ: cut to the room
             draft = trimmed(draft, self.pipeline.room(rows[0].tokens))

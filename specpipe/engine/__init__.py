@@ -1,8 +1,9 @@
-"""Runners: one model and its KV cache behind one interface (base.py), two engines.
+"""Runners: one model and its KV cache behind one interface (base.py), three engines.
 
 `make_runner(model, engine=..., precision=...)` is the only place that picks one: `native`
-(native.py, Llama and Qwen2 families), `hf` (hf.py, any transformers model), or `auto`
-(native where the architecture is supported, hf otherwise).
+(native.py, Llama and Qwen2 families), `hf` (hf.py, any transformers model), `auto` (native
+where the architecture is supported, hf otherwise), or `llamacpp` (llamacpp.py: the model's
+GGUF file on llama.cpp's CPU kernels; `model` is then the resolved source, not torch weights).
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ import torch
 from specpipe.engine.base import FINAL, Memory, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
 
-ENGINES = ("auto", "native", "hf")
+ENGINES = ("auto", "native", "hf", "llamacpp")
 DEVICES = ("cpu", "cuda")
 
 __all__ = ["ENGINES", "FINAL", "Memory", "Runner", "TargetOutput", "make_runner", "pick_engine"]
 
 
 def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "none") -> str:
-    """The engine `engine=` means for this model ('native' or 'hf'), or a SpecpipeError."""
+    """The engine `engine=` means for this model ('native', 'hf' or 'llamacpp'), or a SpecpipeError."""
     from specpipe.engine.native_model import unsupported_reason
     from specpipe.models.quantize import NATIVE_ONLY
 
     if engine not in ENGINES:
         raise SpecpipeError(f"engine={engine!r} is not an engine. Use one of: {', '.join(ENGINES)}.")
+    if engine == "llamacpp":
+        return engine
     reason = unsupported_reason(model)
     if engine == "native" and reason is not None:
         raise SpecpipeError(f"engine=native cannot run this model: {reason}. Use engine=hf (or auto).")
@@ -36,13 +39,17 @@ def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "
     return chosen
 
 
-def make_runner(model: torch.nn.Module, *, engine: str = "auto", precision: str = "none",
-                cache_len: int | None = None, device: str = "cpu", compile: bool = False) -> Runner:
+def make_runner(model, *, engine: str = "auto", precision: str = "none", cache_len: int | None = None,
+                device: str = "cpu", compile: bool = False, kernels: str = "exact") -> Runner:
     """A runner for `model` at `precision` (a mode of models/quantize.py). The hf engine swaps
     the model's Linear layers in place; the native engine copies the weights it needs and, with
-    `compile`, runs its decoder stack under torch.compile (engine/compile.py)."""
+    `compile`, runs its decoder stack under torch.compile (engine/compile.py). model: torch
+    weights, or for engine=llamacpp the model's resolved source (`models.loader.ModelSource`), run
+    with `kernels` (llamacpp.py: exact or fast)."""
     if device not in DEVICES:
         raise SpecpipeError(f"device={device!r} is not supported. Use one of: {', '.join(DEVICES)}.")
+    if engine == "llamacpp":
+        return _llamacpp(model, cache_len, device, compile, kernels)
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecpipeError("device=cuda was asked for but torch sees no CUDA GPU here. Use device=cpu.")
     if pick_engine(model, engine, precision) == "native":
@@ -57,3 +64,16 @@ def make_runner(model: torch.nn.Module, *, engine: str = "auto", precision: str 
     from specpipe.engine.hf import HFRunner
 
     return HFRunner(model, precision)
+
+
+def _llamacpp(source, cache_len: int | None, device: str, compile: bool, kernels: str) -> Runner:
+    from specpipe.engine.llamacpp import load_gguf_runner
+    from specpipe.engine.native import DEFAULT_CACHE_LEN
+
+    if device != "cpu" or compile:
+        raise SpecpipeError("engine=llamacpp runs on the CPU with llama.cpp's own kernels: drop device=cuda and "
+                            "compile=true, or use engine=native.")
+    if isinstance(source, torch.nn.Module):
+        raise SpecpipeError("engine=llamacpp loads a GGUF file itself and cannot run torch weights; pass the "
+                            "model's source (a zoo name or a .gguf file), or use engine=native.")
+    return load_gguf_runner(source, cache_len=cache_len or DEFAULT_CACHE_LEN, kernels=kernels)

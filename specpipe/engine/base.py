@@ -1,8 +1,8 @@
 """The runner interface: one causal LM and its KV cache, advanced a block of tokens at a time.
 
-Two implementations sit behind it (`engine=native`: specpipe's own forward for the Llama and
-Qwen2 families; `engine=hf`: any transformers architecture); nothing above it knows which one
-runs. A runner knows nothing about drafts or verdicts: callers feed token ids and get a
+Three implementations sit behind it (`engine=native`: specpipe's own forward for the Llama and
+Qwen2 families; `engine=hf`: any transformers architecture; `engine=llamacpp`: a GGUF file on
+llama.cpp's CPU kernels); nothing above it knows which one runs. A runner knows nothing about drafts or verdicts: callers feed token ids and get a
 `TargetOutput` back, crop the cache to a prefix (the rollback after a rejected draft) and move
 a tree's accepted path into place (`keep`).
 
@@ -50,13 +50,14 @@ class Runner(ABC):
     are host ints the runner keeps itself (it is told every change), so it never reads one back
     from the device; inputs and outputs stay on the runner's `device`."""
 
-    engine: str  # "native" or "hf"
+    engine: str  # "native", "hf" or "llamacpp"
     precision: str  # a mode of specpipe/models/quantize.py
     vocab_size: int
     hidden_size: int
     num_layers: int
     device: torch.device
     max_rows: int | None = None  # the most rows its cache can hold (None: as many as memory allows)
+    trees: bool = True  # whether `forward` takes a tree block (False: proposers draft chains)
     lengths: list[int]  # [rows] tokens cached per row (host)
 
     @property
@@ -114,6 +115,12 @@ class Runner(ABC):
     @abstractmethod
     def memory(self) -> Memory:
         """Weight and KV cache bytes."""
+
+    def stop_ids(self) -> set[int]:
+        """End-of-generation ids the model itself declares, beyond its tokenizer's EOS (an instruct
+        model's generation config lists end of turn too)."""
+        config_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        return {i for i in (config_eos if isinstance(config_eos, list) else [config_eos]) if i is not None}
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:

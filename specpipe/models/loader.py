@@ -188,14 +188,22 @@ def _dequantize_into(source: ModelSource) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@dataclass
 class LoadedModel:
-    """A model ready to decode: weights, tokenizer, and the name it was asked for."""
+    """A model ready to decode: weights, tokenizer, and the name it was asked for. Built with
+    model=None and a source, the dense weights load on first use (engine=llamacpp runs the GGUF
+    itself and needs them only for what reads torch weights, e.g. transformers' peers)."""
 
-    name: str
-    model: torch.nn.Module
-    tokenizer: object
-    source: ModelSource | None = None
+    def __init__(self, name: str, model: torch.nn.Module | None, tokenizer, source: ModelSource | None = None):
+        self.name, self.tokenizer, self.source = name, tokenizer, source
+        self._model = model
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            if self.source is None:
+                raise SpecpipeError(f"Model '{self.name}' has no weights loaded and no source to load them from.")
+            self._model = load_model(self.source)
+        return self._model
 
 
 def load(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:

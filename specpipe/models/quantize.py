@@ -37,15 +37,19 @@ TARGET_SAFE = ("none", "fp16", "bf16", "w8a16")  # verify rows equal one-token r
 EXACT = ("bf16", "w8a16")  # bitwise: a k-row block's rows equal one-row calls (native engine)
 NATIVE_ONLY = EXACT  # they need bf16 activations end to end, which only the native forward keeps
 GUARANTEE = {"none": "tolerance", "fp16": "tolerance", "int8": "draft only", "bf16": "exact", "w8a16": "exact"}
+GGUF = "gguf"  # engine=llamacpp: the GGUF file's own quantization runs (not a mode of this module)
 AUTO = "auto"  # the device's own: the fastest precision it runs with the strongest guarantee it has
 BY_DEVICE = {"cpu": "fp16", "cuda": "bf16"}  # fbgemm fp16 weights on the CPU; bf16 on cuBLAS
 CPU_ONLY = ("fp16", "int8")  # fbgemm kernels: no CUDA kernel
 
 
-def resolve_precision(mode: str, device: str, draft: bool = False) -> str:
-    """`auto` as the device's precision. A draft or head (draft=True) may run any precision (the
-    target verifies it), so a CPU-only kernel asked for on a GPU becomes the GPU's precision; a
-    target's explicit choice is kept, and refused later if the device cannot run it."""
+def resolve_precision(mode: str, device: str, draft: bool = False, engine: str = "auto") -> str:
+    """`auto` as the device's precision (with engine=llamacpp: `gguf`, the file's own types). A
+    draft or head (draft=True) may run any precision (the target verifies it), so a CPU-only
+    kernel asked for on a GPU becomes the GPU's precision; a target's explicit choice is kept,
+    and refused later if the device or engine cannot run it."""
+    if mode == AUTO and engine == "llamacpp":
+        return GGUF
     if mode == AUTO or (draft and device != "cpu" and mode in CPU_ONLY):
         return BY_DEVICE.get(device, "none")
     return mode

@@ -12,7 +12,7 @@ from specpipe.checks.tokenizers import same_tokenizer_problems
 from specpipe.errors import SpecpipeError
 from specpipe.export.engine import engine_model, sglang_chain
 from specpipe.models import zoo
-from specpipe.models.loader import load_model, load_tokenizer, resolve
+from specpipe.models.loader import load_tokenizer, resolve
 from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
 from specpipe.proposers.declaration import Declaration
@@ -26,7 +26,7 @@ def build(*, context, model: str, quantize: str = "int8",
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     source = resolve(model)
     tokenizer = load_tokenizer(source)
-    weights = load_model(source)
+    weights = context.weights(source)  # engine=llamacpp: the GGUF itself
     if same_tokenizer_problems(context.tokenizer, tokenizer):
         return CrossDrafter.on(context, weights, tokenizer, quantize)
     return ModelDrafter.on(context, weights, quantize)

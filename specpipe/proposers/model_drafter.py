@@ -23,8 +23,10 @@ from specpipe.types import DraftBatch, RowVerdict, Verdict
 class ModelDrafter(Proposer):
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, engine: str = "auto",
                  precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
-        """model: the draft's weights (the hf engine quantizes them in place to `precision`)."""
-        self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device)
+        """model: the draft's weights (the hf engine quantizes them in place to `precision`; with
+        engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it)."""
+        self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
+                                  kernels="fast")
         self.sampling = sampling
         self.base: list[int] = [0]  # per row: committed length when its last draft was proposed
         self.fed: list[int] = [0]  # per row: draft tokens its last draft fed into the cache

@@ -1,0 +1,165 @@
+"""Rules for `engine=llamacpp`: what runs on llama.cpp's kernels, and the guarantee it gives here.
+
+They take the place of the precision, engine, adapter and memory rules of target.py: the GGUF's
+own quantization runs (model.quantize does not apply), peft adapters and early exit need torch
+weights, only the final norm's output can be read (EAGLE-3's three layers cannot), and trees are
+drafted as their best path. Whether a verify block's rows equal one-token evaluations depends on
+the kernels ggml picks on this CPU, so it is measured (`engine.llamacpp.probe_exact`) once per
+file, library and machine, and remembered in the specpipe cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from specpipe.checks.identity import declared, draft_model_name, lora_paths, proposer_kind
+from specpipe.checks.result import Check
+from specpipe.errors import SpecpipeError
+
+
+def check_llamacpp(cfg: DictConfig) -> list[Check]:
+    from specpipe.engine.llamacpp import INSTALL, PINNED
+
+    library = _version()
+    if library is None:
+        return [Check("engine", "refuse", "engine=llamacpp needs llama-cpp-python, which is not installed",
+                      f"run `{INSTALL}` (builds llama-cpp-python {PINNED} for this CPU, a few minutes), or use "
+                      "engine=auto")]
+    gguf = _gguf(cfg.model.name)
+    checks = [_engine(cfg, library, gguf), _precision(cfg, gguf), *_proposer(cfg)]
+    if lora_paths(cfg) or cfg.model.get("early_exit") is not None:
+        checks.append(Check("engine", "refuse", "model.lora and model.early_exit change torch weights, and "
+                            "engine=llamacpp runs the GGUF file as it is", "drop them, or use engine=auto"))
+    if gguf is not None and gguf.is_file() and checks[0].status == "ok":
+        checks.append(_guarantee(gguf, cfg.kernels))
+    else:
+        checks.append(Check("verify guarantee", "n/a", "measured once the GGUF is on disk (whether ggml's kernels "
+                            "give a verify block's rows bitwise equal to one-token evaluations on this CPU)"))
+    return checks
+
+
+def _version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        import llama_cpp  # noqa: F401 (importable, not only installed)
+    except ImportError:
+        return None
+    return version("llama_cpp_python")
+
+
+def _gguf(name: str) -> Path | None:
+    """The GGUF file a model name stands for (a zoo name's, fetched or not), or None."""
+    from specpipe.models.loader import resolve
+
+    try:
+        source = resolve(name, fetch=False)
+    except SpecpipeError:
+        return None
+    return None if source.gguf is None else Path(source.path) / source.gguf
+
+
+def _engine(cfg: DictConfig, library: str, gguf: Path | None) -> Check:
+    from specpipe.engine.llamacpp import threads
+
+    if gguf is None:
+        return Check("engine", "refuse", f"engine=llamacpp runs GGUF files, and model={cfg.model.name} is a model "
+                     "directory or hub id", "pass a zoo name or a .gguf file, or use engine=auto")
+    from specpipe.engine.llamacpp import KERNELS
+
+    if cfg.kernels not in KERNELS:
+        return Check("engine", "refuse", f"kernels={cfg.kernels} is not a kernel choice of engine=llamacpp",
+                     "use kernels=exact (verify rows equal plain rows) or kernels=fast (llama.cpp's defaults)")
+    if cfg.device != "cpu" or cfg.get("compile"):
+        return Check("engine", "refuse", "engine=llamacpp runs on the CPU with llama.cpp's own kernels (device=cuda "
+                     "and compile=true do not apply)", "use device=cpu without compile, or engine=native")
+    how = ("kernels=exact: q8_0 KV cache, weights in the file's layout" if cfg.kernels == "exact"
+           else "kernels=fast: llama.cpp's defaults, f16 KV cache, repacked weights")
+    return Check("engine", "ok", f"llamacpp: llama-cpp-python {library}, ggml CPU kernels on {gguf.name} as it is, "
+                 f"{threads()} threads, flash attention, {how}, one llama.cpp sequence per row ({cfg.cache_len} "
+                 "slots each)")
+
+
+def _precision(cfg: DictConfig, gguf: Path | None) -> Check:
+    from specpipe.models.quantize import GGUF
+
+    mode = cfg.model.quantize
+    if mode not in (GGUF, "none"):
+        return Check("target precision", "refuse", f"model.quantize={mode} does not apply to engine=llamacpp: the "
+                     "GGUF file's own quantization runs", "drop model.quantize (auto), or use engine=native")
+    size = f" ({gguf.stat().st_size / 2**20:,.0f} MiB, memory-mapped)" if gguf is not None and gguf.is_file() else ""
+    return Check("target precision", "ok", f"the GGUF's own types{size}; nothing is dequantized")
+
+
+def _proposer(cfg: DictConfig) -> list[Check]:
+    d, kind = declared(cfg), proposer_kind(cfg)
+    if d.hidden == "layers":
+        return [Check("proposer", "refuse", f"proposer={kind} reads hidden states of several target layers, and "
+                      "llama.cpp hands over only the final norm's output", "use proposer=eagle, medusa, ngram, "
+                      "suffix or draft, or engine=native")]
+    checks = []
+    if kind == "twin" and not cfg.proposer.get("gguf"):
+        checks.append(Check("proposer", "refuse", "proposer=twin on engine=llamacpp drafts with a lower-bit GGUF of "
+                            "the target, and none was given", "pass proposer.gguf=FILE.gguf, or use proposer=ngram"))
+    draft = cfg.proposer.get("gguf") if kind == "twin" else draft_model_name(cfg)
+    if draft and _gguf(str(draft)) is None:
+        checks.append(Check("proposer", "refuse", f"the draft {draft} is not a GGUF file, and engine=llamacpp runs "
+                            "drafts on llama.cpp too", "pass a zoo name or a .gguf file as the draft"))
+    if d.drafts_tree(cfg.proposer):  # asked for by the user: they should know it does not happen
+        checks.append(Check("tree", "warn", f"engine=llamacpp verifies chains: proposer={kind} drafts its tree's best "
+                            "path", "drop proposer.tree, or use engine=native for trees"))
+    elif d.tree == "auto" and cfg.proposer.get("tree", True):
+        checks.append(Check("tree", "ok", f"engine=llamacpp verifies chains: proposer={kind} drafts its best path"))
+    if d.draft_model and cfg.proposer.get("quantize") not in (None, "none"):
+        checks.append(Check("draft precision", "ok", f"proposer.quantize={cfg.proposer.quantize} does not apply: the "
+                            "draft's GGUF runs with its own types"))
+    return checks
+
+
+def _guarantee(gguf: Path, kernels: str) -> Check:
+    exact = measured_exact(gguf, kernels)
+    if exact:
+        return Check("verify guarantee", "ok", "exact (measured on this CPU): a verify block's rows are bitwise "
+                     "equal to one-token evaluations, so greedy speculative output = plain output on this engine")
+    return Check("verify guarantee", "warn", "tolerance (measured on this CPU): ggml computes a verify block with "
+                 "other kernels than one-token steps, its logits differ by up to ~1; a near-tie can flip, and "
+                 "`specpipe bench` reports every output that differs from plain decoding",
+                 "use kernels=exact" if kernels == "fast" else "build llama-cpp-python with `specpipe install "
+                 "llamacpp` (without llamafile's batched kernels), or use engine=native")
+
+
+def measured_exact(gguf: Path, kernels: str) -> bool:
+    """`probe_exact` for this file, kernels, llama-cpp-python build and CPU, from the cache or measured now."""
+    from specpipe.engine.llamacpp import LlamaCppRunner, probe_exact
+    from specpipe.machine import cpu_features, cpu_name
+    from specpipe.models import zoo
+
+    stat = gguf.stat()
+    build = Path(llama_cpp_library()).stat().st_mtime_ns  # a rebuild with other flags is measured again
+    key = (f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{kernels}:{_version()}:{build}:{cpu_name()}:"
+           f"{','.join(cpu_features())}")
+    record = zoo.cache_root() / "llamacpp-exact.json"
+    try:
+        known = json.loads(record.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = probe_exact(LlamaCppRunner(gguf, cache_len=640, kernels=kernels))
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(known, indent=1))
+            tmp.replace(record)
+        except OSError:  # a read-only cache: measured again next time
+            pass
+    return bool(known[key])
+
+
+def llama_cpp_library() -> str:
+    """The path of the compiled llama-cpp-python module's package (what a rebuild replaces)."""
+    import llama_cpp
+
+    return llama_cpp.__file__

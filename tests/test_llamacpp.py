@@ -1,0 +1,195 @@
+"""engine=llamacpp: the real SmolLM2 GGUF on llama.cpp's kernels under specpipe's pipeline.
+
+The runner tests and the lossless tests need llama-cpp-python (`specpipe install llamacpp`) and
+skip without it; the checks that refuse what cannot run there need neither. Greedy speculative
+output must equal the same engine's plain output token for token where `probe_exact` measured
+verify rows bitwise equal to one-token rows on this CPU; elsewhere a divergence must be a
+near-tie, and every divergence is printed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specpipe.checks.llamacpp import check_llamacpp
+from specpipe.commands.install import EXACT, PORTABLE, build_flags
+from specpipe.config import compose
+from specpipe.errors import SpecpipeError
+from specpipe.exactness import first_divergence
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m"
+
+needs_library = pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import llama_cpp"], capture_output=True).returncode != 0,
+    reason="llama-cpp-python is not installed (specpipe install llamacpp)")
+
+
+# ---- the install flags and the checks (no library, no model) ------------------------------------
+
+def test_install_picks_portable_flags_on_amx_and_keeps_the_users_own():
+    flags, why = build_flags(("avx2", "avx512", "amx"), None)
+    assert PORTABLE in flags and EXACT in flags and "AMX" in why
+    assert build_flags(("avx2", "avx512"), None)[0] == EXACT  # native, with one kernel per row
+    assert build_flags(("avx2", "amx"), "-DGGML_NATIVE=ON") == ("-DGGML_NATIVE=ON", "CMAKE_ARGS as set in the environment")
+
+
+def test_install_refuses_an_unknown_target_with_exit_2():
+    done = subprocess.run([sys.executable, "-m", "specpipe", "install", "vllm"], capture_output=True, text=True)
+    assert done.returncode == 2 and "not an install command" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_missing_library_is_refused_with_how_to_install_it():
+    code = ("import sys; sys.modules['llama_cpp'] = None\n"
+            "from specpipe.checks.llamacpp import check_llamacpp\n"
+            "from specpipe.config import compose\n"
+            "c = check_llamacpp(compose(['engine=llamacpp', 'proposer=ngram']))[0]\n"
+            "print(c.status, '|', c.fix)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("refuse |") and "specpipe install llamacpp" in out
+
+
+@needs_library
+@pytest.mark.parametrize("overrides, words", [
+    (["proposer=eagle3", "proposer.heads=/nonexistent"], "final norm"),
+    (["proposer=twin"], "lower-bit GGUF"),
+    (["proposer=ngram", "model.quantize=fp16"], "does not apply"),
+    (["proposer=ngram", "device=cuda"], "on the CPU"),
+    (["proposer=draft", "proposer.model=/tmp"], "not a GGUF"),
+])
+def test_what_cannot_run_on_llamacpp_is_refused_by_name(overrides, words):
+    checks = check_llamacpp(compose(["engine=llamacpp", *overrides]))
+    refused = [c for c in checks if c.status == "refuse"]
+    assert refused and any(words in c.why for c in refused), [c.why for c in checks]
+
+
+@needs_library
+def test_a_tree_is_drafted_as_its_best_path_with_a_warning_where_asked_for():
+    asked = check_llamacpp(compose(["engine=llamacpp", "proposer=medusa", "proposer.heads=/nonexistent",
+                                    "proposer.tree=[[0],[1],[0,0]]"]))
+    assert [c.status for c in asked if c.name == "tree"] == ["warn"]
+    default = check_llamacpp(compose(["engine=llamacpp", "proposer=suffix"]))  # its own default: a tree where taken
+    assert [(c.status, "best path" in c.why) for c in default if c.name == "tree"] == [("ok", True)]
+
+
+# ---- the real model ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runner():
+    from specpipe.engine.llamacpp import load_gguf_runner
+    from specpipe.models.loader import resolve
+
+    return load_gguf_runner(resolve("smollm2-135m"), cache_len=256)
+
+
+def _singles(runner, context: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    runner.reset(0)
+    runner.prefill(0, context)
+    rows = []
+    for token in tokens:
+        rows.append(runner.forward(torch.tensor([[token]])).logits[0, 0])
+        runner.commit([1])
+    return rows
+
+
+@pytest.mark.slow
+@needs_library
+def test_a_block_rolls_back_and_its_rows_match_one_token_steps(runner):
+    from specpipe.engine.llamacpp import probe_exact
+
+    context, tokens = [1, 4093, 198, 19161, 253, 1789], [10321, 2, 198, 1, 520, 9531, 198]
+    singles = _singles(runner, context, tokens)
+    runner.crop(0, len(context))  # roll back past every one-token step
+    out = runner.forward(torch.tensor([tokens[:4]]))
+    runner.commit([2])  # keep two: the next block starts at the third token
+    assert runner.length == len(context) + 2
+    rest = runner.forward(torch.tensor([tokens[2:]])).logits[0]
+    rows = [*out.logits[0, :2], *rest]
+    gap = max((a - b).abs().max().item() for a, b in zip(rows, singles))
+    exact = probe_exact(runner)
+    print(f"llama.cpp verify rows against one-token rows: max |Δ logit| {gap:.3g}, probe says exact={exact}")
+    assert (gap == 0) == exact  # the probe measures what the pipeline relies on
+    assert all(int(a.argmax()) == int(b.argmax()) for a, b in zip(rows, singles))
+
+
+@pytest.mark.slow
+@needs_library
+def test_two_rows_in_one_block_equal_each_row_alone(runner):
+    first, second = [1, 4093, 198, 19161, 253], [1, 9690, 198, 2683, 359, 253, 5356]
+    alone = [_singles(runner, ids[:-2], ids[-2:]) for ids in (first, second)]
+    runner.reserve(2)
+    for row, ids in enumerate((first, second)):
+        runner.reset(row)
+        runner.prefill(row, ids[:-2])
+    both = runner.forward(torch.tensor([first[-2:], second[-2:]])).logits  # [2, 2, V]
+    for row in range(2):
+        for i in range(2):
+            assert int(both[row, i].argmax()) == int(alone[row][i].argmax())
+            assert (both[row, i] - alone[row][i]).abs().max() < 1e-2
+
+
+@pytest.mark.slow
+@needs_library
+def test_the_final_norm_output_feeds_the_gguf_lm_head(runner):
+    runner.reset(0)
+    out = runner.prefill(0, [1, 4093, 198, 19161], hidden=(-1,))
+    assert out.hidden[-1].shape == (1, 4, runner.hidden_size)
+    mine = runner.lm_head(out.hidden[-1][0, -1])  # dequantized LM head over llama.cpp's features
+    assert int(mine.argmax()) == int(out.logits[0, -1].argmax())
+    assert torch.corrcoef(torch.stack([mine, out.logits[0, -1]]))[0, 1] > 0.999
+    with pytest.raises(SpecpipeError, match="final norm"):
+        runner.forward(torch.tensor([[198]]), hidden=(3,))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from specpipe.prompts import load_prompts
+
+    return [p for p in load_prompts("dev") if p["id"] in {"code-01", "code-edit-01", "chat-01"}]
+
+
+@pytest.mark.slow
+@needs_library
+@pytest.mark.parametrize("overrides", [
+    ["proposer=ngram", "controller=fixed"],
+    ["proposer=suffix", "controller=fixed"],
+    ["proposer=ngram", "controller=cost"],
+    [f"recipe={RECIPES / 'specpipe.yaml'}"],  # the shipped recipe: EAGLE + lookup, confidence controller
+    [f"recipe={RECIPES / 'medusa.yaml'}"],
+    ["proposer=draft", "proposer.model=smollm2-135m"],  # a GGUF draft on llama.cpp too (itself: all accepted)
+])
+def test_greedy_output_equals_plain_on_llamacpp(overrides, prompts):
+    from specpipe.engine.llamacpp import probe_exact
+    from specpipe.pipeline import Pipeline
+
+    pipeline = Pipeline.from_config(compose(["engine=llamacpp", *overrides, "gamma=4"]))
+    assert pipeline.runner.engine == "llamacpp"
+    exact = probe_exact(pipeline.runner)
+    accepted = 0
+    for prompt in prompts:
+        ids = pipeline.encode(prompt["messages"])
+        spec = pipeline.run(ids, max_new_tokens=48)
+        plain = pipeline.run(ids, max_new_tokens=48, speculative=False)
+        divergence = first_divergence(pipeline.runner, ids, spec.token_ids, plain.token_ids)
+        if divergence is not None:
+            print(f"{prompt['id']}: {divergence}")
+        assert divergence is None or (not exact and divergence.near_tie), f"{prompt['id']}: {divergence}"
+        assert len(plain.token_ids) > 0 and spec.stats.drafted > 0
+        accepted += spec.stats.accepted
+    assert accepted > 0
+
+
+@pytest.mark.slow
+@needs_library
+def test_a_batch_of_requests_equals_each_alone_on_llamacpp(prompts):
+    from specpipe.pipeline import Pipeline
+
+    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=ngram", "gamma=3"]))
+    ids = [pipeline.encode(p["messages"]) for p in prompts]
+    together = pipeline.generate_batch(ids, max_new_tokens=32)
+    for prompt, out in zip(ids, together):
+        assert out.token_ids == pipeline.run(prompt, max_new_tokens=32, speculative=False).token_ids
