@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/verify_cost.py MODEL [PRECISION ...] [--ks=1,2,5,9,16] [--engine=native]
        [--context=64] [--tree] [--device=cpu]
+       python benchmarks/verify_cost.py MODEL [exact] [fast] --engine=llamacpp   (kernels instead of precisions)
 Prints, per precision, the median ms of a forward of k tokens on top of a `context`-token cache
 (on a GPU the clock waits for the device before and after: the logits stay on it),
 and whether the rows of a k-token forward equal one-token forwards (batch invariance: what a
@@ -76,13 +77,15 @@ def main() -> None:
     device = flags.get("--device", "cpu")
     tree = "--tree" in sys.argv[1:]
     CONTEXT[:] = range(1000, 1000 + int(flags.get("--context", 64)))
-    name, modes = args[0], args[1:] or ["fp16", "bf16", "w8a16"]
-    model = load_model(resolve(name))
+    llamacpp = engine == "llamacpp"  # the GGUF itself, run with each kernel choice
+    name, modes = args[0], args[1:] or (["exact", "fast"] if llamacpp else ["fp16", "bf16", "w8a16"])
+    model = resolve(name) if llamacpp else load_model(resolve(name))
     print(f"{name} ({engine} engine): ms per forward of k new tokens{' as a tree' if tree else ''} "
           f"({len(CONTEXT)} cached), and batch invariance")
     print("precision | " + " | ".join(f"k={k}" for k in ks) + f" | k={ks[-1]} / k={ks[0]} | max row error | bitwise")
     for mode in modes:
-        runner = make_runner(model, engine=engine, precision=mode, cache_len=len(CONTEXT) + 64, device=device)
+        options = {"kernels": mode} if llamacpp else {"precision": mode}
+        runner = make_runner(model, engine=engine, cache_len=len(CONTEXT) + 64, device=device, **options)
         runner.prefill(0, CONTEXT)
         ms = [time_forward(runner, k, tree=tree) for k in ks]
         err, bitwise = invariance_error(runner)

@@ -68,7 +68,7 @@ class BenchConfig(DecodeConfig):
     categories: list[str] = field(default_factory=list)  # empty: every category of the set
     limit: int = 0  # prompts per category (0: all)
     warmup: int = 1  # generations per configuration before anything is measured
-    peer: Any = None  # hf-assisted | hf-prompt-lookup | a list | auto: transformers' own, as baselines
+    peer: Any = None  # hf-assisted | hf-prompt-lookup | llama-cpp | llama-cpp-lookup | a list | auto: peers as baselines
     plot: bool = False  # also write PNG plots beside results.json
     out: str = "bench-results"  # results.json goes here; a sweep puts one folder per job in it
     requests: int = 0  # > 0: a request load of this many requests drawn from the prompt set (bench/load.py)

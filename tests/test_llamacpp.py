@@ -3,8 +3,8 @@
 The runner tests and the lossless tests need llama-cpp-python (`specpipe install llamacpp`) and
 skip without it; the checks that refuse what cannot run there need neither. Greedy speculative
 output must equal the same engine's plain output token for token where `probe_exact` measured
-verify rows bitwise equal to one-token rows on this CPU; elsewhere a divergence must be a
-near-tie, and every divergence is printed.
+verify rows bitwise equal to one-token rows on this CPU for every block size the controller may
+verify; elsewhere a divergence must be a near-tie, and every divergence is printed.
 """
 
 from __future__ import annotations
@@ -110,9 +110,9 @@ def test_a_block_rolls_back_and_its_rows_match_one_token_steps(runner):
     rest = runner.forward(torch.tensor([tokens[2:]])).logits[0]
     rows = [*out.logits[0, :2], *rest]
     gap = max((a - b).abs().max().item() for a, b in zip(rows, singles))
-    exact = probe_exact(runner)
-    print(f"llama.cpp verify rows against one-token rows: max |Δ logit| {gap:.3g}, probe says exact={exact}")
-    assert (gap == 0) == exact  # the probe measures what the pipeline relies on
+    exact_up_to = probe_exact(runner)
+    print(f"llama.cpp verify rows against one-token rows: max |Δ logit| {gap:.3g}, exact blocks up to {exact_up_to}")
+    assert gap == 0 or exact_up_to < 5  # blocks of 4 and 5 here: the probe measures what the pipeline relies on
     assert all(int(a.argmax()) == int(b.argmax()) for a, b in zip(rows, singles))
 
 
@@ -168,7 +168,7 @@ def test_greedy_output_equals_plain_on_llamacpp(overrides, prompts):
 
     pipeline = Pipeline.from_config(compose(["engine=llamacpp", *overrides, "gamma=4"]))
     assert pipeline.runner.engine == "llamacpp"
-    exact = probe_exact(pipeline.runner)
+    exact = probe_exact(pipeline.runner) > max(4, pipeline.controller.gamma_max)  # every block it may verify
     accepted = 0
     for prompt in prompts:
         ids = pipeline.encode(prompt["messages"])
@@ -193,3 +193,53 @@ def test_a_batch_of_requests_equals_each_alone_on_llamacpp(prompts):
     together = pipeline.generate_batch(ids, max_new_tokens=32)
     for prompt, out in zip(ids, together):
         assert out.token_ids == pipeline.run(prompt, max_new_tokens=32, speculative=False).token_ids
+
+
+@pytest.mark.slow
+@needs_library
+def test_a_lower_bit_gguf_twin_drafts_losslessly(tmp_path, prompts):
+    """proposer=twin on llama.cpp: the target's GGUF requantized to Q2_K by llama.cpp itself."""
+    import llama_cpp
+
+    from specpipe.models.loader import resolve
+    from specpipe.pipeline import Pipeline
+
+    source = resolve("smollm2-135m")
+    twin = tmp_path / "smollm2-q2_k.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, True, 2
+    assert llama_cpp.llama_model_quantize(str(Path(source.path) / source.gguf).encode(), str(twin).encode(),
+                                          params) == 0
+    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=twin", f"proposer.gguf={twin}", "gamma=3"]))
+    ids = pipeline.encode(prompts[0]["messages"])
+    spec = pipeline.run(ids, max_new_tokens=32)
+    plain = pipeline.run(ids, max_new_tokens=32, speculative=False)
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+    assert spec.stats.accepted > 0  # the lower-bit copy agrees with the target on some tokens
+
+
+def test_peer_auto_on_llamacpp_is_llama_cpp_itself():
+    from specpipe.bench.peers import peer_names
+
+    ngram, eagle = compose(["proposer=ngram"]).proposer, compose(["proposer=suffix"]).proposer
+    assert peer_names("auto", ngram, "llamacpp") == ["llama-cpp", "llama-cpp-lookup"]
+    assert peer_names("auto", eagle, "llamacpp") == ["llama-cpp"]
+    assert peer_names("auto", ngram, "native") == ["hf-prompt-lookup"]
+    assert peer_names(["llama-cpp"], ngram) == ["llama-cpp"]
+
+
+@pytest.mark.slow
+@needs_library
+def test_the_llama_cpp_peers_decode_what_llama_cpp_decodes(prompts):
+    """llama.cpp alone (its defaults) and its prompt lookup emit the same greedy tokens, and a
+    decode-only rate."""
+    from specpipe.bench.peers import make_peers
+    from specpipe.pipeline import Pipeline
+
+    cfg = compose(["engine=llamacpp", "proposer=ngram", "gamma=3"])
+    pipeline = Pipeline.from_config(cfg)
+    plain, lookup = make_peers(["llama-cpp", "llama-cpp-lookup"], pipeline, cfg)
+    ids = pipeline.encode(prompts[0]["messages"])
+    a, b = plain.run(ids, 24, 0), lookup.run(ids, 24, 0)
+    assert len(a.token_ids) == 24 and a.tokens_per_s > 0 and b.tokens_per_s > 0
+    assert a.token_ids == b.token_ids  # llama-cpp-python's own speculative decoding is lossless too

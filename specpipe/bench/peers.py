@@ -8,14 +8,17 @@ baselines in the bench table.
   (max_matching_ngram_size from `proposer.ngram_max` when the proposer is ngram).
 - `auto`: the counterpart the proposer declares (`DECLARATION.peer`: draft, twin: hf-assisted;
   ngram: hf-prompt-lookup; the others none).
+- `llama-cpp`, `llama-cpp-lookup`: llama.cpp's own plain decoding and prompt lookup on the
+  target's GGUF (bench/llamacpp_peers.py).
 - `hf-batched` (a request load, `requests=`): transformers' plain batched `generate`, static
   batches of `concurrency` requests, left-padded (its assisted generation refuses batches).
 
 Both run transformers' own model objects at the precision specpipe uses (with the native engine,
 the transformers model the native weights came from, quantized the same way), so they measure
 transformers' decoding, not specpipe's engine.
-Their tokens/s counts the whole `generate` call (it has no separate prefill timer), which
-slightly favours specpipe on long prompts; the table says so.
+transformers' tokens/s counts the whole `generate` call (it has no separate prefill timer), which
+slightly favours specpipe on long prompts; the table says so. llama.cpp's counts decoding after
+the first new token, as specpipe's does after its prefill.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
+from specpipe.bench import llamacpp_peers
+from specpipe.bench.llamacpp_peers import PEERS as LLAMA_CPP_PEERS
 from specpipe.bench.records import Measured
 from specpipe.checks.identity import proposer_kind
 from specpipe.proposers.declaration import declaration_of
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import quantize_model
 
-PEERS = ("hf-assisted", "hf-prompt-lookup")
+PEERS = ("hf-assisted", "hf-prompt-lookup", *LLAMA_CPP_PEERS)
 LOAD_PEERS = ("hf-batched",)  # peers of a request load (`requests=`): transformers batches plain decoding only
 
 
@@ -40,18 +45,26 @@ LOAD_PEERS = ("hf-batched",)  # peers of a request load (`requests=`): transform
 class Peer:
     name: str
     generate: Callable[..., list[int]]  # (input_ids, max_new_tokens, seed) -> new token ids
+    # or, timed: -> (new token ids, seconds from the first new token to the last), decode alone
+    timed: bool = False
 
     def run(self, ids: list[int], max_new_tokens: int, seed: int) -> Measured:
         start = time.perf_counter()
-        new = self.generate(ids, max_new_tokens, seed)
-        return Measured(new, len(new) / (time.perf_counter() - start))
+        if not self.timed:
+            new = self.generate(ids, max_new_tokens, seed)
+            return Measured(new, len(new) / (time.perf_counter() - start))
+        new, decode_s = self.generate(ids, max_new_tokens, seed)
+        return Measured(new, (len(new) - 1) / decode_s if decode_s > 0 else 0.0)
 
 
-def peer_names(value, proposer) -> list[str]:
-    """`peer=` as given (None, one name, a list, or `auto`: transformers' counterpart the
-    proposer node declares, so one setting serves a sweep over proposers), validated."""
+def peer_names(value, proposer, engine: str = "auto") -> list[str]:
+    """`peer=` as given (None, one name, a list, or `auto`: the counterpart the proposer node
+    declares, so one setting serves a sweep over proposers; on engine=llamacpp llama.cpp's own
+    plain decoding, and its prompt lookup beside ngram), validated."""
     if value == "auto":
         peer = declaration_of(proposer).peer
+        if engine == "llamacpp":
+            return ["llama-cpp", *(["llama-cpp-lookup"] if peer == "hf-prompt-lookup" else [])]
         return [peer] if peer else []
     names = [] if value in (None, "", "none") else [value] if isinstance(value, str) else list(value)
     unknown = [n for n in names if n not in PEERS]
@@ -154,4 +167,13 @@ def _prompt_lookup(pipeline, cfg) -> Peer:
     return Peer("hf-prompt-lookup", _hf_generate(pipeline, **options))
 
 
-_MAKERS = {"hf-assisted": _assisted, "hf-prompt-lookup": _prompt_lookup}
+def _llama_cpp(plain: bool):
+    def make(pipeline, cfg) -> Peer:
+        name = "llama-cpp" if plain else "llama-cpp-lookup"
+        return Peer(name, (llamacpp_peers.plain if plain else llamacpp_peers.lookup)(pipeline, cfg), timed=True)
+
+    return make
+
+
+_MAKERS = {"hf-assisted": _assisted, "hf-prompt-lookup": _prompt_lookup, "llama-cpp": _llama_cpp(True),
+           "llama-cpp-lookup": _llama_cpp(False)}

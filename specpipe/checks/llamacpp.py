@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specpipe.checks.identity import declared, draft_model_name, lora_paths, proposer_kind
+from specpipe.checks.identity import declared, draft_model_name, kind_of, lora_paths, proposer_kind
 from specpipe.checks.result import Check
 from specpipe.errors import SpecpipeError
 
@@ -34,7 +34,8 @@ def check_llamacpp(cfg: DictConfig) -> list[Check]:
         checks.append(Check("engine", "refuse", "model.lora and model.early_exit change torch weights, and "
                             "engine=llamacpp runs the GGUF file as it is", "drop them, or use engine=auto"))
     if gguf is not None and gguf.is_file() and checks[0].status == "ok":
-        checks.append(_guarantee(gguf, cfg.kernels))
+        fixed = kind_of(cfg.controller) == "fixed"  # verifies γ + 1 tokens; the others up to gamma_max + 1
+        checks.append(_guarantee(gguf, cfg.kernels, (cfg.gamma if fixed else max(cfg.gamma, cfg.gamma_max)) + 1))
     else:
         checks.append(Check("verify guarantee", "n/a", "measured once the GGUF is on disk (whether ggml's kernels "
                             "give a verify block's rows bitwise equal to one-token evaluations on this CPU)"))
@@ -119,20 +120,28 @@ def _proposer(cfg: DictConfig) -> list[Check]:
     return checks
 
 
-def _guarantee(gguf: Path, kernels: str) -> Check:
-    exact = measured_exact(gguf, kernels)
-    if exact:
-        return Check("verify guarantee", "ok", "exact (measured on this CPU): a verify block's rows are bitwise "
-                     "equal to one-token evaluations, so greedy speculative output = plain output on this engine")
-    return Check("verify guarantee", "warn", "tolerance (measured on this CPU): ggml computes a verify block with "
-                 "other kernels than one-token steps, its logits differ by up to ~1; a near-tie can flip, and "
-                 "`specpipe bench` reports every output that differs from plain decoding",
-                 "use kernels=exact" if kernels == "fast" else "build llama-cpp-python with `specpipe install "
-                 "llamacpp` (without llamafile's batched kernels), or use engine=native")
+def _guarantee(gguf: Path, kernels: str, block: int) -> Check:
+    """exact where every verify block the controller can ask for (γ + 1 tokens) was measured
+    bitwise equal to one-token rows."""
+    exact_up_to = measured_exact(gguf, kernels)
+    if block <= exact_up_to:
+        return Check("verify guarantee", "ok", f"exact (measured on this CPU): verify blocks of up to {exact_up_to} "
+                     f"tokens have rows bitwise equal to one-token evaluations, and this one verifies up to {block}: "
+                     "greedy speculative output = plain output on this engine")
+    fix = ("use kernels=exact" if kernels == "fast" and exact_up_to < 2 else
+           f"keep γ ≤ {exact_up_to - 1} (gamma, gamma_max)" if exact_up_to >= 2 else
+           "build llama-cpp-python with `specpipe install llamacpp` (without llamafile's batched kernels), or use "
+           "engine=native")
+    within = f"blocks of up to {exact_up_to} tokens are exact here, " if exact_up_to >= 2 else ""
+    return Check("verify guarantee", "warn", f"tolerance (measured on this CPU): {within}and this configuration "
+                 f"verifies up to {block}, which ggml computes with other kernels than one-token steps (logits "
+                 "differ by up to ~1): a near-tie can flip, and `specpipe bench` reports every output that differs "
+                 "from plain decoding", fix)
 
 
-def measured_exact(gguf: Path, kernels: str) -> bool:
-    """`probe_exact` for this file, kernels, llama-cpp-python build and CPU, from the cache or measured now."""
+def measured_exact(gguf: Path, kernels: str) -> int:
+    """`probe_exact` (the largest exact block) for this file, kernels, llama-cpp-python build and
+    CPU, from the cache or measured now."""
     from specpipe.engine.llamacpp import LlamaCppRunner, probe_exact
     from specpipe.machine import cpu_features, cpu_name
     from specpipe.models import zoo
@@ -141,7 +150,7 @@ def measured_exact(gguf: Path, kernels: str) -> bool:
     build = Path(llama_cpp_library()).stat().st_mtime_ns  # a rebuild with other flags is measured again
     key = (f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{kernels}:{_version()}:{build}:{cpu_name()}:"
            f"{','.join(cpu_features())}")
-    record = zoo.cache_root() / "llamacpp-exact.json"
+    record = zoo.cache_root() / "llamacpp-exact-blocks.json"
     try:
         known = json.loads(record.read_text())
     except (OSError, ValueError):
@@ -155,7 +164,7 @@ def measured_exact(gguf: Path, kernels: str) -> bool:
             tmp.replace(record)
         except OSError:  # a read-only cache: measured again next time
             pass
-    return bool(known[key])
+    return int(known[key])
 
 
 def llama_cpp_library() -> str:

@@ -45,7 +45,7 @@ def run(cfg: DictConfig) -> int:
     prompts = select_prompts(cfg)
     load = cfg.requests > 0
     lowered = fit_slots(cfg, cfg.requests, "concurrency") if load else None  # before the checks read it
-    peers = load_peer_names(cfg.peer) if load else peer_names(cfg.peer, cfg.proposer)
+    peers = load_peer_names(cfg.peer) if load else peer_names(cfg.peer, cfg.proposer, cfg.engine)
     folder, in_sweep = job_folder(cfg)
     err = Console(stderr=True)
     if in_sweep and earlier_run(folder, cfg, prompts, folder.name, err) is not None:

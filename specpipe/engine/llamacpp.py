@@ -8,8 +8,8 @@ the other runners; logits come back as a torch tensor on the CPU.
 
 Kernels (`kernels=`): `exact` runs a q8_0 KV cache and keeps the file's weight layout, so ggml
 takes the same kernel and summation order for one token and for a block (verify rows equal plain
-rows; `probe_exact` measures it per CPU and file); `fast` is llama.cpp's default (f16 cache,
-repacked weights), within tolerance. A draft model always runs `fast`: the target verifies it.
+rows, up to the block size `probe_exact` measures per CPU and file); `fast` is llama.cpp's
+default (f16 cache, repacked weights), within tolerance. A draft model always runs `fast`: the target verifies it.
 
 Hidden states: llama.cpp's per-token embeddings output (pooling none) is the final norm's
 output, the LM head's input, so `FINAL` is offered (EAGLE and Medusa heads read it) and no other
@@ -268,65 +268,29 @@ def load_gguf_runner(source, *, cache_len: int, rows: int = 1, kernels: str = "e
     return LlamaCppRunner(Path(source.path) / source.gguf, cache_len=cache_len, rows=rows, kernels=kernels)
 
 
-
-def probe_exact(runner: LlamaCppRunner, tokens: int = 9) -> bool:
-    """Whether a block's rows are bitwise equal to one-token evaluations on this machine: `tokens`
-    one-token steps, then the same tokens as blocks of 2 and of `tokens`, after a short context and
-    after one of 600 tokens (past 512 cached cells ggml may split a one-token attention across
-    threads). ggml picks kernels by CPU (AMX, AVX-512, AVX2), file types and batch size, so this is
-    measured, not assumed. Uses (and then forgets) row 0."""
-    exact = True
+def probe_exact(runner: LlamaCppRunner, largest: int = 16) -> int:
+    """The largest block size n ≤ `largest` such that every block of 2..n tokens has rows bitwise
+    equal to one-token evaluations on this machine (1: none), after a short context and after one
+    of 600 tokens (past 512 cached cells ggml may split a one-token attention across threads).
+    ggml picks kernels by CPU (AMX, AVX-512, AVX2), file types and block size (Q4_K files switch
+    kernels at 8 tokens here), so this is measured, not assumed. Uses (and then forgets) row 0."""
+    exact_up_to = largest
     for context in (4, 600):
-        if context + tokens > runner.capacity:
+        if context + largest > runner.capacity:
             continue
-        ids = [(7 + 13 * i) % runner.vocab_size for i in range(context + tokens)]  # any tokens: only the sums matter
+        ids = [(7 + 13 * i) % runner.vocab_size for i in range(context + largest)]  # any tokens: only sums matter
         runner.reset(0)
         runner.prefill(0, ids[:context])
         singles = []
         for token in ids[context:]:
             singles.append(runner.forward(torch.tensor([[token]])).logits[0, 0])
             runner.commit([1])
-        for size in (2, tokens):
+        for size in range(2, exact_up_to + 1):
             runner.crop(0, context)
-            rows = []
-            for first in range(0, tokens, size):
-                block = ids[context + first : context + min(first + size, tokens)]
-                rows.extend(runner.forward(torch.tensor([block])).logits[0])
-                runner.commit([len(block)])
-            exact = exact and all(torch.equal(a, b) for a, b in zip(rows, singles))
+            rows = runner.forward(torch.tensor([ids[context : context + size]])).logits[0]
+            runner.commit([size])
+            if not all(torch.equal(a, b) for a, b in zip(rows, singles)):
+                exact_up_to = size - 1
+                break
     runner.reset(0)
-    return exact
-
-
-def load_gguf_runner(source, *, cache_len: int, rows: int = 1, kernels: str = "exact") -> LlamaCppRunner:
-    """A llama.cpp runner for a resolved model source, or a SpecpipeError if it has no GGUF file."""
-    if source.gguf is None:
-        raise SpecpipeError(f"engine=llamacpp runs GGUF files, and model '{source.name}' is a directory or hub id. "
-                            "Pass a zoo name or a .gguf file, or use engine=auto.")
-    return LlamaCppRunner(Path(source.path) / source.gguf, cache_len=cache_len, rows=rows, kernels=kernels)
-
-
-
-def probe_exact(runner: LlamaCppRunner, tokens: int = 9) -> bool:
-    """Whether a block's rows are bitwise equal to one-token evaluations on this machine: `tokens`
-    one-token steps, then the same tokens as blocks of 2 and of `tokens`, over a short context.
-    ggml picks kernels by CPU (AMX, AVX-512, AVX2) and batch size, so this is measured, not assumed.
-    Uses (and then forgets) row 0."""
-    ids = [(7 + 13 * i) % runner.vocab_size for i in range(tokens + 4)]  # any tokens: only the arithmetic matters
-    runner.reset(0)
-    runner.prefill(0, ids[:4])
-    singles = []
-    for token in ids[4:]:
-        singles.append(runner.forward(torch.tensor([[token]])).logits[0, 0])
-        runner.commit([1])
-    exact = True
-    for size in (2, tokens):
-        runner.crop(0, 4)
-        rows = []
-        for first in range(0, tokens, size):
-            block = ids[4 + first : 4 + min(first + size, tokens)]
-            rows.extend(runner.forward(torch.tensor([block])).logits[0])
-            runner.commit([len(block)])
-        exact = exact and all(torch.equal(a, b) for a, b in zip(rows, singles))
-    runner.reset(0)
-    return exact
+    return exact_up_to
