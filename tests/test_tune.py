@@ -182,3 +182,34 @@ def test_the_table_shows_both_splits_and_why(setup, tmp_path):  # noqa: F811
     shown = " ".join(console.export_text().split())
     assert "chosen on dev, reported on held-aside" in shown and "1.56x (1.36-1.76)" in shown
     assert "★ suffix-g6" in shown and "did not beat suffix-g6" in shown
+
+
+def test_an_interrupted_candidate_resumes_from_its_own_folder(setup, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """What a candidate measured before an interruption is kept in its folder under work= (not in
+    bench's default out=, where the next candidate or run would find it), and read back once."""
+    from specpipe.bench.partial import PARTIAL_FILE
+    from specpipe.commands import bench
+
+    monkeypatch.chdir(tmp_path)
+    real = bench.bench_prompts
+
+    def one_then_interrupt(*args, on_result, **kwargs):
+        def keep_then_stop(result):
+            on_result(result)
+            raise KeyboardInterrupt
+        return real(*args, on_result=keep_then_stop, **kwargs)
+
+    cfg = compose([f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "report_on=none",
+                   "max_new_tokens=6", "warmup=0", "strategies=[ngram]", "gammas=[2]", "out=recipes", "work=work"],
+                  "tune")
+    monkeypatch.setattr(bench, "bench_prompts", one_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        tune.run(cfg)
+    kept = tmp_path / "work" / "target" / "ngram-g2" / PARTIAL_FILE
+    assert len(json.loads(kept.read_text())["prompts"]) == 1
+    monkeypatch.setattr(bench, "bench_prompts", real)
+    capsys.readouterr()
+    assert tune.run(cfg) == 0
+    assert "resuming: 1 of 3 prompts" in " ".join(capsys.readouterr().err.split())
+    assert not kept.exists() and (kept.parent / "results.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipes", "work"]  # no bench-results/ beside them

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.console import Console
 
 from specpipe import machine
+from specpipe.bench.partial import PARTIAL_FILE
 from specpipe.bench.results import environment, now
 from specpipe.bench.summary import OVERALL, all_exact
 from specpipe.build import checked_context
@@ -171,12 +172,15 @@ def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[d
         return earlier
     err.rule(esc(label))
     pipeline = Pipeline.from_config(candidate)
-    try:
-        payload = (bench.measure_requests if load else bench.measure)(candidate, pipeline, prompts, [], err)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:  # per prompt, what is measured is kept in the candidate's folder: an interrupted tune resumes there
+        payload = (bench.measure_requests(candidate, pipeline, prompts, [], err) if load else
+                   bench.measure(candidate, pipeline, prompts, [], err, folder))
     finally:
         del pipeline
         gc.collect()  # one target in memory at a time
     bench.save(payload, folder)
+    (folder / PARTIAL_FILE).unlink(missing_ok=True)
     return payload
 
 
