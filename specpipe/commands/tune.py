@@ -269,12 +269,12 @@ REPRODUCE = ("choose_on", "report_on", "categories", "limit", "max_new_tokens", 
 
 
 def command(cfg: DictConfig) -> str:
-    """The `specpipe tune` command line that measures this again: the settings that differ from
-    tune's defaults (the trained-head candidates come from the recipes beside `out=`)."""
-    defaults = {**OmegaConf.to_container(OmegaConf.structured(TuneConfig), resolve=False), "choose_on": "dev"}
+    """The `specpipe tune` command line that measures this again: both splits, and the settings
+    that differ from tune's defaults (the trained-head candidates come from the recipes beside `out=`)."""
+    defaults = OmegaConf.to_container(OmegaConf.structured(TuneConfig), resolve=False)
     words = ["specpipe", "tune", f"model={cfg.model.name}"]
     for key in REPRODUCE:
         value = OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
-        if value != defaults.get(key):
+        if key in (split.CHOOSE, split.REPORT) or value != defaults.get(key):
             words.append(f"{key}=[{','.join(map(str, value))}]" if isinstance(value, list) else f"{key}={value}")
     return " ".join(shlex.quote(w) for w in words)
