@@ -213,3 +213,14 @@ def test_an_interrupted_candidate_resumes_from_its_own_folder(setup, tmp_path, m
     assert "resuming: 1 of 3 prompts" in " ".join(capsys.readouterr().err.split())
     assert not kept.exists() and (kept.parent / "results.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipes", "work"]  # no bench-results/ beside them
+
+
+def test_the_recorded_command_names_both_splits_and_what_differs_from_the_defaults():
+    import shlex
+
+    typed = ["limit=2", "strategies=[ngram,suffix]", "model.quantize=fp32", "report_on=none"]
+    line = tune.command(compose(typed, "tune"))
+    assert line == ("specpipe tune model=smollm2-135m model.quantize=fp32 choose_on=dev report_on=none limit=2 "
+                    "'strategies=[ngram,suffix]'")
+    again = compose(shlex.split(line)[2:], "tune")  # typed back, it composes the same settings
+    assert all(again[k] == v for k, v in compose(typed, "tune").items() if k != "model") and again.model.quantize == "fp32"

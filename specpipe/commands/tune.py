@@ -273,6 +273,8 @@ def command(cfg: DictConfig) -> str:
     that differ from tune's defaults (the trained-head candidates come from the recipes beside `out=`)."""
     defaults = OmegaConf.to_container(OmegaConf.structured(TuneConfig), resolve=False)
     words = ["specpipe", "tune", f"model={cfg.model.name}"]
+    if cfg.model.quantize != compose([f"model={cfg.model.name}", f"device={cfg.device}"], "tune").model.quantize:
+        words.append(f"model.quantize={cfg.model.quantize}")
     for key in REPRODUCE:
         value = OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
         if key in (split.CHOOSE, split.REPORT) or value != defaults.get(key):
