@@ -25,7 +25,8 @@ commands:
   check      the compatibility checks of a configuration (same settings as generate), no weights
   bench      a strategy over a prompt set against the plain target (and peers); -m sweeps
   report     one table (and plots) over a sweep's folder: specpipe report DIR [plot=true]
-  tune       sweep the sensible strategies for a target; write the winner as a recipe
+  tune       sweep the sensible strategies for a target: chosen on one prompt set, reported on
+             another; write what holds up as a recipe
   train      heads for a frozen target (proposer=medusa), written as a recipe with its figures
   export     a recipe (or settings) as vLLM or SGLang configuration: specpipe export vllm|sglang ...
   models     list the built-in model zoo; `specpipe models fetch NAME` fetches one
@@ -38,7 +39,7 @@ examples:
   specpipe generate verifier=rejection temperature=0.7 seed=1 output=json
   specpipe bench prompts=dev categories=[code-edit,chat] limit=3 peer=hf-prompt-lookup
   specpipe bench -m proposer=draft,twin gamma=2,4,6 model=qwen2.5-coder-1.5b out=sweeps/qwen
-  specpipe tune model=smollm2-135m prompts=dev limit=2
+  specpipe tune model=smollm2-135m choose_on=dev report_on=held-aside limit=2
   specpipe export vllm recipe=recipes/smollm2-135m
 """
 

@@ -77,6 +77,11 @@ class BenchConfig(DecodeConfig):
 
 @dataclass
 class TuneConfig(BenchConfig):
+    # two disjoint prompt sets: the winner is chosen on one (`prompts=` is its short form; categories=
+    # picks among its categories) and reported on the other (every category; `none`: no report split),
+    # where a winner with a model must beat the best of ngram and suffix to ship; limit= applies to both
+    choose_on: str = "${prompts}"
+    report_on: str = "held-aside"
     strategies: list[str] = field(default_factory=list)  # names from strategies/ to try (empty: all)
     gammas: list[int] = field(default_factory=lambda: [2, 4, 6])  # fixed γ values tried
     batch_sizes: list[int] = field(default_factory=list)  # e.g. [4, 8]: measure the winner's γ there (batch_schedule)

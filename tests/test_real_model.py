@@ -96,7 +96,8 @@ def test_smollm2_bench_tune_and_export(tmp_path):
                     f"work={tmp_path / 'work'}", *common)
     assert tune.returncode == 0, tune.stderr
     recipe = load_recipe(tmp_path / "recipes" / "smollm2-135m")
-    assert recipe.target == "smollm2-135m" and "ngram-g4" in recipe.measured["candidates"]
+    assert recipe.target == "smollm2-135m" and "ngram-g4" in recipe.measured["choose_on"]["speedup"]
+    assert recipe.measured["report_on"]["set"] == "held-aside" and "ngram-g4" in recipe.measured["report_on"]["speedup"]
     export = specpipe("export", "vllm", f"recipe={recipe.path}", f"out={tmp_path / 'spec.json'}")
     assert export.returncode == 0 and "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in export.stdout
 

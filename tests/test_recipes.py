@@ -36,25 +36,27 @@ def test_strategy_settings_come_first_and_the_user_wins():
 
 def test_tune_then_generate_with_the_recipe(setup, tmp_path):  # noqa: F811
     out, work = tmp_path / "recipes", tmp_path / "work"
-    result = specpipe("tune", f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "max_new_tokens=12",
-                      "warmup=0", "strategies=[ngram,twin]", "gammas=[2,3]", f"out={out}", f"work={work}")
+    # report_on=none: chosen on the one prompt set, not reported on another (tests/test_tune.py has the splits)
+    args = [f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "report_on=none", "max_new_tokens=12",
+            "warmup=0", "strategies=[ngram,twin]", "gammas=[2,3]", f"out={out}", f"work={work}"]
+    result = specpipe("tune", *args)
     assert result.returncode == 0, result.stderr
     recipe = load_recipe(out / "target")  # a folder holding specpipe.yaml
     assert recipe.target == str(setup / "target")
-    assert set(recipe.measured["candidates"]) == {"ngram-g2", "ngram-g3", "twin-g2", "twin-g3"}
+    chosen_on = recipe.measured["choose_on"]["speedup"]
+    assert set(chosen_on) == {"ngram-g2", "ngram-g3", "twin-g2", "twin-g3"} and recipe.measured["report_on"] is None
     winner = recipe.measured["winner"]
     if winner == "plain":
         assert recipe.strategy["proposer"] == "none"
     else:  # the recipe holds the winner's strategy and figures
         assert recipe.strategy["proposer"] == winner.split("-")[0]
         assert recipe.strategy["gamma"] == int(winner[-1])
-        assert recipe.measured["speedup_median"] == pytest.approx(recipe.measured["candidates"][winner], abs=1e-3)
-        assert recipe.measured["speedup_median"] > 1.0
+        assert recipe.measured["speedup_median"] == pytest.approx(chosen_on[winner]["median"], abs=1e-3)
+        assert recipe.measured["speedup_median"] > 1.0 and "report_on=none" in recipe.measured["why"]
     assert recipe.versions["torch"] and "winner" in recipe.measured
 
     # a second tune resumes from the candidates' results instead of measuring again
-    again = specpipe("tune", f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "max_new_tokens=12",
-                     "warmup=0", "strategies=[ngram,twin]", "gammas=[2,3]", f"out={out}", f"work={work}")
+    again = specpipe("tune", *args)
     assert again.returncode == 0 and again.stderr.count("measured in an earlier run") == 4
 
     # the recipe's target is a folder outside the recipe's: the recipe alone may not open it

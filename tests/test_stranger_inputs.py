@@ -223,9 +223,12 @@ def test_check_refuses_more_heads_than_the_folder_holds(model_dirs, tmp_path):
 
 
 def test_export_with_no_settings_exports_what_generate_runs(tmp_path):
+    from specpipe.recipe import load_recipe, shipped_recipe
+
     result = specpipe("export", "vllm", f"out={tmp_path / 'spec.json'}")  # the default target's shipped recipe
     assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "spec.json").read_text())["method"] == "eagle"
+    shipped = load_recipe(shipped_recipe("smollm2-135m")).strategy["proposer"]  # suffix, eagle...: vLLM's names too
+    assert json.loads((tmp_path / "spec.json").read_text())["method"] == shipped
 
 
 # 8. Settings capped or ignored are refused or reported as used -------------------------------------
@@ -256,12 +259,12 @@ def test_a_heads_config_with_a_string_size_is_named_as_such(model_dirs, tmp_path
 def test_a_proposer_option_tunes_the_shipped_recipe_and_errors_name_what_was_typed():
     from specpipe.config import conf_dir, with_shipped_recipe
 
-    tree = "proposer.tree={top_k: 2, nodes: 6}"
-    applied = with_shipped_recipe([tree], "generate", conf_dir())
-    assert applied[0].startswith("recipe=") and compose(applied).proposer.tree.top_k == 2
+    applied = with_shipped_recipe(["proposer.max_depth=12"], "generate", conf_dir())  # the recipe's suffix proposer
+    assert applied[0].startswith("recipe=") and compose(applied).proposer.max_depth == 12
     with pytest.raises(SpecpipeError) as err:
         compose(with_shipped_recipe(["proposer.bogus=1"], "generate", conf_dir()))
-    assert "proposer.heads" not in str(err.value)  # the recipe's expanded settings are not the user's
+    assert "proposer.bogus=1" in str(err.value)
+    assert "proposer=suffix" not in str(err.value)  # the recipe's expanded settings are not the user's
 
 
 # 10. train keeps heads it did not write -----------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`specpipe tune model=... prompts=...`: try the sensible strategies for one target, keep the best.
+"""`specpipe tune model=... choose_on=dev report_on=held-aside`: try the sensible strategies for one
+target, choose on one prompt split, report on another, keep what holds up.
 
 Candidates come from strategies/ (all, or `strategies=[...]`), and from the recipes of trained
 heads already in the destination folder (`specpipe train` writes them there): every strategy with the fixed controller once per γ in
@@ -8,32 +9,37 @@ candidate whose compatibility checks refuse it, with the reason printed). Each c
 benched like `specpipe bench` (interleaved with the plain target, same prompts) and its
 results.json kept under `work=`, so an interrupted tune resumes where it stopped: a candidate's
 earlier results are reused only if measured with the same settings (results.py `measured_with`),
-else it is measured again and says what changed. Both `out=` and `work=` are checked writable
-before anything is measured (specpipe/outputs.py).
+else it is measured again and says what changed. The two splits are checked disjoint, and `out=`
+and `work=` writable, before anything is measured (tune_split.py, specpipe/outputs.py).
 
-The winner is the candidate with the best overall median speedup among those whose greedy
-outputs were all token-identical to the plain target's; if none beats the plain target, the
-recipe says so (proposer none). With `batch_sizes=[4,8]` the winner is then served as a request
+The winner is chosen on `choose_on=` (`prompts=` for short): the candidate with the best overall
+median speedup among those whose greedy outputs were all token-identical to the plain target's;
+if none beats the plain target, the recipe says so (proposer none). It is then measured on
+`report_on=` beside the best ngram and suffix candidates, and a winner with a model ships only
+if it beats both there (tune_split.py `shipped`). With `batch_sizes=[4,8]` the shipped strategy is then served as a request
 load (bench/load.py) at each of those concurrencies once per γ in `gammas`: the best γ there
 (0 where none beats plain batched decoding) goes into the recipe as its `batch_schedule`. It is written atomically to `recipes/<model>/specpipe.yaml`
-(`out=DIR`: DIR/<model>/specpipe.yaml; `out=beside`: <model dir>/specpipe.yaml).
+(`out=DIR`: DIR/<model>/specpipe.yaml; `out=beside`: <model dir>/specpipe.yaml), its `measured`
+block holding both splits' figures and the command.
 """
 
 from __future__ import annotations
 
 import gc
+import shlex
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.console import Console
-from rich.table import Table
 
 from specpipe import machine
+from specpipe.bench.partial import PARTIAL_FILE
 from specpipe.bench.results import environment, now
 from specpipe.bench.summary import OVERALL, all_exact
 from specpipe.build import checked_context
 from specpipe.commands import bench
-from specpipe.config import compose
+from specpipe.commands import tune_split as split
+from specpipe.config import TuneConfig, compose
 from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
 from specpipe.models import zoo
@@ -47,22 +53,25 @@ CARRIED = ("model", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "
 
 
 def run(cfg: DictConfig) -> int:
-    prompts = bench.select_prompts(cfg)
+    prompts, report_prompts = split.select_splits(cfg)  # an overlap is refused before anything is written
     destination = recipe_path(cfg)
     writable_output(destination.parent, f"out={cfg.out}", files=(RECIPE_FILE,))
     writable_output(Path(cfg.work) / model_slug(cfg.model.name), f"work={cfg.work}")
     err = Console(stderr=True)
+    choose_cfg = split.split_config(cfg, split.CHOOSE)
     tried = {}
     for name, strategy in [*candidates(cfg, err), *trained(cfg, destination, err)]:
-        payload = _bench_candidate(cfg, name, strategy, prompts, err)
-        if payload is not None:
-            tried[name] = (strategy, payload)
+        tried[name] = (strategy, _bench_candidate(choose_cfg, name, strategy, prompts, err))
     if not tried:
         raise SpecpipeError(f"No strategy could run on {cfg.model.name}: see the reasons above.")
-    Console().print(candidates_table(cfg, tried))
-    data = recipe_data(cfg, tried, destination)
+    best, report_cfg = winner(tried), split.split_config(cfg, split.REPORT)
+    reported = {name: _bench_candidate(report_cfg, name, tried[name][0], report_prompts, err, on=split.REPORT)
+                for name in (split.to_report(tried, best) if report_prompts else [])}
+    ship, why = split.shipped(tried, best, reported, str(cfg.report_on) if report_prompts else "")
+    Console().print(split.table(cfg, tried, reported, (ship, why)))
+    data = recipe_data(cfg, tried, reported, (ship, why), (prompts, report_prompts))
     if cfg.batch_sizes and data["strategy"].get("proposer", "none") != "none":
-        schedule, loads = batch_schedule(cfg, winner(tried), data["strategy"], prompts, err)
+        schedule, loads = batch_schedule(choose_cfg, ship, data["strategy"], prompts, err)
         data["strategy"]["batch_schedule"] = schedule
         data["measured"]["batch_schedule"] = loads
     path = save_or_keep(lambda to: write_recipe(to, data), destination, "the recipe")
@@ -148,25 +157,30 @@ def _refusals(cfg: DictConfig) -> str:
 
 
 def _bench_candidate(cfg: DictConfig, name: str, strategy: dict, prompts: list[dict], err: Console,
-                     load: int = 0) -> dict:
+                     load: int = 0, on: str = "") -> dict:
     """One candidate's results (an earlier run's if it finished): per prompt, or with `load` a
-    request load at that concurrency."""
-    folder = Path(cfg.work) / model_slug(cfg.model.name) / name
+    request load at that concurrency. `on=report_on`: on the report split, kept in a folder of
+    its own inside the candidate's."""
+    folder = Path(cfg.work) / model_slug(cfg.model.name) / name / on
+    label = f"{name} on {cfg.prompts}" if on else name
     candidate = candidate_config(cfg, strategy)
     if load:
         with open_dict(candidate):
             candidate.concurrency, candidate.requests = load, max(int(cfg.requests), 2 * load)
-    earlier = bench.earlier_run(folder, candidate, prompts, name, err)
+    earlier = bench.earlier_run(folder, candidate, prompts, label, err)
     if earlier is not None:
         return earlier
-    err.rule(esc(name))
+    err.rule(esc(label))
     pipeline = Pipeline.from_config(candidate)
-    try:
-        payload = (bench.measure_requests if load else bench.measure)(candidate, pipeline, prompts, [], err)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:  # per prompt, what is measured is kept in the candidate's folder: an interrupted tune resumes there
+        payload = (bench.measure_requests(candidate, pipeline, prompts, [], err) if load else
+                   bench.measure(candidate, pipeline, prompts, [], err, folder))
     finally:
         del pipeline
         gc.collect()  # one target in memory at a time
     bench.save(payload, folder)
+    (folder / PARTIAL_FILE).unlink(missing_ok=True)
     return payload
 
 
@@ -202,28 +216,39 @@ def winner(tried: dict) -> str | None:
     return best if best is not None and scored[best] > 1.0 else None
 
 
-def recipe_data(cfg: DictConfig, tried: dict, destination: Path) -> dict:
-    best = winner(tried)
-    strategy, payload = tried[best] if best else ({"proposer": "none", "controller": "fixed"}, None)
+def recipe_data(cfg: DictConfig, tried: dict, reported: dict, ship: tuple[str | None, str],
+                splits: tuple[list[dict], list[dict]]) -> dict:
+    name, why = ship
+    strategy = tried[name][0] if name else {"proposer": "none", "controller": "fixed"}
     target = "." if cfg.out == "beside" else cfg.model.name
+    where = f"chosen on {cfg.choose_on}" + (f", reported on {cfg.report_on}" if reported else "")
     return {
         "specpipe_recipe": RECIPE_VERSION,
-        "about": (f"specpipe tune, {now()}: best of {len(tried)} strategies on prompts={cfg.prompts}"
-                  + ("" if best else "; none beat the plain target, so speculation is off")),
+        "about": f"specpipe tune, {now()}: {name or 'plain decoding'}, of {len(tried)} candidates {where}",
         "target": target,
         "strategy": {k: v for k, v in strategy.items() if k != "about" and not k.startswith(ARTIFACT)},
         "artifacts": {k[len(ARTIFACT):]: v for k, v in strategy.items() if k.startswith(ARTIFACT)},
-        "measured": _measured(cfg, tried, best, payload),
+        "measured": _measured(cfg, tried, reported, ship, splits),
         "versions": environment()["versions"],
     }
 
 
-def _measured(cfg: DictConfig, tried: dict, best: str | None, payload: dict | None) -> dict:
+def _measured(cfg: DictConfig, tried: dict, reported: dict, ship: tuple[str | None, str],
+              splits: tuple[list[dict], list[dict]]) -> dict:
+    """The shipped strategy's figures on the report split (on the choose split without one), and
+    every candidate's median and spread on each split it was measured on."""
+    name, why = ship
+    payload = (reported.get(name) or tried[name][1]) if name else None
     overall = payload["summary"][OVERALL] if payload else None
+    choose = {n: p for n, (_, p) in tried.items()}
     return {
         # what check and generate compare this machine with (a device or CPU that changes the choice)
         "tuned_on": machine.tuned_on(str(cfg.device), str(cfg.model.quantize), now()[:10]),
-        "winner": best or "plain",
+        "command": command(cfg),
+        "winner": name or "plain",
+        "chosen": winner(tried) or "plain",  # the best on the choose split (the winner unless the report split said no)
+        "why": why,
+        "figures_from": (split.REPORT if name in reported else split.CHOOSE) if name else None,
         "speedup_median": overall["speedup"]["median"] if overall else 1.0,
         "speedup_by_category": {c: f["speedup"]["median"] for c, f in payload["summary"].items()} if payload else {},
         "acceptance_rate": overall["acceptance_rate"] if overall else None,
@@ -231,23 +256,27 @@ def _measured(cfg: DictConfig, tried: dict, best: str | None, payload: dict | No
         "gamma_mean": overall["gamma"]["mean"] if overall else 0,  # what an export fixes γ to
         "tokens_per_s": overall["tokens_per_s"] if overall else None,
         "baseline_tokens_per_s": overall["baseline_tokens_per_s"] if overall else None,
-        "prompts": {"set": cfg.prompts, "categories": list(cfg.categories), "limit": cfg.limit,
-                    "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature},
-        "candidates": {name: round(p["summary"][OVERALL]["speedup"]["median"], 3) for name, (_, p) in tried.items()},
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        split.CHOOSE: split.split_figures(cfg, split.CHOOSE, splits[0], choose),
+        split.REPORT: split.split_figures(cfg, split.REPORT, splits[1], reported) if reported else None,
         "machine": {k: v for k, v in environment().items() if k != "versions"},
     }
 
 
-def candidates_table(cfg: DictConfig, tried: dict) -> Table:
-    best = winner(tried)
-    table = Table(title=f"specpipe tune: {esc(cfg.model.name)}", caption="speedup: median over prompts against the "
-                  "plain target, same run; ★ the recipe's strategy")
-    for column in ("candidate", "speedup", "acceptance", "τ", "exact"):
-        table.add_column(column, justify="left" if column == "candidate" else "right")
-    for name, (_, payload) in tried.items():
-        overall = payload["summary"][OVERALL]
-        exactness = overall["exactness"]
-        table.add_row(("★ " if name == best else "  ") + name, f"{overall['speedup']['median']:.2f}x",
-                      f"{overall['acceptance_rate']:.2f}", f"{overall['mean_accepted_length']:.2f}",
-                      "n/a" if exactness is None else f"{exactness['identical']}/{exactness['of']}")
-    return table
+REPRODUCE = ("choose_on", "report_on", "categories", "limit", "max_new_tokens", "warmup", "temperature", "top_k",
+             "top_p", "seed", "strategies", "gammas", "draft", "batch_sizes", "requests", "device", "engine", "out")
+
+
+def command(cfg: DictConfig) -> str:
+    """The `specpipe tune` command line that measures this again: both splits, and the settings
+    that differ from tune's defaults (the trained-head candidates come from the recipes beside `out=`)."""
+    defaults = OmegaConf.to_container(OmegaConf.structured(TuneConfig), resolve=False)
+    words = ["specpipe", "tune", f"model={cfg.model.name}"]
+    if cfg.model.quantize != compose([f"model={cfg.model.name}", f"device={cfg.device}"], "tune").model.quantize:
+        words.append(f"model.quantize={cfg.model.quantize}")
+    for key in REPRODUCE:
+        value = OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
+        if key in (split.CHOOSE, split.REPORT) or value != defaults.get(key):
+            words.append(f"{key}=[{','.join(map(str, value))}]" if isinstance(value, list) else f"{key}={value}")
+    return " ".join(shlex.quote(w) for w in words)
