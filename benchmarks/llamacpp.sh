@@ -22,7 +22,7 @@ run smollm2-ngram model=smollm2-135m proposer=ngram gamma=4 'peer=[llama-cpp,lla
 run smollm2-ngram-fast model=smollm2-135m proposer=ngram gamma=4 kernels=fast peer=llama-cpp
 run smollm2-ngram-cost model=smollm2-135m proposer=ngram controller=cost peer=llama-cpp
 run smollm2-suffix model=smollm2-135m proposer=suffix gamma=6 peer=llama-cpp
-run smollm2-recipe "recipe=$RECIPES/specpipe.yaml" peer=llama-cpp
+run smollm2-eagle "recipe=$RECIPES/eagle.yaml" peer=llama-cpp
 run smollm2-medusa "recipe=$RECIPES/medusa.yaml" peer=llama-cpp
 run qwen1.5b-draft model=qwen2.5-coder-1.5b proposer=draft proposer.model=qwen2.5-coder-0.5b gamma=4 peer=llama-cpp
 run qwen1.5b-ngram model=qwen2.5-coder-1.5b proposer=ngram gamma=4 'peer=[llama-cpp,llama-cpp-lookup]'
