@@ -62,6 +62,21 @@ def test_drops_to_zero_where_speculation_is_slower_and_comes_back_when_it_pays()
     assert good.index(4) <= guard.probe_max
 
 
+def test_steps_that_drafted_nothing_are_not_judged_and_measure_the_plain_cost():
+    """A lookup that finds no match spends a plain step (plus its lookup): judging it would pause
+    a request whose drafts pay whenever there is one."""
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    for step in range(60):  # drafts on one step in three, one token of each accepted; the others find nothing
+        gamma = guard.row_gamma(0, guard.gamma(1))
+        drafted = gamma if step % 3 == 0 else 0
+        slow = 1.5 if gamma > drafted == 0 else 1.0  # a miss costs its lookup on top of a plain step
+        guard.update_rows([0], [RowVerdict(min(drafted, 1), 0, drafted)],
+                          StepTiming(0.0, slow * cheap(1 + drafted)), 1)
+        assert not guard.paused(0)  # judged with the misses, the request would yield 4 tokens in 4.2 plain steps
+    assert guard.plain_cost(1) == pytest.approx(1.5 * PLAIN_S)  # the misses are the plain samples
+
+
 def test_costs_nothing_where_speculation_pays():
     guard = Guard(FixedGamma(4))
     guard.admit(0)

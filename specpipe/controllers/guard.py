@@ -12,12 +12,16 @@ Speculation pays while a row's gain over all its speculative steps since it (re)
 acceptance comes in phases (a stretch of free text inside a code answer) that a short window
 would take for the request's worth, pausing requests that pay overall.
 
-- Plain cost, per batch size: the median of the last few steps in which every row ran at γ = 0
-  (shared by all requests: it is the machine's). Each request probes it on its first step and
-  every `refresh` steps after (a plain probe: the step runs with every row at γ = 0): at batch
-  > 1 a row alone at γ = 0 still pays for its neighbours' verify block, so only a whole plain
-  step measures it, and there a row's probe is skipped where another row's probe measured the
-  cost in the last `refresh // 4` steps. While every row is paused, every step is a plain step.
+- Plain cost, per batch size: the median of the last few steps in which no row verified a draft
+  (held at γ = 0, or a lookup proposer that found nothing: such steps cost what a plain step
+  costs under this proposer; shared by all requests: it is the machine's). Each request probes
+  it on its first step and every `refresh` steps after (a plain probe: the step runs with every
+  row at γ = 0): at batch > 1 a row alone at γ = 0 still pays for its neighbours' verify block,
+  so only a whole plain step measures it, and there a row's probe is skipped where a plain step
+  was measured in the last `refresh // 4` steps. While every row is paused, every step is a
+  plain step.
+- Only steps that verified a draft are judged: a row that was allowed γ > 0 but drafted nothing
+  spent a plain step, which says nothing about what its drafts are worth.
 - A row whose gain is under 1 after at least `window` speculative steps is paused: γ = 0 for
   it. After `probe_every` paused steps it speculates again for a trial of `window // 2` steps;
   a trial whose gain reaches 1 + `margin` resumes it, counting from the trial (hysteresis:
@@ -121,13 +125,13 @@ class Guard(Controller):
         self._steps += 1
         self._rows = {slot: row for slot, row in self._rows.items() if slot in slots}  # finished requests' rows go
         given = [self._given.get(slot, verdict.gamma) for slot, verdict in zip(slots, verdicts)]
-        if not any(given):
+        if not any(verdict.gamma for verdict in verdicts):  # nothing drafted (held, or a lookup that found none)
             self._plain.setdefault(batch, deque(maxlen=5)).append((self._steps, timing.total_s))
         plain = self.plain_cost(batch)
         for slot, verdict, gamma in zip(slots, verdicts, given):
             row = self._rows.setdefault(slot, self._new_row())
             row.steps += 1
-            if gamma > 0 and plain is not None:
+            if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
                 self._judge(row, verdict.n_accepted + 1, timing.total_s / plain)
             elif row.paused and not self._probe_plain:
                 row.wait -= 1
