@@ -157,7 +157,6 @@ def prompts():
 @pytest.mark.parametrize("overrides", [
     ["proposer=ngram", "controller=fixed"],
     ["proposer=suffix", "controller=fixed"],
-    ["proposer=ngram", "controller=cost"],
     [f"recipe={RECIPES / 'eagle.yaml'}"],  # EAGLE heads (the final norm's output) + lookup, confidence controller
     [f"recipe={RECIPES / 'medusa.yaml'}"],
     ["proposer=draft", "proposer.model=smollm2-135m"],  # a GGUF draft on llama.cpp too (itself: all accepted)
