@@ -57,7 +57,8 @@ def shell_lines(block: str) -> list[str]:
 
 
 def runnable(command: str) -> bool:
-    return not OTHER_MODELS.search(command) and not command.startswith("pip ")
+    # installs are the set-up's (pip; `specpipe install llamacpp` builds llama.cpp for minutes: CI runs it once)
+    return not OTHER_MODELS.search(command) and not command.startswith(("pip ", "specpipe install"))
 
 
 def with_quick_settings(command: str) -> str:
