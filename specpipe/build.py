@@ -111,7 +111,8 @@ def build_parts(cfg: DictConfig) -> dict:
         controller.schedule = check_schedule(cfg.get("batch_schedule"))
     controller = guarded(controller, bool(cfg.get("guard", False)))  # under every controller with guard=true
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
-    precision = resolve_precision(cfg.model.quantize, context.device, engine=context.engine)  # a config not composed by specpipe may hold auto
+    # a config not composed by specpipe may hold auto
+    precision = resolve_precision(cfg.model.quantize, context.device, engine=context.engine)
     if context.engine == "llamacpp":  # the GGUF runs as it is; the dense weights load only if something asks
         target = LoadedModel(context.name, None, context.tokenizer, context.source)
         runner = context.runner(context.source, precision, kernels=context.kernels)
