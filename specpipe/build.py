@@ -109,7 +109,7 @@ def build_parts(cfg: DictConfig) -> dict:
     controller = call_target(cfg.controller, "controller", context)
     if controller is not None:
         controller.schedule = check_schedule(cfg.get("batch_schedule"))
-    controller = guarded(controller, bool(cfg.get("guard", False)))  # under every controller with guard=true
+    controller = guarded(controller, bool(cfg.get("guard", True)))  # under every controller unless guard=false
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     # a config not composed by specpipe may hold auto
     precision = resolve_precision(cfg.model.quantize, context.device, engine=context.engine)

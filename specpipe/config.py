@@ -50,8 +50,9 @@ class DecodeConfig:
     kernels: str = "exact"
     batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
     # per request, γ = 0 while speculation measures slower than plain steps (controllers/guard.py);
-    # false: γ is what the controller says, every step (a pinned γ, e.g. to measure it)
-    guard: bool = False  # opt in: on the shipped recipe it still costs more than it saves (docs/controllers.md)
+    # false: γ is what the controller says, every step (a pinned γ: to measure a γ as it is, or to
+    # keep a seeded sample identical run to run)
+    guard: bool = True
 
 
 @dataclass

@@ -179,7 +179,7 @@ def _header(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict]) -> dict:
         "created": now(),
         "model": cfg.model.name,
         "strategy": {"proposer": proposer_kind(cfg), "verifier": kind_of(cfg.verifier), "controller": kind_of(cfg.controller),
-                     "gamma": cfg.gamma, "lossless": pipeline.verifier.lossless, "guard": bool(cfg.get("guard", False))},
+                     "gamma": cfg.gamma, "lossless": pipeline.verifier.lossless, "guard": bool(cfg.get("guard", True))},
         "config": OmegaConf.to_container(cfg, resolve=True),
         "measured_with": measured_with(cfg, prompts),
         "environment": environment(),

@@ -23,22 +23,39 @@ would take for the request's worth, pausing requests that pay overall.
 - Only steps that verified a draft are judged: a row that was allowed γ > 0 but drafted nothing
   spent a plain step, which says nothing about what its drafts are worth.
 - A row whose gain is under 1 after at least `window` speculative steps is paused: γ = 0 for
-  it. After `probe_every` paused steps it speculates again for a trial of `window // 2` steps;
-  a trial whose gain reaches 1 + `margin` resumes it, counting from the trial (hysteresis:
-  noise around 1.0 should not flip it every step), else it is paused again and the wait
-  doubles, up to `probe_max`.
+  it; so is a row whose speculation has already lost `loss_max` plain steps' worth of time
+  (cost minus tokens), however few its steps: a dear proposer (a twin drafting γ tokens at
+  nearly a target step each) loses more in its first two steps than a lookup loses in eight.
+  After `probe_every` paused steps it speculates again for a trial of `window // 2` steps; a
+  trial whose gain reaches 1 + `margin` resumes it, counting from the trial (hysteresis: noise
+  around 1.0 should not flip it every step), else (or once it has lost `loss_max / 2`) it is
+  paused again and the wait doubles, up to `probe_max`, and is at least the trial's loss over
+  `explore` (past `probe_max` where needed): trials that do not pay cost at most that share of
+  the time.
 - Gains, pauses and the probe schedule are each request's own, reset when a request takes its
-  row (`admit`): alone (batch 1), a request's γ depends on its own steps and their timings only.
+  row (`admit`), with one thing learnt across requests: where the recent requests' speculation
+  (every row's speculative steps, fading) did not pay, a new request starts paused for
+  `probe_max // 2` steps, then trials like any other; a short request would otherwise spend
+  its first `window` steps relearning what the last ones found.
+- Per batch size (batch > 1): the batch is judged as a whole too, on the tokens its rows emit on
+  average (a plain step at that size yields one a row). One forward pads every row to the
+  widest draft, so a row held at γ = 0 saves little while its neighbours draft; where the batch
+  as a whole yields less than plain steps, every row steps plain (the same pause, trials and
+  back-off, per batch size). Its sums fade (`fade`: the weight kept per speculative step),
+  because the requests behind a batch size change while the load runs.
 
 At batch > 1 a paused row emits one token in a step whose time its neighbours' drafts set; the
-batch turns plain only once every row's speculation stops paying, which is the point where plain
-steps serve every row better. γ chosen from measured time means that under sampling a guarded
-request can draw another sample than in an earlier run (each draw is still exactly the target's
+batch turns plain once its rows together yield less than plain steps would, which is the point
+where plain steps serve every row better (on compute-bound hardware, often every batch above a
+few rows: what vLLM's `disable_by_batch_size` sets by hand, learned per batch size). γ chosen
+from measured time (and from earlier requests) means that under sampling a guarded request can
+draw another sample than in an earlier run (each draw is still exactly the target's
 distribution); `guard=false` keeps γ, and so each seeded sample, as the controller alone decides.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -51,7 +68,7 @@ from specpipe.types import RowVerdict, StepTiming
 class RowGuard:
     """One request's verdict on speculation."""
 
-    tokens: int = 0  # emitted by its speculative steps since it (re)started
+    tokens: float = 0.0  # emitted by its speculative steps since it (re)started (fading, per row: a batch)
     cost: float = 0.0  # their seconds, in plain steps
     judged: int = 0  # those steps
     steps: int = 0  # since the request took the row
@@ -60,19 +77,25 @@ class RowGuard:
     trial: bool = False  # speculating again after a pause, judged after window // 2 steps
     wait: int = 0  # paused steps left before the next trial
     interval: int = 0  # the wait after a trial that did not pay (doubles)
+    fade: float = 1.0  # the weight each judged step leaves on earlier ones (1: a request's whole run)
 
 
 class Guard(Controller):
     def __init__(self, inner: Controller, *, window: int = 8, probe_every: int = 8, probe_max: int = 64,
-                 refresh: int = 64, margin: float = 0.05):
+                 refresh: int = 64, margin: float = 0.05, fade: float = 1 - 1 / 64, loss_max: float = 3.0,
+                 explore: float = 0.03):
         self.inner = inner
         self.gamma_min, self.gamma_max = inner.gamma_min, inner.gamma_max
         self.window, self.probe_every, self.probe_max = window, probe_every, probe_max
-        self.refresh, self.margin = refresh, margin
+        self.refresh, self.margin, self.fade = refresh, margin, fade
+        self.loss_max, self.explore = loss_max, explore
+        self._recent = RowGuard(fade=fade)  # every row's speculative steps, across requests (never paused)
         self._rows: dict[int, RowGuard] = {}  # batch row -> its request's state
+        self._sizes: dict[int, RowGuard] = {}  # batch size (> 1) -> the verdict on speculating at that size
         self._plain: dict[int, deque] = {}  # batch size -> recent (step, seconds) of plain steps, all requests
         self._steps = 0
         self._probe_plain = False  # this step: every row at γ = 0 to measure the plain cost
+        self._hold_batch = False  # this step: every row at γ = 0, speculation at this batch size paused
         self._given: dict[int, int] = {}  # batch row -> the γ this step gives it
 
     # the inner controller's interface, passed through
@@ -88,6 +111,8 @@ class Guard(Controller):
         gamma = self.inner.gamma(batch)
         due = [row for row in self._rows.values() if self._plain_due(row)]
         self._probe_plain = gamma > 0 and bool(due) and (batch == 1 or self._plain_stale(batch))
+        size = self._sizes.get(batch)
+        self._hold_batch = gamma > 0 and size is not None and size.paused and size.wait > 0
         for row in due:  # probed now, or measured by a neighbour's probe a moment ago
             row.plain_at = row.steps
         self._given = {}
@@ -102,18 +127,23 @@ class Guard(Controller):
         self.inner.admit(slot)
 
     def _new_row(self) -> RowGuard:
-        return RowGuard(interval=self.probe_every)
+        """A request's state: speculating, unless the recent requests' speculation did not pay."""
+        if self._pays(self._recent):
+            return RowGuard(interval=self.probe_every)
+        start = self.probe_max // 2
+        return RowGuard(paused=True, wait=start, interval=start)
 
     def row_gamma(self, slot: int, gamma: int) -> int:
         row = self._rows.setdefault(slot, self._new_row())
         paused = row.paused and row.wait > 0
-        self._given[slot] = 0 if gamma == 0 or self._probe_plain or paused else self.inner.row_gamma(slot, gamma)
+        held = gamma == 0 or self._probe_plain or self._hold_batch or paused
+        self._given[slot] = 0 if held else self.inner.row_gamma(slot, gamma)
         return self._given[slot]
 
     def paused(self, slot: int) -> bool:
-        """Whether the guard holds this row at γ = 0 (what the live view shows)."""
+        """Whether the guard holds this row at γ = 0, alone or with its batch (what the live view shows)."""
         row = self._rows.get(slot)
-        return row is not None and row.paused
+        return (row is not None and row.paused) or self._hold_batch
 
     def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
         self.update_rows([0], [verdict], timing, 1)
@@ -133,30 +163,52 @@ class Guard(Controller):
             row.steps += 1
             if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
                 self._judge(row, verdict.n_accepted + 1, timing.total_s / plain)
+                self._recent.tokens = self.fade * self._recent.tokens + verdict.n_accepted + 1
+                self._recent.cost = self.fade * self._recent.cost + timing.total_s / plain
+                self._recent.judged += 1
             elif row.paused and not self._probe_plain:
                 row.wait -= 1
+        if batch > 1 and plain is not None:
+            self._judge_batch(batch, verdicts, given, timing.total_s / plain)
         speculated = [v for v, g in zip(verdicts, given) if g > 0]
         self.inner.update_rows([s for s, g in zip(slots, given) if g > 0] if speculated else slots,
                                speculated or verdicts, timing, batch)
+
+    def _judge_batch(self, batch: int, verdicts: list[RowVerdict], given: list[int], cost: float) -> None:
+        """The batch as a whole: the tokens a row emitted, on average, per plain step's worth of time
+        (a plain step at this size yields one a row)."""
+        size = self._sizes.setdefault(batch, RowGuard(interval=self.probe_every, fade=self.fade))
+        if any(g > 0 and verdict.gamma > 0 for verdict, g in zip(verdicts, given)):
+            self._judge(size, sum(verdict.n_accepted + 1 for verdict in verdicts) / batch, cost)
+        elif size.paused and self._hold_batch:
+            size.wait -= 1
 
     def _judge(self, row: RowGuard, tokens: int, cost: float) -> None:
         """A speculative step (`tokens` emitted in `cost` plain steps' time): pause a row whose
         speculation costs more than it yields; a paused row's speculative step starts its trial."""
         if row.paused:
             row.paused, row.trial = False, True
-        row.tokens, row.cost, row.judged = row.tokens + tokens, row.cost + cost, row.judged + 1
-        gain = row.tokens / max(row.cost, 1e-9)
-        if row.trial and row.judged >= max(self.window // 2, 1):
-            if gain >= 1.0 + self.margin:
+        row.tokens, row.cost = row.fade * row.tokens + tokens, row.fade * row.cost + cost
+        row.judged += 1
+        gain, lost = row.tokens / max(row.cost, 1e-9), row.cost - row.tokens
+        if row.trial and (row.judged >= max(self.window // 2, 1) or lost >= self.loss_max / 2):
+            if gain >= 1.0 + self.margin and lost < self.loss_max / 2:
                 row.trial, row.interval = False, self.probe_every  # it pays again
             else:
                 self._pause(row, backoff=True)
-        elif not row.trial and row.judged >= self.window and gain < 1.0:
+        elif not row.trial and not self._pays(row):
             self._pause(row, backoff=False)
 
+    def _pays(self, state: RowGuard) -> bool:
+        """Speculation pays so far: it has not lost `loss_max` plain steps' worth, and after
+        `window` judged steps its gain is at least 1."""
+        lost = state.cost - state.tokens
+        return lost < self.loss_max and (state.judged < self.window or lost <= 0)
+
     def _pause(self, row: RowGuard, backoff: bool) -> None:
-        if backoff:
-            row.interval = min(2 * row.interval, self.probe_max)
+        if backoff:  # the trial did not pay: wait longer, and long enough that its loss stays a small share
+            lost = max(row.cost - row.tokens, 0.0)
+            row.interval = max(min(2 * row.interval, self.probe_max), math.ceil(lost / self.explore))
         row.paused, row.trial, row.wait = True, False, row.interval
         row.tokens, row.cost, row.judged = 0, 0.0, 0
 
@@ -178,7 +230,7 @@ class Guard(Controller):
 
 
 def guarded(controller: Controller | None, enabled: bool = True, **options) -> Controller | None:
-    """The controller under a guard (`guard=true`), or as it is (`guard=false`, the default)."""
+    """The controller under a guard (`guard=true`, the default), or as it is (`guard=false`)."""
     if controller is None or not enabled or isinstance(controller, Guard):
         return controller
     return Guard(controller, **options)

@@ -92,6 +92,11 @@ def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
     if lora_paths(cfg):
         plan.warnings.append("model.lora is not exported: merge the adapter into the target (peft "
                              "merge_and_unload, save_pretrained) and serve the merged folder.")
+    if cfg.get("guard", True) and declaration.name != "none":
+        plan.warnings.append("the guard (γ = 0 for a request whose drafts do not pay) has no equivalent in serving "
+                             "engines: there every request speculates at the exported γ, and a batch schedule that "
+                             "switches speculation off at large batches is the nearest setting (guard=false "
+                             "exports without this note).")
     if cfg.temperature > 0:
         plan.warnings.append("temperature, top_k and top_p are per-request settings in serving engines: send "
                              "them with each request (their rejection sampling keeps the distribution).")
