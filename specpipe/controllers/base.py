@@ -38,6 +38,10 @@ class Controller:
         covered = [size for size in self.schedule if size <= batch]
         return self.schedule[max(covered)] if covered else self.choose(batch)
 
+    def widest(self) -> int:
+        """The largest γ `gamma` can return (an adaptive controller's bound, or its schedule's)."""
+        return max([self.gamma_max, *self.schedule.values()])
+
     def choose(self, batch: int) -> int:
         """The controller's own pick (default: its current γ, whatever the batch)."""
         return self._gamma

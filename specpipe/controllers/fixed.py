@@ -6,7 +6,8 @@ from specpipe.controllers.base import Controller
 
 
 class FixedGamma(Controller):
-    pass
+    def widest(self) -> int:
+        return max([self._gamma, *self.schedule.values()])
 
 
 def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8) -> FixedGamma:
