@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from conftest import PROMPT, TREE_PARENTS, feed, tiny_model, tiny_target
+from specpipe.controllers.confidence import ConfidenceGamma
 from specpipe.controllers.fixed import FixedGamma
+from specpipe.controllers.guard import guarded
 from specpipe.controllers.heuristic import HeuristicGamma
 from specpipe.decode.loop import Decoder
 from specpipe.decode.syncs import reads_per_step
@@ -227,6 +229,11 @@ def test_exact_static_plans_the_widest_block_and_takes_chains_only():
     runner = make_runner(target.model, graphs="on")
     Pipeline(target, NgramProposer(), GreedyVerifier(), controller, runner=runner)
     assert runner.static.block == 1 + 5
+    # an adaptive controller's bound; the confidence controller keeps its γ (it stops drafts early)
+    for controller, widest in ((HeuristicGamma(2, 1, 6), 6), (guarded(ConfidenceGamma(4, 1, 6)), 4)):
+        runner = make_runner(target.model, graphs="on")
+        Pipeline(target, NgramProposer(), GreedyVerifier(), controller, runner=runner)
+        assert runner.static.block == 1 + widest
     assert make_runner(target.model).static is None  # graphs=auto: eager on the CPU
 
 

@@ -6,8 +6,7 @@ from specpipe.controllers.base import Controller
 
 
 class FixedGamma(Controller):
-    def widest(self) -> int:
-        return max([self._gamma, *self.schedule.values()])
+    adapts = False
 
 
 def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8) -> FixedGamma:
