@@ -48,9 +48,10 @@ class DecodeConfig:
     # native engine: on (decode steps in fixed shapes over persistent buffers, captured as CUDA graphs on
     # a GPU; eager on the CPU) | off (per-step shapes, eager) | auto (on where device=cuda)
     graphs: str = "auto"
-    # exact: verify rows bitwise equal plain rows. engine=native with graphs: plain steps run in the shape
-    # of verify blocks; engine=llamacpp: q8_0 KV cache, weights not repacked. fast: the fewest rows
-    # (native) or llama.cpp's defaults (f16 KV, repacked weights): within tolerance
+    # the target's: exact (a verify block's rows bitwise equal plain steps' rows) | fast (within tolerance).
+    # engine=native with graphs: exact runs plain steps in the verify blocks' shape, fast the fewest rows;
+    # engine=llamacpp: exact keeps a q8_0 KV cache and the file's weight layout, fast is llama.cpp's
+    # defaults (f16 KV, repacked weights). Eager native steps and engine=hf have no kernels to choose
     kernels: str = "exact"
     batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
     # per request, γ = 0 while speculation measures slower than plain steps (controllers/guard.py);

@@ -257,7 +257,11 @@ def test_check_names_the_step_and_the_guarantee_that_runs(model_dirs):
     assert any("graphs=on needs the native engine" in why for why in refusals)
     refusals = [c.why for c in config_checks(compose([f"model={model_dirs / 'target'}", "kernels=fastest"]))
                 if c.status == "refuse"]
-    assert any("kernels one of exact, fast" in why for why in refusals)
+    assert any("kernels is one of exact, fast" in why for why in refusals)
+    notes = config_checks(compose([f"model={model_dirs / 'target'}", "kernels=fast"]))  # eager: nothing to choose
+    assert [c.status for c in notes if c.name == "kernels"] == ["n/a"]
+    assert not [c for c in config_checks(compose([f"model={model_dirs / 'target'}", "graphs=on", "kernels=fast"]))
+                if c.name == "kernels"]
 
 
 def test_a_pipeline_from_config_runs_the_target_static_and_its_draft_eager(model_dirs):

@@ -83,9 +83,12 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
     graphs, kernels = cfg.get("graphs", "auto"), cfg.get("kernels", "exact")
     if engine not in ENGINES:
         return [Check("engine", "refuse", f"engine={engine} is not an engine", f"use one of {', '.join(ENGINES)}")]
-    if graphs not in GRAPHS or kernels not in KERNELS:
-        return [Check("engine", "refuse", f"graphs={graphs} kernels={kernels}: graphs is one of {', '.join(GRAPHS)}, "
-                      f"kernels one of {', '.join(KERNELS)}", "use graphs=auto kernels=exact (the defaults)")]
+    if graphs not in GRAPHS:
+        return [Check("engine", "refuse", f"graphs={graphs} is not a choice: graphs is one of {', '.join(GRAPHS)}",
+                      "use graphs=auto (the default: static steps where device=cuda)")]
+    if kernels not in KERNELS:
+        return [Check("engine", "refuse", f"kernels={kernels} is not a choice: kernels is one of {', '.join(KERNELS)}",
+                      "use kernels=exact (the default: verify rows bitwise equal plain rows) or kernels=fast")]
     reason = config_unsupported_reason(target_config) if target_config is not None else "its config is unknown"
     if len(lora_paths(cfg)) > 1:
         reason = "adapters switched per request need the peft model"
@@ -112,6 +115,11 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
                             "weights on the CPU, bf16 on CUDA: the fastest precision each runs within its guarantee)"))
     if mode in TARGET_SAFE:
         checks.append(_guarantee(mode, cfg.device, static, kernels))
+    if kernels == "fast" and not static:  # the key is shared with engine=llamacpp: say where it bites
+        checks.append(Check("kernels", "n/a", "kernels=fast changes nothing here: it sets the static step's block "
+                            "policy (engine=native with graphs=on, the default on cuda) and llama.cpp's kernels "
+                            "(engine=llamacpp); these decode steps run eagerly, with the precision's guarantee",
+                            "drop kernels=fast" + (", or add graphs=on" if native else "")))
     if static and kernels == "exact" and (declared(cfg).drafts_tree(cfg.proposer) or
                                           (declared(cfg).tree == "auto" and cfg.proposer.get("tree", True))):
         checks.append(Check("tree", "warn" if declared(cfg).drafts_tree(cfg.proposer) else "ok",

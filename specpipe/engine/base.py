@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 FINAL = -1  # hidden-state key of the LM head's input
+# `kernels=`, one meaning whatever the engine: exact (a verify block's rows bitwise equal plain
+# steps' rows) | fast (the fastest, within tolerance). How: engine/static.py, engine/llamacpp.py
+KERNELS = ("exact", "fast")
 
 
 @dataclass(frozen=True)
