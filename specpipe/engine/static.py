@@ -3,9 +3,10 @@
 A forward of [B, n] tokens (a plain step or a verify block) runs as a [bucket, K] block over
 persistent buffers: B padded to a batch bucket (1, 2, 4, 8, ...), n to a block size within the
 runner's plan (`plan`: 1 + the widest γ its pipeline's controller can pick, or its proposer's
-largest tree; wider blocks, such as a prompt fed through `forward`, run the eager forward). Attention runs over the cache's whole allocation through a mask built on the
-device from the rows' lengths (a device tensor the host fills each step), so no shape depends on
-a length (gpt-fast; vLLM's uniform decode). On CUDA each shape is captured once as a CUDA graph
+largest tree; wider blocks, such as a prompt fed through `forward`, run the eager forward).
+Attention runs over the cache's whole allocation through a mask built on the device from the
+rows' lengths (a device tensor the host fills each step), so no shape depends on a length
+(gpt-fast; vLLM's uniform decode). On CUDA each shape is captured once as a CUDA graph
 (`torch.cuda.CUDAGraph`) and replayed: a step copies its ids and lengths into the buffers and
 launches one graph. On the CPU the same code runs eagerly: what the tests check there.
 
@@ -214,7 +215,8 @@ class StaticStep:
             mask = _mask(starts[:, 0], block, width, seen)  # [bucket, 1, K, width]
             ids = buffers.ids
         else:
-            order = (rows - starts) % block if ring else rows.expand(bucket, block)  # [bucket, K]: the token each row holds
+            # [bucket, K]: the token each block row holds
+            order = (rows - starts) % block if ring else rows.expand(bucket, block)
             positions = slots = starts + order
             mask = (torch.arange(width, device=device) <= positions[..., None])[:, None]  # causal, by position
             ids = buffers.ids.gather(1, order)
