@@ -4,6 +4,11 @@ precision, with llama.cpp's plain decoding of the same GGUF file as the absolute
     python benchmarks/engine.py --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
         --configs native:fp16 native:w8a16 native:bf16 hf:fp16 --prompts 3 --tokens 64 --llama-cpp
 
+A configuration is engine:precision, plus `+compile` (torch.compile), `+graphs` (the static step:
+CUDA graphs on a GPU, eager fixed shapes on the CPU; kernels=exact, every forward padded to the
+planned block `--block`) or `+graphs+fast` (kernels=fast: the fewest rows). Without `+graphs` the
+eager forward runs on every device.
+
 Per model, one process, one thing at a time (never time with another heavy job running):
 - forward ms: a k-token forward (k = 1, 2, 5, 9) appended to a 64-token cache, median of reps;
   "5/1" is the 5-token verify's cost over a 1-token step.
@@ -124,11 +129,13 @@ def measure_model(name: str, configs: list[str], args) -> list[dict]:
     # native configurations first: they copy the weights, so the hf ones may quantize in place after
     for config in sorted(configs, key=lambda c: c.startswith("hf")):
         engine, _, precision = config.partition(":")
-        precision, _, extra = precision.partition("+")
+        precision, *extras = precision.split("+")
         model = copy.deepcopy(target.model) if engine == "hf" and args.copy_hf else target.model
         started = time.perf_counter()
-        runner = make_runner(model, engine=engine, precision=precision, compile=extra == "compile",
-                             device=args.device)
+        runner = make_runner(model, engine=engine, precision=precision, compile="compile" in extras,
+                             device=args.device, graphs="on" if "graphs" in extras else "off",
+                             kernels="fast" if "fast" in extras else "exact")
+        runner.plan(args.block)  # a static step's blocks (what a pipeline of γ = block - 1 plans)
         forward_ms(runner, context, 1, 1)  # first call: compile or cache load
         first_call_s = time.perf_counter() - started
         reps = 5 if "1.5b" in name else 9
@@ -137,7 +144,9 @@ def measure_model(name: str, configs: list[str], args) -> list[dict]:
         memory = runner.memory()
         rows.append({"model": name, "config": config, "ms": ms, "verify_5_over_1": ms[5] / ms[1],
                      "plain_tok_s": step_tps, "plain_wall_tok_s": wall_tps, "first_call_s": first_call_s,
-                     "weights_mib": memory.weights / 2**20, "cache_mib": memory.cache / 2**20})
+                     "weights_mib": memory.weights / 2**20, "cache_mib": memory.cache / 2**20,
+                     "step": runner.step,
+                     "graphs_captured": runner.static.captures if getattr(runner, "static", None) else 0})
         print(_line(rows[-1]), flush=True)
         del runner
         gc.collect()
@@ -163,7 +172,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", nargs="+", default=["smollm2-135m"])
     parser.add_argument("--configs", nargs="+", default=["native:fp16", "hf:fp16"],
-                        help="engine:precision[+compile], e.g. native:fp16+compile")
+                        help="engine:precision[+compile][+graphs[+fast]], e.g. native:fp16+compile, native:bf16+graphs")
+    parser.add_argument("--block", type=int, default=max(BLOCKS),
+                        help="+graphs: the planned block (kernels=exact pads every forward to it)")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per category (code, code-edit, chat)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--llama-cpp", action="store_true", help="also llama.cpp's plain decode (peers extra)")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (about 6 minutes on an H200): the CUDA tests, reads back to the host
-# per step on the real SmolLM2, the real SmolLM2 with the shipped recipe, ngram and suffix against
-# its plain target (exactness per prompt), and the engine table on random-weight shapes. Each
+# The one prepared GPU check (about 6 minutes on an H200 before the static step's additions; not
+# yet timed with them): the CUDA tests, reads back to the host per step on the real SmolLM2, the
+# real SmolLM2 with the shipped recipe, ngram (graphed exact, eager, graphed fast) and suffix
+# against its plain target (exactness per prompt), and the engine table on random-weight shapes
+# (eager, static exact, static fast). Each
 # result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files (the logs
 # and results.json files are packed into more.tar.gz).
 #   OUT=gpu-results bash benchmarks/gpu_check.sh
@@ -18,8 +20,8 @@ python -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0) 
 packed() { tar czf "$OUT/more.tar.gz" -C "$(dirname "$MORE")" more 2>/dev/null; }
 
 echo "## CUDA tests (pytest -k cuda)" >> "$REPORT"
-timeout 150 python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_engine.py tests/test_step.py \
-    tests/test_lossless.py -k cuda > "$MORE/pytest.txt" 2>&1
+timeout 210 python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_engine.py tests/test_step.py \
+    tests/test_lossless.py tests/test_static.py -k cuda > "$MORE/pytest.txt" 2>&1
 { tail -3 "$MORE/pytest.txt"; echo; } >> "$REPORT"; packed
 
 echo "## Reads back to the host per step (real SmolLM2, $DEVICE)" >> "$REPORT"
@@ -29,16 +31,20 @@ timeout 120 python benchmarks/step_reads.py --device "$DEVICE" --model smollm2-1
 echo >> "$REPORT"; packed
 
 SMOL="model=smollm2-135m device=$DEVICE prompts=dev limit=1 max_new_tokens=$TOKENS"
-for spec in "recipe:recipe=recipes/smollm2-135m" "ngram:proposer=ngram gamma=4" "suffix:proposer=suffix"; do
+# graphs=auto is the static step with CUDA graphs on a GPU (kernels=exact); ngram also eager and with kernels=fast
+for spec in "recipe:recipe=recipes/smollm2-135m" "ngram:proposer=ngram gamma=4" "suffix:proposer=suffix" \
+            "ngram-eager:proposer=ngram gamma=4 graphs=off" "ngram-fast:proposer=ngram gamma=4 kernels=fast"; do
   name=${spec%%:*}
   timeout 110 python -m specpipe bench $SMOL ${spec#*:} out="$MORE/bench-$name" > "$MORE/bench-$name.log" 2>&1
   packed
 done
 { echo "## Real SmolLM2-135M, dev prompts (one a category), $TOKENS tokens, plain vs speculative"
-  python benchmarks/gpu_report.py "$MORE"/bench-recipe "$MORE"/bench-ngram "$MORE"/bench-suffix; echo; } >> "$REPORT"
+  python benchmarks/gpu_report.py "$MORE"/bench-recipe "$MORE"/bench-ngram "$MORE"/bench-suffix \
+      "$MORE"/bench-ngram-eager "$MORE"/bench-ngram-fast; echo; } >> "$REPORT"
 
 echo "## Engine (random weights): ms per forward, plain tok/s" >> "$REPORT"
 timeout 150 python benchmarks/engine.py --device "$DEVICE" --random-weights --models smollm2-135m qwen2.5-coder-1.5b \
-    --configs native:bf16 native:none --prompts 1 --tokens 64 --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
+    --configs native:bf16 native:bf16+graphs native:bf16+graphs+fast native:none --block 5 --prompts 1 --tokens 64 \
+    --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
 packed
 echo "results in $OUT/ (report.md; logs in more.tar.gz)"

@@ -13,17 +13,18 @@ from pathlib import Path
 def line(folder: Path) -> str:
     results = folder / "results.json"
     if not results.is_file():
-        return f"| {folder.name} | no results (see its log) | | | | |"
-    overall = json.loads(results.read_text())["summary"]["overall"]
+        return f"| {folder.name} | no results (see its log) | | | | | |"
+    payload = json.loads(results.read_text())
+    overall, step = payload["summary"]["overall"], payload.get("engine", {}).get("step", "eager")
     speedup, exact = overall["speedup"], overall.get("exactness", {})
-    return (f"| {folder.name} | {overall['baseline_tokens_per_s']:.1f} | {overall['tokens_per_s']:.1f} | "
+    return (f"| {folder.name} | {step} | {overall['baseline_tokens_per_s']:.1f} | {overall['tokens_per_s']:.1f} | "
             f"{speedup['median']:.2f}x ({speedup['min']:.2f}-{speedup['max']:.2f}) | "
             f"{overall.get('mean_accepted_length', float('nan')):.2f} | {exact.get('identical')}/{exact.get('of')} |")
 
 
 def main(folders: list[str]) -> None:
-    print("| bench | plain tok/s | spec tok/s | speedup (median, min-max) | τ | exact |")
-    print("|---|---|---|---|---|---|")
+    print("| bench | steps | plain tok/s | spec tok/s | speedup (median, min-max) | τ | exact |")
+    print("|---|---|---|---|---|---|---|")
     for folder in folders:
         print(line(Path(folder)))
 

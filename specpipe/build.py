@@ -42,14 +42,15 @@ class BuildContext:
     device: str = "cpu"
     cache_len: int = 2048
     compile: bool = False  # the target's stack only: a draft's steps are many and small, its graphs another compile
-    kernels: str = "exact"  # engine=llamacpp, the target's (a draft runs the fastest: the target verifies it)
+    kernels: str = "exact"  # the target's (a draft runs the fastest: the target verifies it)
+    graphs: str = "auto"  # the target's static step (a draft model's many small steps stay eager)
     _target: LoadedModel | None = field(default=None, repr=False)
 
-    def runner(self, model, precision: str, compile: bool = False, kernels: str = "fast"):
+    def runner(self, model, precision: str, compile: bool = False, kernels: str = "fast", graphs: str = "off"):
         """A runner for a model of this pipeline (target or draft) on the configured engine
         (model: torch weights, or with engine=llamacpp its source)."""
         return make_runner(model, engine=self.engine, precision=precision, cache_len=self.cache_len,
-                           device=self.device, compile=compile, kernels=kernels)
+                           device=self.device, compile=compile, kernels=kernels, graphs=graphs)
 
     def weights(self, source: ModelSource):
         """What a runner of this engine loads a model from: llama.cpp reads the GGUF file itself
@@ -75,7 +76,7 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
     source = resolve(cfg.model.name)
     context = BuildContext(cfg.model.name, source, tokenizer(), sampling,
                            lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len,
-                           cfg.compile, cfg.get("kernels", "exact"))
+                           cfg.compile, cfg.get("kernels", "exact"), cfg.get("graphs", "auto"))
     return context, checks
 
 
@@ -118,7 +119,8 @@ def build_parts(cfg: DictConfig) -> dict:
         runner = context.runner(context.source, precision, kernels=context.kernels)
     else:
         target = context.target
-        runner = context.runner(target.model, precision, compile=context.compile)
+        runner = context.runner(target.model, precision, compile=context.compile, kernels=context.kernels,
+                                graphs=context.graphs)
     return dict(target=target, proposer=proposer, verifier=verifier, controller=controller,
                 sampling=context.sampling, chat=cfg.model.chat, runner=runner,
                 warnings=[c for c in checks if c.status == "warn"])

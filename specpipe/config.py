@@ -45,8 +45,13 @@ class DecodeConfig:
     device: str = "cpu"  # cpu | cuda (native engine)
     cache_len: int = 2048  # native KV cache slots per sequence (at most the model's max_position_embeddings)
     compile: bool = False  # native engine: torch.compile the target's decoder stack (docs/engine.md: what it buys)
-    # engine=llamacpp: exact (q8_0 KV cache, weights not repacked: a verify block's rows equal one-token
-    # rows on ggml's CPU kernels) | fast (llama.cpp's defaults: f16 KV, repacked weights; within tolerance)
+    # native engine: on (decode steps in fixed shapes over persistent buffers, captured as CUDA graphs on
+    # a GPU; eager on the CPU) | off (per-step shapes, eager) | auto (on where device=cuda)
+    graphs: str = "auto"
+    # the target's: exact (a verify block's rows bitwise equal plain steps' rows) | fast (within tolerance).
+    # engine=native with graphs: exact runs plain steps in the verify blocks' shape, fast the fewest rows;
+    # engine=llamacpp: exact keeps a q8_0 KV cache and the file's weight layout, fast is llama.cpp's
+    # defaults (f16 KV, repacked weights). Eager native steps and engine=hf have no kernels to choose
     kernels: str = "exact"
     batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
     # per request, γ = 0 while speculation measures slower than plain steps (controllers/guard.py);

@@ -71,9 +71,20 @@ class Pipeline:
         if proposer is not None:
             proposer.bind(self.runner)  # heads read the target's LM head and embeddings through it
         self.hidden = tuple(proposer.hidden_layers) if proposer is not None else ()
+        self.runner.plan(self.widest_block())
         self.eos_ids = eos_ids_of(self.runner, target.tokenizer)
         self.warnings = list(warnings)
         self.announced: set[tuple[int, ...]] = set()  # prompts whose fit was reported: not again per run
+
+    def widest_block(self) -> int:
+        """The most tokens a row of one target forward takes: the last token and the widest draft
+        (the controller's largest γ; a tree proposer's largest tree where the runner takes trees).
+        Plain decoding through this pipeline plans the same block, so with `kernels=exact` its
+        steps run in the shape of its verify blocks (engine/static.py)."""
+        if self.proposer is None or self.controller is None:
+            return 1
+        trees = self.verifier.verifies_trees and self.runner.trees
+        return 1 + self.proposer.widest(self.controller.widest(), trees)
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: the target's weights and KV cache, then the proposer's parts."""

@@ -60,6 +60,7 @@ def test_a_missing_library_is_refused_with_how_to_install_it():
     (["proposer=ngram", "model.quantize=fp16"], "does not apply"),
     (["proposer=ngram", "device=cuda"], "on the CPU"),
     (["proposer=draft", "proposer.model=/tmp"], "not a GGUF"),
+    (["proposer=ngram", "graphs=on"], "engine=native's static decode step"),
 ])
 def test_what_cannot_run_on_llamacpp_is_refused_by_name(overrides, words):
     checks = check_llamacpp(compose(["engine=llamacpp", *overrides]))

@@ -36,6 +36,8 @@ def check_llamacpp(cfg: DictConfig) -> list[Check]:
     if gguf is not None and gguf.is_file() and checks[0].status == "ok":
         fixed = kind_of(cfg.controller) == "fixed"  # verifies γ + 1 tokens; the others up to gamma_max + 1
         checks.append(_guarantee(gguf, cfg.kernels, (cfg.gamma if fixed else max(cfg.gamma, cfg.gamma_max)) + 1))
+    elif checks[0].status != "ok":
+        checks.append(Check("verify guarantee", "n/a", "measured once the engine check above passes"))
     else:
         checks.append(Check("verify guarantee", "n/a", "measured once the GGUF is on disk (whether ggml's kernels "
                             "give a verify block's rows bitwise equal to one-token evaluations on this CPU)"))
@@ -69,11 +71,14 @@ def _engine(cfg: DictConfig, library: str, gguf: Path | None) -> Check:
     if gguf is None:
         return Check("engine", "refuse", f"engine=llamacpp runs GGUF files, and model={cfg.model.name} is a model "
                      "directory or hub id", "pass a zoo name or a .gguf file, or use engine=auto")
-    from specpipe.engine.llamacpp import KERNELS
+    from specpipe.engine import KERNELS
 
     if cfg.kernels not in KERNELS:
         return Check("engine", "refuse", f"kernels={cfg.kernels} is not a kernel choice of engine=llamacpp",
                      "use kernels=exact (verify rows equal plain rows) or kernels=fast (llama.cpp's defaults)")
+    if cfg.get("graphs", "auto") not in ("auto", "off"):  # the native engine's static step; auto is off here
+        return Check("engine", "refuse", f"graphs={cfg.graphs} sets engine=native's static decode step, and "
+                     "llama.cpp runs its own kernels", "drop graphs=, or use engine=native")
     if cfg.device != "cpu" or cfg.get("compile"):
         return Check("engine", "refuse", "engine=llamacpp runs on the CPU with llama.cpp's own kernels (device=cuda "
                      "and compile=true do not apply)", "use device=cpu without compile, or engine=native")
@@ -132,8 +137,8 @@ def _guarantee(gguf: Path, kernels: str, block: int) -> Check:
            f"keep γ ≤ {exact_up_to - 1} (gamma, gamma_max)" if exact_up_to >= 2 else
            "build llama-cpp-python with `specpipe install llamacpp` (without llamafile's batched kernels), or use "
            "engine=native")
-    within = f"blocks of up to {exact_up_to} tokens are exact here, " if exact_up_to >= 2 else ""
-    return Check("verify guarantee", "warn", f"tolerance (measured on this CPU): {within}and this configuration "
+    within = f"blocks of up to {exact_up_to} tokens are exact here, and " if exact_up_to >= 2 else ""
+    return Check("verify guarantee", "warn", f"tolerance (measured on this CPU): {within}this configuration "
                  f"verifies up to {block}, which ggml computes with other kernels than one-token steps (logits "
                  "differ by up to ~1): a near-tie can flip, and `specpipe bench` reports every output that differs "
                  "from plain decoding", fix)

@@ -75,13 +75,20 @@ def check_precision(cfg: DictConfig) -> list[Check]:
 
 
 def check_engine(cfg: DictConfig, target_config) -> list[Check]:
-    """Which engine runs the target, the guarantee its precision gives, and the device."""
-    from specpipe.engine import DEVICES, ENGINES
+    """Which engine runs the target, how its decode steps run, the guarantee they give, and the device."""
+    from specpipe.engine import DEVICES, ENGINES, GRAPHS, KERNELS, static_step
     from specpipe.engine.native_model import config_unsupported_reason
 
     engine, mode = cfg.engine, cfg.model.quantize
+    graphs, kernels = cfg.get("graphs", "auto"), cfg.get("kernels", "exact")
     if engine not in ENGINES:
         return [Check("engine", "refuse", f"engine={engine} is not an engine", f"use one of {', '.join(ENGINES)}")]
+    if graphs not in GRAPHS:
+        return [Check("engine", "refuse", f"graphs={graphs} is not a choice: graphs is one of {', '.join(GRAPHS)}",
+                      "use graphs=auto (the default: static steps where device=cuda)")]
+    if kernels not in KERNELS:
+        return [Check("engine", "refuse", f"kernels={kernels} is not a choice: kernels is one of {', '.join(KERNELS)}",
+                      "use kernels=exact (the default: verify rows bitwise equal plain rows) or kernels=fast")]
     reason = config_unsupported_reason(target_config) if target_config is not None else "its config is unknown"
     if len(lora_paths(cfg)) > 1:
         reason = "adapters switched per request need the peft model"
@@ -92,22 +99,33 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
         return [Check("engine", "refuse", f"model.quantize={mode} needs the native engine (bf16 activations end to "
                       f"end); {cfg.model.name} runs on hf: {reason or 'engine=hf was asked for'}",
                       "use model.quantize=fp16 or none")]
+    if not native and graphs == "on":
+        return [Check("engine", "refuse", f"graphs=on needs the native engine; {cfg.model.name} runs on hf: "
+                      f"{reason or 'engine=hf was asked for'}", "drop graphs=on, or use engine=native")]
+    static = native and static_step(graphs, cfg.device)
     slots = cache_slots(cfg, target_config)
     lowered = f"; cache_len={cfg.cache_len} is past the model's positions: {slots} are allocated" if slots < cfg.cache_len else ""
     checks = [Check("engine", "ok", (
         f"native: own forward (fused projections, preallocated KV cache of {slots} slots indexed by "
-        f"position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}" if native
+        f"position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}; "
+        + _step_of(cfg.device, static, kernels) if native
         else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
-    guarantee = GUARANTEE.get(mode, "")
     if mode == BY_DEVICE.get(cfg.device):
         checks.append(Check("precision", "ok", f"{mode}: the {cfg.device} default (model.quantize=auto picks fbgemm fp16 "
                             "weights on the CPU, bf16 on CUDA: the fastest precision each runs within its guarantee)"))
     if mode in TARGET_SAFE:
-        checks.append(Check("verify guarantee", "ok", {
-            "exact": f"{mode}: every row of a verify block is bitwise equal to a one-token forward (greedy "
-                     "speculative output = plain output, bit for bit)",
-            "tolerance": f"{mode}: verify rows equal one-token rows to ~1e-5; a near-tie (top-2 logits within "
-                         "~1e-4) can flip"}[guarantee]))
+        checks.append(_guarantee(mode, cfg.device, static, kernels))
+    if kernels == "fast" and not static:  # the key is shared with engine=llamacpp: say where it bites
+        checks.append(Check("kernels", "n/a", "kernels=fast changes nothing here: it sets the static step's block "
+                            "policy (engine=native with graphs=on, the default on cuda) and llama.cpp's kernels "
+                            "(engine=llamacpp); these decode steps run eagerly, with the precision's guarantee",
+                            "drop kernels=fast" + (", or add graphs=on" if native else "")))
+    if static and kernels == "exact" and (declared(cfg).drafts_tree(cfg.proposer) or
+                                          (declared(cfg).tree == "auto" and cfg.proposer.get("tree", True))):
+        checks.append(Check("tree", "warn" if declared(cfg).drafts_tree(cfg.proposer) else "ok",
+                            f"graphs with kernels=exact verify chains: proposer={proposer_kind(cfg)} drafts its best "
+                            "path (a tree's siblings share a position, so they cannot each run at their plain step's "
+                            "block row)", "kernels=fast verifies the tree, within tolerance"))
     if cfg.device not in DEVICES:
         checks.append(Check("device", "refuse", f"device={cfg.device} is not supported", f"use {' or '.join(DEVICES)}"))
     elif cfg.device == "cuda":
@@ -118,6 +136,38 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
                             "device=cuda needs a visible CUDA GPU, the native engine and model.quantize=bf16 or none "
                             "(fbgemm kernels are CPU-only)", "use device=cpu, or model.quantize=bf16"))
     return checks
+
+
+def _step_of(device: str, static: bool, kernels: str) -> str:
+    """How the native engine's decode steps run (engine/static.py), in words."""
+    if not static:
+        return "decode steps eager, in per-step shapes"
+    how = ("kernels=exact: plain steps and verify blocks in one padded shape" if kernels == "exact"
+           else "kernels=fast: each step padded to the fewest rows")
+    graphs = "captured as CUDA graphs and replayed" if device == "cuda" else "run eagerly on the CPU (no capture)"
+    return (f"static decode steps (fixed shapes over persistent buffers, attention over the whole cache with "
+            f"lengths on the device; {how}), {graphs}")
+
+
+def _guarantee(mode: str, device: str, static: bool, kernels: str) -> Check:
+    """The verify guarantee that runs: the precision's on eager steps, the block policy's on static ones."""
+    if static and kernels == "exact":
+        return Check("verify guarantee", "ok", (
+            f"exact by construction ({mode}, graphs, kernels=exact): every decode step, plain or verify, runs one "
+            "padded shape per pipeline (batch bucket × 1 + the widest γ), each token at the block row of its "
+            "position, so a verify row is computed as its plain step's row, bit for bit; plain steps pay for "
+            "the padding rows" + (" (tested bitwise on the CPU; not yet on a GPU: docs/gpu.md)" if device == "cuda"
+                                  else "")))
+    if static:
+        return Check("verify guarantee", "ok", (
+            f"tolerance ({mode}, graphs, kernels=fast): plain steps one row, verify blocks their own padded "
+            "size: verify rows equal plain rows to ~1e-5; a near-tie (top-2 logits within ~1e-4) can flip"),
+            "kernels=exact makes it exact (plain steps in the verify blocks' shape)")
+    return Check("verify guarantee", "ok", {
+        "exact": f"{mode}: every row of a verify block is bitwise equal to a one-token forward (greedy "
+                 "speculative output = plain output, bit for bit)",
+        "tolerance": f"{mode}: verify rows equal one-token rows to ~1e-5; a near-tie (top-2 logits within "
+                     "~1e-4) can flip"}[GUARANTEE[mode]])
 
 
 def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:

@@ -167,7 +167,7 @@ def measure_requests(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], p
 
 def _print_engine(pipeline: Pipeline, memory: dict, err: Console) -> None:
     compiled = getattr(pipeline.runner, "compile_s", None)
-    err.print(f"engine: {pipeline.runner.engine} {pipeline.runner.precision}"
+    err.print(f"engine: {pipeline.runner.engine} {pipeline.runner.precision}, {pipeline.runner.step} steps"
               + (f", decoder stack compiled (first call {compiled:.0f} s)" if compiled else "")
               + "; memory: " + ", ".join(f"{part} {size / 2**20:.0f} MiB" for part, size in memory.items()),
               highlight=False)
@@ -184,7 +184,7 @@ def _header(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict]) -> dict:
         "measured_with": measured_with(cfg, prompts),
         "environment": environment(),
         "engine": {"target": pipeline.runner.engine, "precision": pipeline.runner.precision,
-                   "compile_s": getattr(pipeline.runner, "compile_s", None)},
+                   "step": pipeline.runner.step, "compile_s": getattr(pipeline.runner, "compile_s", None)},
     }
 
 

@@ -19,6 +19,8 @@ from specpipe.types import RowVerdict, StepTiming
 
 
 class Controller:
+    adapts = True  # γ moves within [gamma_min, gamma_max]; False: it stays the configured γ (fixed, confidence)
+
     def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8):
         check_gamma(gamma)
         if not 0 <= gamma_min <= gamma_max:
@@ -37,6 +39,10 @@ class Controller:
         """Draft tokens to propose in the next step of a batch of `batch` sequences."""
         covered = [size for size in self.schedule if size <= batch]
         return self.schedule[max(covered)] if covered else self.choose(batch)
+
+    def widest(self) -> int:
+        """The largest γ `gamma` can return: gamma_max if it adapts, else its γ; or its schedule's."""
+        return max([self.gamma_max if self.adapts else self._gamma, *self.schedule.values()])
 
     def choose(self, batch: int) -> int:
         """The controller's own pick (default: its current γ, whatever the batch)."""

@@ -11,6 +11,8 @@ from specpipe.types import RowVerdict, StepTiming
 
 
 class ConfidenceGamma(Controller):
+    adapts = False  # γ stays; drafts stop early below the threshold
+
     def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8, *, threshold: float = 0.4,
                  adapt: bool = True, rate: float = 0.05):
         super().__init__(gamma, gamma_min, gamma_max)

@@ -6,7 +6,7 @@ from specpipe.controllers.base import Controller
 
 
 class FixedGamma(Controller):
-    pass
+    adapts = False
 
 
 def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8) -> FixedGamma:

@@ -121,6 +121,9 @@ class Guard(Controller):
     def stop_below(self, position: int) -> float:
         return self.inner.stop_below(position)
 
+    def widest(self) -> int:
+        return self.inner.widest()
+
     # per row
     def admit(self, slot: int) -> None:
         self._rows[slot] = self._new_row()

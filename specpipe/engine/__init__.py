@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.engine.base import FINAL, Memory, Runner, TargetOutput
+from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
 
 ENGINES = ("auto", "native", "hf", "llamacpp")
 DEVICES = ("cpu", "cuda")
+GRAPHS = ("auto", "on", "off")  # engine=native's static step (engine/static.py); auto: on where device=cuda
 
-__all__ = ["ENGINES", "FINAL", "Memory", "Runner", "TargetOutput", "make_runner", "pick_engine"]
+__all__ = ["ENGINES", "FINAL", "GRAPHS", "KERNELS", "Memory", "Runner", "TargetOutput", "make_runner", "pick_engine",
+           "static_step"]
+
+
+def static_step(graphs: str, device: str) -> bool:
+    """Whether `graphs=` means the static step on `device` (auto: on CUDA only)."""
+    return graphs == "on" or (graphs == "auto" and device == "cuda")
 
 
 def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "none") -> str:
@@ -40,25 +47,37 @@ def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "
 
 
 def make_runner(model, *, engine: str = "auto", precision: str = "none", cache_len: int | None = None,
-                device: str = "cpu", compile: bool = False, kernels: str = "exact") -> Runner:
+                device: str = "cpu", compile: bool = False, kernels: str = "exact", graphs: str = "auto") -> Runner:
     """A runner for `model` at `precision` (a mode of models/quantize.py). The hf engine swaps
     the model's Linear layers in place; the native engine copies the weights it needs and, with
-    `compile`, runs its decoder stack under torch.compile (engine/compile.py). model: torch
-    weights, or for engine=llamacpp the model's resolved source (`models.loader.ModelSource`), run
-    with `kernels` (llamacpp.py: exact or fast)."""
+    `compile`, runs its decoder stack under torch.compile (engine/compile.py), with `graphs`
+    its decode steps in fixed shapes (engine/static.py: CUDA graphs on a GPU). model: torch
+    weights, or for engine=llamacpp the model's resolved source (`models.loader.ModelSource`).
+    `kernels` (base.KERNELS) is the block policy of native's static step, or llama.cpp's
+    kernel setup (llamacpp.py); eager native steps and engine=hf have no choice to make."""
     if device not in DEVICES:
         raise SpecpipeError(f"device={device!r} is not supported. Use one of: {', '.join(DEVICES)}.")
+    if graphs not in GRAPHS:
+        raise SpecpipeError(f"graphs={graphs!r} is not a choice. Use one of: {', '.join(GRAPHS)}.")
+    if kernels not in KERNELS:
+        raise SpecpipeError(f"kernels={kernels!r} is not a choice. Use one of: {', '.join(KERNELS)}.")
     if engine == "llamacpp":
+        if graphs == "on":
+            raise SpecpipeError("graphs=on needs engine=native; llama.cpp runs its own kernels. Drop graphs=on.")
         return _llamacpp(model, cache_len, device, compile, kernels)
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecpipeError("device=cuda was asked for but torch sees no CUDA GPU here. Use device=cpu.")
     if pick_engine(model, engine, precision) == "native":
         from specpipe.engine.native import DEFAULT_CACHE_LEN, NativeRunner
 
-        return NativeRunner(model, precision, cache_len or DEFAULT_CACHE_LEN, device, compile=compile)
+        return NativeRunner(model, precision, cache_len or DEFAULT_CACHE_LEN, device, compile=compile,
+                            static=static_step(graphs, device), exact=kernels == "exact")
     if compile:
         raise SpecpipeError("compile=true needs the native engine (Llama / Qwen2 families); use engine=native or "
                             "drop compile.")
+    if graphs == "on":
+        raise SpecpipeError("graphs=on needs the native engine (Llama / Qwen2 families); use engine=native or "
+                            "drop graphs=on.")
     if device != "cpu":
         raise SpecpipeError("device=cuda needs the native engine (Llama / Qwen2 families); engine=hf runs on the CPU.")
     from specpipe.engine.hf import HFRunner

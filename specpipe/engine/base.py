@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 FINAL = -1  # hidden-state key of the LM head's input
+# `kernels=`, one meaning whatever the engine: exact (a verify block's rows bitwise equal plain
+# steps' rows) | fast (the fastest, within tolerance). How: engine/static.py, engine/llamacpp.py
+KERNELS = ("exact", "fast")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Runner(ABC):
     device: torch.device
     max_rows: int | None = None  # the most rows its cache can hold (None: as many as memory allows)
     trees: bool = True  # whether `forward` takes a tree block (False: proposers draft chains)
+    step: str = "eager"  # how decode forwards run (engine=native: `static exact` etc., engine/static.py)
     lengths: list[int]  # [rows] tokens cached per row (host)
 
     @property
@@ -72,6 +76,11 @@ class Runner(ABC):
     @abstractmethod
     def reserve(self, rows: int) -> None:
         """A cache of at least `rows` sequences (grown between runs: growing forgets every row)."""
+
+    def plan(self, block: int) -> None:
+        """Forwards of up to `block` tokens a row will come (1 + the widest draft of a pipeline's
+        controller and proposer): a static step pads its blocks to sizes fixed from it. Planned
+        blocks only widen. Default: nothing to plan."""
 
     @abstractmethod
     def reset(self, row: int | None = None) -> None:

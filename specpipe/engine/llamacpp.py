@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specpipe.engine.base import FINAL, Memory, Runner, TargetOutput
+from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
 
-KERNELS = ("exact", "fast")
 PINNED = "0.3.36"  # the llama-cpp-python release the runner is written and tested against
 INSTALL = "specpipe install llamacpp"  # builds llama-cpp-python with flags that work on this CPU
 

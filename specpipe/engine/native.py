@@ -3,7 +3,10 @@
 The runner drives a `NativeLM` over a preallocated `KVCache` of `rows` sequences. Each row's
 length is a host int the runner keeps (it is told of every change), so a rollback is an
 assignment, a tree's accepted path one gather per cache tensor, and nothing is read back from
-the device. Logits and hidden states stay where the forward computed them.
+the device. Logits and hidden states stay where the forward computed them. With `static`
+(`graphs=on`; the default on CUDA) decode forwards run as the fixed shapes of static.py,
+captured as CUDA graphs on a GPU; prefills, and blocks wider than its widest, run the eager
+forward on the same cache.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import torch
 
 from specpipe.engine.base import Memory, Runner, TargetOutput, wide
 from specpipe.engine.native_model import NativeLM
+from specpipe.engine.static import StaticStep, bucket_of, spare_slots
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import dense_weight, module_bytes
 
@@ -22,7 +26,10 @@ class NativeRunner(Runner):
     engine = "native"
 
     def __init__(self, model: torch.nn.Module, precision: str = "none", cache_len: int = DEFAULT_CACHE_LEN,
-                 device: str = "cpu", rows: int = 1, compile: bool = False):
+                 device: str = "cpu", rows: int = 1, compile: bool = False, static: bool = False,
+                 exact: bool = True):
+        """static: decode forwards in fixed shapes (static.py; CUDA graphs on a GPU); exact: its
+        block policy (one padded shape for plain steps and verify blocks; False: the fewest rows)."""
         limit = getattr(model.config, "max_position_embeddings", cache_len) or cache_len
         self.lm = NativeLM(model, precision, min(cache_len, limit), device)
         if compile:
@@ -33,9 +40,33 @@ class NativeRunner(Runner):
         self.precision = precision
         self.device = self.lm.device
         self.vocab_size, self.hidden_size, self.num_layers = self.lm.vocab_size, self.lm.hidden_size, self.lm.num_layers
-        self.cache = self.lm.new_cache(rows, self.lm.max_len)
-        self.lengths = [0] * rows
+        self.static = StaticStep(self.lm, exact) if static else None
+        self.trees = not (static and exact)  # exact static blocks are chains (static.py)
+        self.cache = None
+        self._allocate(rows)
         self._block = 0  # tokens per row of the last forward (what `commit` keeps a part of)
+
+    @property
+    def step(self) -> str:
+        """How decode forwards run: `eager`, or `static exact` / `static fast` (`+ CUDA graphs` on a GPU)."""
+        if self.static is None:
+            return "eager"
+        return f"static {'exact' if self.static.exact else 'fast'}" + (" + CUDA graphs" if self.static.capture else "")
+
+    def _allocate(self, rows: int) -> None:
+        """A cache of `rows` rows (a static step's: the bucket of `rows`, with spare slots)."""
+        self.cache = None  # the old cache is freed before the new one is allocated
+        if self.static is None:
+            self.cache = self.lm.new_cache(rows, self.lm.max_len)
+        else:
+            rows = bucket_of(rows)
+            self.cache = self.lm.new_cache(rows, self.lm.max_len, spare_slots(self.lm.max_len))
+            self.static.bind(self.cache)
+        self.lengths = [0] * rows
+
+    def plan(self, block: int) -> None:
+        if self.static is not None:
+            self.static.plan(block)
 
     @property
     def compile_s(self) -> float | None:
@@ -44,9 +75,7 @@ class NativeRunner(Runner):
 
     def reserve(self, rows: int) -> None:
         if rows > self.cache.batch:
-            self.cache = None  # the old cache is freed before the new one is allocated
-            self.cache = self.lm.new_cache(rows, self.lm.max_len)
-            self.lengths = [0] * rows
+            self._allocate(rows)
 
     def reset(self, row: int | None = None) -> None:
         if row is None:
@@ -67,8 +96,12 @@ class NativeRunner(Runner):
         batch, n = ids.shape
         starts = self.lengths[:batch]
         self._check_room(max(starts) + n)
-        cache = self.cache if batch == self.cache.batch else self.cache.rows(batch)
-        logits, states = self.lm.forward(ids, starts, cache, tree, hidden)
+        shape = None if self.static is None else self.static.shape(batch, n, tree, hidden)
+        if shape is not None:
+            logits, states = self.static.forward(shape, ids, self.lengths, tree)
+        else:
+            cache = self.cache if batch == self.cache.batch else self.cache.rows(batch)
+            logits, states = self.lm.forward(ids, starts, cache, tree, hidden)
         self.lengths[:batch] = [start + n for start in starts]
         self._block = n
         return TargetOutput(logits, states)

@@ -60,15 +60,22 @@ def _causal_lm_class(config) -> str:
 
 
 class KVCache:
-    """Keys and values, preallocated: per layer one [B, kv heads, capacity, head dim] tensor each
-    (separate tensors, not views of one: a compiled graph then writes them in place)."""
+    """Keys and values, preallocated: per layer one [B, kv heads, capacity + spare, head dim]
+    tensor each (separate tensors, not views of one: a compiled graph then writes them in
+    place). `capacity` slots hold a sequence; `spare` slots past them take the keys of a static
+    step's padding rows (engine/static.py), which no real row sees."""
 
     def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device):
-        shape = (batch, kv_heads, capacity, head_dim)
+                 device: torch.device, spare: int = 0):
+        shape = (batch, kv_heads, capacity + spare, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.capacity = capacity
+
+    @property
+    def width(self) -> int:
+        """Slots allocated per row (capacity and spare): what a static step attends over."""
+        return self.keys[0].shape[2] if self.keys else 0
 
     @property
     def batch(self) -> int:
@@ -134,9 +141,9 @@ class NativeLM:
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, spare: int = 0) -> KVCache:
         return KVCache(self.num_layers, batch, self.kv_heads, min(capacity, self.max_len), self.head_dim,
-                       self.dtype, self.device)
+                       self.dtype, self.device, spare)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embedding[ids].to(self.dtype)
@@ -170,9 +177,13 @@ class NativeLM:
         return wide(self.head.matmul(last.contiguous())).view(batch, 1 if last_only else n, -1), out
 
     def _bias(self, start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None) -> torch.Tensor:
-        """[B, 1, group * n, width] additive mask, queries grouped per kv head, built once for all layers."""
-        mask = _mask(start, n, width, ancestry).repeat(1, 1, self.heads // self.kv_heads, 1)
-        return torch.zeros(mask.shape, dtype=self.dtype, device=start.device).masked_fill_(~mask, float("-inf"))
+        return self.additive(_mask(start, n, width, ancestry))
+
+    def additive(self, mask: torch.Tensor) -> torch.Tensor:
+        """bool [B, 1, n, width] (slot j visible to block row i) -> the [B, 1, group * n, width]
+        additive mask `stack` takes, queries grouped per kv head, built once for all layers."""
+        mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
+        return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
     def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None, slots: torch.Tensor,
               keys: list[torch.Tensor], values: list[torch.Tensor], hidden: tuple[int, ...],

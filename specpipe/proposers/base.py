@@ -49,6 +49,11 @@ class Proposer(ABC):
         """Why a batch of this proposer must run one sequence at a time, or None (it batches)."""
         return None
 
+    def widest(self, gamma: int, trees: bool) -> int:
+        """The most draft tokens a step asked for at most `gamma` may return (trees: whether a
+        tree may be; default: a chain of γ)."""
+        return gamma
+
     def bind(self, target: Runner) -> None:
         """The target's runner, once, before any generation (default: not needed)."""
 

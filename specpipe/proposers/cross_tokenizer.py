@@ -93,7 +93,8 @@ class CrossDrafter(RowProposer):
 
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, target_tokenizer, draft_tokenizer, *,
                  engine: str = "auto", precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
-        self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device)
+        self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
+                                  graphs="off")
         self.sampling = sampling
         self.target_tok, self.draft_tok = target_tokenizer, draft_tokenizer
         self.shared = SharedVocab(target_tokenizer, draft_tokenizer)

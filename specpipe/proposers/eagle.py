@@ -87,6 +87,9 @@ class EagleProposer(RowProposer):
         self.lm: DraftLM | None = None
         self.rows: dict[int, _HeadRow] = {}
 
+    def widest(self, gamma: int, trees: bool) -> int:
+        return max(gamma, self.tree.nodes) if self.tree is not None and trees else gamma
+
     def bind(self, target: Runner) -> None:
         self.target = target
         self.vocab_size = target.vocab_size

@@ -33,6 +33,9 @@ class MedusaProposer(Proposer):
         self.features: torch.Tensor | None = None  # [rows, H] each row's feature of its last committed token's predecessor
         self.ready: list[bool] = []  # [rows] whether that feature is there yet (not before a row's first step)
 
+    def widest(self, gamma: int, trees: bool) -> int:
+        return max(gamma, len(self.tree)) if self.tree is not None and trees else gamma
+
     def bind(self, target: Runner) -> None:
         self.target = target
         if target.device.type != "cpu":

@@ -26,7 +26,7 @@ class ModelDrafter(Proposer):
         """model: the draft's weights (the hf engine quantizes them in place to `precision`; with
         engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it)."""
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
-                                  kernels="fast")
+                                  kernels="fast", graphs="off")  # a draft's steps stay eager (not graphed yet)
         self.sampling = sampling
         self.base: list[int] = [0]  # per row: committed length when its last draft was proposed
         self.fed: list[int] = [0]  # per row: draft tokens its last draft fed into the cache

@@ -1,0 +1,236 @@
+"""`graphs=on`: the native engine's static step, every decode forward in one of a few fixed shapes.
+
+A forward of [B, n] tokens (a plain step or a verify block) runs as a [bucket, K] block over
+persistent buffers: B padded to a batch bucket (1, 2, 4, 8, ...), n to a block size within the
+runner's plan (`plan`: 1 + the widest γ its pipeline's controller can pick, or its proposer's
+largest tree; wider blocks, such as a prompt fed through `forward`, run the eager forward).
+Attention runs over the cache's whole allocation through a mask built on the device from the
+rows' lengths (a device tensor the host fills each step), so no shape depends on a length
+(gpt-fast; vLLM's uniform decode). On CUDA each shape is captured once as a CUDA graph
+(`torch.cuda.CUDAGraph`) and replayed: a step copies its ids and lengths into the buffers and
+launches one graph. On the CPU the same code runs eagerly: what the tests check there.
+
+Two block policies (`kernels=`):
+- exact: ONE shape per pipeline, [the bucket of the cache's rows, K], for plain steps and verify
+  blocks alike, each token at the block row of its position mod K (the block is a ring). A
+  token's row is then computed by the same kernels, at the same row index, over the same visible
+  keys, whether a plain step or a verify block computes it: a verify row is bitwise its plain
+  step's row by construction, for every precision whose rows do not read each other (all but
+  int8's one activation scale per call). Kernels may differ by row count (cuBLAS, oneDNN) and
+  even by row index (MKL splits small row counts unevenly between threads): neither changes.
+  The cost: every step computes bucket · K rows. A tree's siblings share a position, so they
+  cannot each sit at their position's row: the runner takes chains only (`trees` is False).
+- fast: the fewest rows: a plain step is one row, a verify block its size padded to a power
+  of two (at most K), the batch to the bucket of its rows. Within tolerance, trees included.
+
+Padding rows (past a row's block, or batch rows past B) compute values nothing reads; they
+write keys at their row's slots past its length, which no real row sees (and the next step
+overwrites), so the cache keeps `SPARE` slots past its capacity for them. Every padding row
+sees its own slot, so none divides by an empty softmax (a NaN key, even masked, would poison
+the rows that attend over it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpipe.engine.base import wide
+from specpipe.engine.native_model import KVCache, NativeLM, _mask
+from specpipe.types import ancestry_of, depths_of
+
+MAX_BLOCK = 32  # the widest block a plan may ask for (blocks wider than the plan run the eager forward)
+SPARE = MAX_BLOCK  # slots past a cache's capacity for padding rows (a block writes < MAX_BLOCK past a length)
+ALIGN = 64  # slots allocated per row, rounded up to this (aligned rows for the GPU's attention kernels)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One static step: a CUDA graph on a GPU."""
+
+    bucket: int  # batch rows computed
+    block: int  # K: tokens per row
+    tree: bool  # rows laid out by a tree's parents (else a chain)
+    hidden: tuple[int, ...]  # hidden-state keys returned
+
+
+def bucket_of(rows: int) -> int:
+    """The batch bucket of `rows` rows: the next power of two."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+def spare_slots(capacity: int) -> int:
+    """Slots a static cache allocates past `capacity` (at least SPARE, the row aligned)."""
+    return SPARE + (-(capacity + SPARE) % ALIGN)
+
+
+class _Buffers:
+    """The persistent inputs (and, on CUDA, outputs) of one shape. `meta` packs the rows'
+    lengths [bucket], a tree's depths [K] and its ancestry [K, K] in one tensor, so a step makes
+    one host-to-device copy of them (from pinned memory on CUDA) besides its ids."""
+
+    def __init__(self, shape: Shape, cache: KVCache, device: torch.device):
+        bucket, block = shape.bucket, shape.block
+        self.ids = torch.zeros(bucket, block, dtype=torch.long, device=device)
+        size = bucket + block + block * block
+        self.host = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.meta = self.host.to(device) if device.type != "cpu" else self.host
+        self.keys = [t[:bucket] for t in cache.keys]  # views: the cache's own storage
+        self.values = [t[:bucket] for t in cache.values]
+        self.out: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None  # a graph's outputs
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None  # the last copy of `host` is done
+
+    def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None) -> None:
+        batch, n = ids.shape
+        bucket, block = shape.bucket, shape.block
+        self.ids[:batch, :n].copy_(ids)  # columns past n and rows past B keep old ids: padding
+        if self.copied is not None:
+            self.copied.synchronize()  # done long ago in a decode loop (its verdict's copy came after)
+        self.host[:bucket] = torch.tensor(lengths[:bucket])
+        if tree is not None:
+            depths = depths_of(tree) + list(range(n, block))  # padding rows: a slot of their own
+            seen = torch.eye(block, dtype=torch.long)
+            seen[:n, :n] = ancestry_of(tree)
+            self.host[bucket : bucket + block] = torch.tensor(depths)
+            self.host[bucket + block :] = seen.view(-1)
+        if self.copied is not None:
+            self.meta.copy_(self.host, non_blocking=True)
+            self.copied.record()
+
+
+class StaticStep:
+    """The static forward of one `NativeLM` over one `KVCache` (`bind` a new one after growing it)."""
+
+    def __init__(self, lm: NativeLM, exact: bool):
+        self.lm, self.exact = lm, exact
+        self.ring = exact  # each chain token at the block row of its position mod K (exact's construction)
+        self.capture = lm.device.type == "cuda"  # CUDA graphs; the CPU runs the same code eagerly
+        self.block = 1  # K: the widest block planned
+        self.cache: KVCache | None = None
+        self.shapes: set[Shape] = set()  # every shape a forward ran
+        self.captures = 0  # CUDA graphs captured (0 on the CPU)
+        self._buffers: dict[Shape, _Buffers] = {}
+        self._graphs: dict[Shape, object] = {}
+        self._warm: set[tuple[int, ...]] = set()  # hidden-state sets whose planned shapes are captured
+
+    def bind(self, cache: KVCache) -> None:
+        """A new cache: buffers and graphs hold the old one's storage, so they go."""
+        self.cache = cache
+        self._buffers.clear()
+        self._graphs.clear()
+        self._warm.clear()
+
+    def plan(self, block: int) -> None:
+        self.block = max(self.block, min(block, MAX_BLOCK))
+        self._warm.clear()  # new shapes to capture
+
+    def blocks(self) -> list[int]:
+        """The block sizes a forward pads to: K alone (exact), or powers of two below K and K (fast)."""
+        return [self.block] if self.exact else sorted({min(bucket_of(n), self.block) for n in range(1, self.block + 1)})
+
+    def planned(self, hidden: tuple[int, ...]) -> list[Shape]:
+        """Every shape a forward asking for `hidden` runs as, within the plan (what a GPU captures
+        at the first such forward): exact, one; fast, every bucket up to the cache's rows by
+        every block, and the tree blocks of one sequence."""
+        if self.exact:
+            return [Shape(self.cache.batch, self.block, False, hidden)]
+        buckets = [1 << i for i in range(self.cache.batch.bit_length())]
+        return ([Shape(bucket, block, False, hidden) for bucket in buckets for block in self.blocks()]
+                + [Shape(1, block, True, hidden) for block in self.blocks() if block > 1])
+
+    def shape(self, batch: int, n: int, tree: tuple[int, ...] | None, hidden: tuple[int, ...]) -> Shape | None:
+        """The shape a forward of [batch, n] runs as, or None: a block wider than planned (a
+        prompt fed through `forward`) runs the eager forward, so no unplanned shape is made."""
+        if n > self.block:
+            return None
+        if self.exact:
+            return Shape(self.cache.batch, self.block, tree is not None, tuple(hidden))
+        return Shape(bucket_of(batch), min(bucket_of(n), self.block), tree is not None, tuple(hidden))
+
+    @torch.inference_mode()
+    def forward(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """ids [B, n] at the rows' `lengths` (host ints, every cache row's) -> (logits [B, n, V],
+        {key: [B, n, H]}), as the eager forward returns them."""
+        if self.capture and shape.hidden not in self._warm:
+            self._capture_planned(shape.hidden, lengths)
+        buffers = self._buffers_of(shape)
+        buffers.fill(shape, ids, lengths, tree)
+        self.shapes.add(shape)
+        batch, n = ids.shape
+        if self.capture:
+            graph = self._graphs.get(shape) or self._capture(shape, buffers)  # an unplanned tree: captured now
+            graph.replay()
+            logits, hidden = buffers.out  # the graph's own memory, rewritten by its next replay: copied
+            return logits[:batch, :n].clone(), {key: value[:batch, :n].clone() for key, value in hidden.items()}
+        logits, hidden = self._compute(shape, buffers)
+        return logits[:batch, :n], {key: value[:batch, :n] for key, value in hidden.items()}
+
+    def _buffers_of(self, shape: Shape) -> _Buffers:
+        buffers = self._buffers.get(shape)
+        if buffers is None:
+            buffers = self._buffers[shape] = _Buffers(shape, self.cache, self.lm.device)
+        return buffers
+
+    def _capture_planned(self, hidden: tuple[int, ...], lengths: list[int]) -> None:
+        """Capture every planned shape not captured yet, on padding inputs: a token 0 at each
+        row's length (writing only slots past the rows' lengths), a tree block of padding rows."""
+        pad = torch.zeros(1, 1, dtype=torch.long, device=self.lm.device)
+        for shape in self.planned(hidden):
+            if shape not in self._graphs:
+                buffers = self._buffers_of(shape)
+                buffers.fill(shape, pad, lengths, () if shape.tree else None)
+                self._capture(shape, buffers)
+        self._warm.add(hidden)
+
+    def _capture(self, shape: Shape, buffers: _Buffers):
+        """Capture the shape's graph (torch's recipe: warm up on a side stream first, so lazy
+        library set-up stays outside the graph). The warm-up computes this step and writes its
+        keys; the capture runs nothing, and the replay writes the same keys again."""
+        device = self.lm.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self._compute(shape, buffers)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            buffers.out = self._compute(shape, buffers)
+        self._graphs[shape] = graph
+        self.captures += 1
+        return graph
+
+    def _compute(self, shape: Shape, buffers: _Buffers) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The step, on the buffers alone (what a graph captures: no host reads, no new shapes)."""
+        lm, bucket, block, width = self.lm, shape.bucket, shape.block, self.cache.width
+        device = buffers.ids.device
+        starts = buffers.meta[:bucket, None]  # [bucket, 1]: each row's length, its block's first slot
+        rows = torch.arange(block, device=device)
+        ring = self.ring and not shape.tree
+        if shape.tree:
+            positions = starts + buffers.meta[bucket : bucket + block]  # [bucket, K]: start + depth
+            slots = starts + rows  # a tree's rows sit in block order
+            seen = buffers.meta[bucket + block :].view(block, block) != 0
+            mask = _mask(starts[:, 0], block, width, seen)  # [bucket, 1, K, width]
+            ids = buffers.ids
+        else:
+            # [bucket, K]: the token each block row holds
+            order = (rows - starts) % block if ring else rows.expand(bucket, block)
+            positions = slots = starts + order
+            mask = (torch.arange(width, device=device) <= positions[..., None])[:, None]  # causal, by position
+            ids = buffers.ids.gather(1, order)
+        table = positions.clamp(max=lm.max_len - 1).view(-1)  # padding rows may run past the rope table
+        cos, sin = lm.cos[table].view(bucket * block, 1, -1), lm.sin[table].view(bucket * block, 1, -1)
+        x, hidden = lm.stack(lm.embed(ids.reshape(-1)), cos, sin, lm.additive(mask), slots, buffers.keys,
+                             buffers.values, shape.hidden)
+        logits = wide(lm.head.matmul(x)).view(bucket, block, -1)
+        if ring:  # back to block order: token j of row b sits at ring row (start + j) mod K
+            back = (rows + starts) % block
+            logits, hidden = _take(logits, back), {key: _take(value, back) for key, value in hidden.items()}
+        return logits, hidden
+
+
+def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t [B, K, D] gathered along K by index [B, K]."""
+    return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))

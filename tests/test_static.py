@@ -1,0 +1,274 @@
+"""The native engine's static step (`graphs=on`, engine/static.py): decode forwards in a few fixed
+shapes over persistent buffers, attention over the whole cache with lengths on the device.
+
+On the CPU the static code runs eagerly (no capture), so its logic is tested here; the `cuda`
+cases run the same tests with CUDA graphs captured and replayed (benchmarks/gpu_check.sh runs
+them). What is checked: the static step computes what the eager forward does (chains, trees,
+ragged batches, hidden states); `kernels=exact` makes every verify row bitwise its plain step's
+row, in float32 too, whatever the precision; greedy speculative output equals plain decoding;
+a generation runs a fixed set of shapes (graphs), and a second one adds none.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPT, TREE_PARENTS, feed, tiny_model, tiny_target
+from specpipe.controllers.confidence import ConfidenceGamma
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.controllers.guard import guarded
+from specpipe.controllers.heuristic import HeuristicGamma
+from specpipe.decode.loop import Decoder
+from specpipe.decode.syncs import reads_per_step
+from specpipe.engine import FINAL, make_runner
+from specpipe.engine.static import Shape
+from specpipe.pipeline import Pipeline, Request
+from specpipe.proposers.medusa import MedusaProposer
+from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.ngram import NgramProposer
+from specpipe.sampling import SamplingParams
+from specpipe.verifiers.greedy import GreedyVerifier
+from test_cli import model_dirs  # noqa: F401  (a fixture)
+from test_engine import tiny_qwen
+from test_medusa import random_heads
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
+KERNELS = ["exact", "fast"]
+REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
+GREEDY = SamplingParams()
+
+
+def static(model, device="cpu", kernels="exact", block=5, **options):
+    runner = make_runner(model, engine="native", device=device, graphs="on", kernels=kernels, **options)
+    runner.plan(block)
+    return runner
+
+
+def close(device):
+    """Exact on the CPU in float64; a GPU's float64 kernels may reduce in another order."""
+    return dict(rtol=0, atol=1e-10) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_static_rows_equal_the_eager_forward(family, kernels, device):
+    """Prefill (eager), then steps of 1-5 tokens and a rollback: logits and hidden states as the
+    eager forward's (float64: equal to ~1e-15)."""
+    model = tiny_model(0) if family == "llama" else tiny_qwen(0)
+    eager, fixed = make_runner(model, engine="native", device=device, graphs="off"), static(model, device, kernels)
+    assert (eager.step, fixed.step.split(" + ")[0]) == ("eager", f"static {kernels}")
+    for ids in (PROMPT, [3], [4, 5, 6], [7, 8, 9, 10, 11], [1], [2, 2]):
+        want, got = feed(eager, ids, hidden=(0, FINAL)), feed(fixed, ids, hidden=(0, FINAL))
+        torch.testing.assert_close(got.logits, want.logits, **close(device))
+        torch.testing.assert_close(got.hidden[FINAL], want.hidden[FINAL], **close(device))
+        torch.testing.assert_close(got.hidden[0], want.hidden[0], **close(device))
+        eager.crop(0, eager.length - 1), fixed.crop(0, fixed.length - 1)  # a rejected last token
+    assert fixed.lengths[0] == eager.lengths[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_static_batch_rows_are_independent_and_ragged(kernels, device):
+    """Three ragged rows in a bucket of four: each row equals that sequence alone (eager)."""
+    model = tiny_qwen(1)
+    runner = static(model, device, kernels, block=3)
+    runner.reserve(3)
+    assert runner.rows == 4  # the bucket
+    prefixes = [[5, 17, 33, 2, 9, 41], [7, 8, 9, 10], [60, 1]]
+    for row, ids in enumerate(prefixes):
+        runner.prefill(row, ids)
+    new = torch.tensor([[20, 21, 22], [30, 31, 32], [40, 41, 42]]).to(runner.device)
+    out = runner.forward(new, hidden=(FINAL,))
+    assert runner.lengths[:3] == [9, 7, 5]
+    for row in range(3):
+        alone = make_runner(model, engine="native", device=device, graphs="off")
+        want = feed(alone, prefixes[row] + new[row].tolist(), hidden=(FINAL,))
+        torch.testing.assert_close(out.logits[row], want.logits[0, -3:], **close(device))
+        torch.testing.assert_close(out.hidden[FINAL][row], want.hidden[FINAL][0, -3:], **close(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_static_tree_rows_equal_their_paths(device):
+    """A tree block (kernels=fast takes trees) through the static step: every row equals the
+    eager one-token forwards along its path."""
+    from specpipe.types import ancestry_of
+
+    model, tokens = tiny_model(0), list(range(30, 30 + len(TREE_PARENTS)))
+    runner, eager = static(model, device, "fast", block=len(TREE_PARENTS) + 1), make_runner(model, graphs="off")
+    assert runner.trees
+    feed(runner, PROMPT[:-1])
+    rows = feed(runner, [PROMPT[-1], *tokens], tree=TREE_PARENTS).logits[0]
+    ancestry = ancestry_of(TREE_PARENTS)
+    for node in range(len(TREE_PARENTS) + 1):  # row 0: the last prompt token; row i: node i - 1
+        path = [tokens[i - 1] for i in range(1, node + 1) if ancestry[node, i]]
+        eager.reset()
+        want = feed(eager, PROMPT + path).logits[0, -1]
+        torch.testing.assert_close(rows[node].cpu(), want, rtol=0, atol=1e-10 if device == "cpu" else 1e-6)
+    assert any(shape.tree for shape in runner.static.shapes)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block", [5, 9])
+@pytest.mark.parametrize("precision", ["none", "fp16", "bf16", "w8a16"])
+def test_exact_static_rows_are_bitwise_plain_steps_in_float32(precision, block, device):
+    """kernels=exact, float32 model: every row of a 2..K-token block is bitwise the padded
+    one-token step at that position, alone and in a batch. K = 5 and 9 are row counts for which
+    a 2-core CPU's fp32 GEMM computed the last row differently from the others (MKL, two
+    threads), so a verify row would differ from a plain row at another index: the ring (each
+    token at the block row of its position) is what makes them equal."""
+    if device == "cuda" and precision in ("fp16", "w8a16"):
+        pytest.skip("a CPU-only kernel")
+    model = tiny_model(0, dtype=torch.float32)
+    runner = static(model, device, kernels="exact", block=block, precision=precision)
+    draft = list(range(20, 20 + block))
+    feed(runner, PROMPT)
+    singles = torch.cat([feed(runner, [t]).logits[0] for t in draft])  # [K, V]
+    for k in range(2, block + 1):
+        runner.crop(0, len(PROMPT))
+        assert torch.equal(feed(runner, draft[:k]).logits[0], singles[:k]), k
+    assert runner.static.shapes == {Shape(1, block, False, ())}
+    batch = static(model, device, kernels="exact", block=block, precision=precision)
+    batch.reserve(3)  # three rows in a bucket of four
+    prompts = [PROMPT, [3, 60, 22], [9, 9, 8, 7, 6, 5, 4, 3, 2, 1]]
+    for row, ids in enumerate(prompts):
+        batch.prefill(row, ids)
+    steps = [batch.forward(torch.tensor([[t + row] for row in range(3)]).to(batch.device)).logits
+             for t in draft[:3]]  # plain steps
+    for row, ids in enumerate(prompts):
+        batch.crop(row, len(ids))
+    verify = batch.forward(torch.tensor([[t + row for t in draft[:3]] for row in range(3)]).to(batch.device)).logits
+    assert torch.equal(verify, torch.cat(steps, 1))
+
+
+def pipelines(kernels: str, proposer, controller, device="cpu"):
+    target = tiny_target(seed=0)
+    runner = make_runner(target.model, engine="native", device=device, graphs="on", kernels=kernels)
+    return Pipeline(target, proposer, GreedyVerifier(), controller, runner=runner), target
+
+
+PROPOSERS = {
+    "ngram": lambda device: (NgramProposer(ngram_max=3, ngram_min=1), FixedGamma(4)),
+    "ngram-adaptive": lambda device: (NgramProposer(ngram_max=3, ngram_min=1), HeuristicGamma(2, 1, 6)),
+    "draft": lambda device: (ModelDrafter(tiny_model(seed=7, layers=1), GREEDY, device=device), FixedGamma(3)),
+    "medusa": lambda device: (MedusaProposer(random_heads(seed=1), GREEDY), FixedGamma(3)),
+    "medusa-tree": lambda device: (MedusaProposer(random_heads(seed=1), GREEDY, tree=[[0], [1], [0, 0], [0, 1]]),
+                                   FixedGamma(3)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_greedy_static_output_equals_plain_decoding(proposer, kernels, device):
+    """Chains (fixed and adaptive γ, a draft model, Medusa heads), a tree (exact: its best path),
+    one sequence and a batch: the speculative output is the plain output of the same pipeline,
+    and both are the eager engine's plain output."""
+    pipe, target = pipelines(kernels, *PROPOSERS[proposer](device), device=device)
+    eager = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(target.model, graphs="off"))
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    want = [eager.run(p, max_new_tokens=20, speculative=False).token_ids for p in prompts]
+    runs = [pipe.run(p, max_new_tokens=20) for p in prompts]
+    assert [r.token_ids for r in runs] == want
+    assert sum(r.stats.drafted for r in runs) > 0
+    assert [pipe.run(p, max_new_tokens=20, speculative=False).token_ids for p in prompts] == want
+    if not proposer.endswith("tree"):
+        assert [o.token_ids for o in pipe.generate_batch(prompts, max_new_tokens=20)] == want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_generations_run_only_planned_shapes_captured_once(kernels, device):
+    """The shapes a pipeline's forwards may run are fixed by its plan before it decodes; every
+    forward of its generations runs one of them (kernels=exact: ONE, plain steps and verify
+    blocks alike), and on a GPU all are captured at the first forward and never again."""
+    pipe, _ = pipelines(kernels, *PROPOSERS["ngram-adaptive"](device), device=device)
+    pipe.runner.reserve(3)
+    static = pipe.runner.static
+    planned = set(static.planned(()))
+    widest = 1 + 6  # the heuristic controller's gamma_max
+    if kernels == "exact":
+        assert planned == {Shape(4, widest, False, ())}  # the bucket of the cache's rows, K
+    else:
+        assert planned == {Shape(b, k, False, ()) for b in (1, 2, 4) for k in (1, 2, 4, widest)} | {
+            Shape(1, k, True, ()) for k in (2, 4, widest)}
+    pipe.generate_batch([REPEATING, PROMPT, [3, 60, 22]], max_new_tokens=16)
+    captures = static.captures
+    assert captures == (len(planned) if device == "cuda" else 0)
+    for prompt in ([5, 5, 6, 5, 5, 6, 5], [11, 12, 13, 11, 12, 13, 11, 12]):
+        pipe.run(prompt, max_new_tokens=24)
+        pipe.run(prompt, max_new_tokens=24, speculative=False)
+    pipe.generate_batch([PROMPT, REPEATING, [40, 41]], max_new_tokens=12)
+    assert static.captures == captures and static.shapes <= planned
+    assert len(static.shapes) == 1 if kernels == "exact" else len(static.shapes) > 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_a_static_step_reads_the_host_once(kernels, device):
+    """The static step adds no read back to the host: a step's one read is the verdict's."""
+    pipe, _ = pipelines(kernels, *PROPOSERS["ngram"](device), device=device)
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    counts = reads_per_step(Decoder(pipe, len(prompts)), [Request(p, 12) for p in prompts])
+    assert len(counts) > 2 and max(counts) == 1, counts
+
+
+def test_exact_static_plans_the_widest_block_and_takes_chains_only():
+    """The block is planned from the controller's widest γ (a schedule's included) and the
+    proposer's tree; exact static steps take no trees, so a tree proposer drafts chains."""
+    target = tiny_target(seed=0)
+    heads = random_heads(seed=1)
+    tree = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    for kernels, trees, block in (("exact", False, 1 + 3), ("fast", True, 1 + len(tree))):
+        runner = make_runner(target.model, graphs="on", kernels=kernels)
+        Pipeline(target, MedusaProposer(heads, GREEDY, tree=tree), GreedyVerifier(), FixedGamma(3), runner=runner)
+        assert (runner.trees, runner.static.block) == (trees, block)
+    controller = FixedGamma(2)
+    controller.schedule = {2: 5}
+    runner = make_runner(target.model, graphs="on")
+    Pipeline(target, NgramProposer(), GreedyVerifier(), controller, runner=runner)
+    assert runner.static.block == 1 + 5
+    # an adaptive controller's bound; the confidence controller keeps its γ (it stops drafts early)
+    for controller, widest in ((HeuristicGamma(2, 1, 6), 6), (guarded(ConfidenceGamma(4, 1, 6)), 4)):
+        runner = make_runner(target.model, graphs="on")
+        Pipeline(target, NgramProposer(), GreedyVerifier(), controller, runner=runner)
+        assert runner.static.block == 1 + widest
+    assert make_runner(target.model).static is None  # graphs=auto: eager on the CPU
+
+
+def test_check_names_the_step_and_the_guarantee_that_runs(model_dirs):
+    from specpipe.build import config_checks
+    from specpipe.config import compose
+
+    def guarantee(*settings):
+        checks = config_checks(compose([f"model={model_dirs / 'target'}", "proposer=ngram", *settings]))
+        engine = next(c for c in checks if c.name == "engine")
+        return engine.why, next(c for c in checks if c.name == "verify guarantee").why
+
+    engine, why = guarantee()
+    assert "eager" in engine and why.startswith("none: verify rows equal one-token rows to ~1e-5")
+    engine, why = guarantee("graphs=on")
+    assert "static decode steps" in engine and "run eagerly on the CPU" in engine
+    assert why.startswith("exact by construction (none, graphs, kernels=exact)")
+    assert guarantee("graphs=on", "kernels=fast")[1].startswith("tolerance (none, graphs, kernels=fast)")
+    refusals = [c.why for c in config_checks(compose([f"model={model_dirs / 'target'}", "graphs=on", "engine=hf"]))
+                if c.status == "refuse"]
+    assert any("graphs=on needs the native engine" in why for why in refusals)
+    refusals = [c.why for c in config_checks(compose([f"model={model_dirs / 'target'}", "kernels=fastest"]))
+                if c.status == "refuse"]
+    assert any("kernels is one of exact, fast" in why for why in refusals)
+    notes = config_checks(compose([f"model={model_dirs / 'target'}", "kernels=fast"]))  # eager: nothing to choose
+    assert [c.status for c in notes if c.name == "kernels"] == ["n/a"]
+    assert not [c for c in config_checks(compose([f"model={model_dirs / 'target'}", "graphs=on", "kernels=fast"]))
+                if c.name == "kernels"]
+
+
+def test_a_pipeline_from_config_runs_the_target_static_and_its_draft_eager(model_dirs):
+    from specpipe.config import compose
+
+    pipe = Pipeline.from_config(compose([f"model={model_dirs / 'target'}", "graphs=on", "proposer=draft",
+                                         f"proposer.model={model_dirs / 'draft'}", "gamma=3"]))
+    assert pipe.runner.step == "static exact" and pipe.proposer.runner.step == "eager"
+    run = pipe.run("w5 w9 w5 w9 w5", max_new_tokens=12)
+    assert run.token_ids == pipe.run("w5 w9 w5 w9 w5", max_new_tokens=12, speculative=False).token_ids
