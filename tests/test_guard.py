@@ -131,6 +131,18 @@ def test_a_batch_whose_rows_together_yield_less_than_plain_steps_steps_plain():
     assert sum(any(row) for row in trace[:20]) <= 6  # a plain step's worth lost a step: judged within a few
 
 
+def test_as_a_load_drains_a_smaller_batch_starts_where_the_larger_one_stood():
+    guard = Guard(FixedGamma(4))
+    slots = tuple(range(8))
+    for slot in slots:
+        guard.admit(slot)
+    compute_bound = lambda w: 8 * PLAIN_S * (1 + 0.5 * (w - 1))  # noqa: E731
+    run(guard, 100, lambda slot, g: 1, compute_bound, slots=slots)  # 2 tokens a row at 3 plain steps' cost
+    assert guard.paused(0)
+    drained = run(guard, 6, lambda slot, g: 1, lambda w: 7 / 8 * compute_bound(w), slots=slots[:7])
+    assert drained == [[0] * 7] * 6  # 7 rows: paused from its first step
+
+
 def test_a_paused_batch_size_speculates_again_when_it_pays():
     slots = (0, 1)
     guard = Guard(FixedGamma(4))

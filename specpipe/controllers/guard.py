@@ -111,7 +111,7 @@ class Guard(Controller):
         gamma = self.inner.gamma(batch)
         due = [row for row in self._rows.values() if self._plain_due(row)]
         self._probe_plain = gamma > 0 and bool(due) and (batch == 1 or self._plain_stale(batch))
-        size = self._sizes.get(batch)
+        size = self._size(batch) if batch > 1 else None
         self._hold_batch = gamma > 0 and size is not None and size.paused and size.wait > 0
         for row in due:  # probed now, or measured by a neighbour's probe a moment ago
             row.plain_at = row.steps
@@ -180,11 +180,25 @@ class Guard(Controller):
     def _judge_batch(self, batch: int, verdicts: list[RowVerdict], given: list[int], cost: float) -> None:
         """The batch as a whole: the tokens a row emitted, on average, per plain step's worth of time
         (a plain step at this size yields one a row)."""
-        size = self._sizes.setdefault(batch, RowGuard(interval=self.probe_every, fade=self.fade))
+        size = self._size(batch)
         if any(g > 0 and verdict.gamma > 0 for verdict, g in zip(verdicts, given)):
             self._judge(size, sum(verdict.n_accepted + 1 for verdict in verdicts) / batch, cost)
         elif size.paused and self._hold_batch:
             size.wait -= 1
+
+    def _size(self, batch: int) -> RowGuard:
+        """The verdict on speculating at this batch size. Speculation pays less the more rows a
+        batch has (a plain step of more rows uses more of the hardware, leaving less idle for
+        draft tokens), so a size seen first starts paused where the nearest larger size measured
+        is paused, and a trial after `probe_every` steps says otherwise: as a load drains, 7, 6,
+        5 rows would each spend a judging window relearning what 8 rows found."""
+        size = self._sizes.get(batch)
+        if size is None:
+            larger = [state for other, state in sorted(self._sizes.items()) if other > batch]
+            paused = bool(larger) and larger[0].paused
+            size = self._sizes[batch] = RowGuard(paused=paused, wait=self.probe_every if paused else 0,
+                                                 interval=self.probe_every, fade=self.fade)
+        return size
 
     def _judge(self, row: RowGuard, tokens: int, cost: float) -> None:
         """A speculative step (`tokens` emitted in `cost` plain steps' time): pause a row whose
