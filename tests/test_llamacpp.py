@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import PINNED
 from specpipe.checks.llamacpp import check_llamacpp
 from specpipe.commands.install import EXACT, PORTABLE, build_flags
 from specpipe.config import compose
@@ -166,7 +167,7 @@ def test_greedy_output_equals_plain_on_llamacpp(overrides, prompts):
     from specpipe.engine.llamacpp import probe_exact
     from specpipe.pipeline import Pipeline
 
-    pipeline = Pipeline.from_config(compose(["engine=llamacpp", *overrides, "gamma=4"]))
+    pipeline = Pipeline.from_config(compose(["engine=llamacpp", *overrides, "gamma=4", *PINNED]))
     assert pipeline.runner.engine == "llamacpp"
     exact = probe_exact(pipeline.runner) > max(4, pipeline.controller.gamma_max)  # every block it may verify
     accepted = 0
@@ -210,7 +211,7 @@ def test_a_lower_bit_gguf_twin_drafts_losslessly(tmp_path, prompts):
     params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, True, 2
     assert llama_cpp.llama_model_quantize(str(Path(source.path) / source.gguf).encode(), str(twin).encode(),
                                           params) == 0
-    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=twin", f"proposer.gguf={twin}", "gamma=3"]))
+    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=twin", f"proposer.gguf={twin}", "gamma=3", *PINNED]))
     ids = pipeline.encode(prompts[0]["messages"])
     spec = pipeline.run(ids, max_new_tokens=32)
     plain = pipeline.run(ids, max_new_tokens=32, speculative=False)

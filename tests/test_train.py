@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_model, tiny_tokenizer
+from conftest import PINNED, tiny_model, tiny_tokenizer
 from specpipe.engine import make_runner
 from specpipe.commands import train as train_command
 from specpipe.config import compose
@@ -93,7 +93,7 @@ def test_train_writes_heads_and_a_recipe_and_resumes(setup, tmp_path, monkeypatc
     # held out: the target's own answers; chance is 1/64 (measured here: 0.20 with the native
     # engine's batched answers, 0.30 with transformers' on the hf engine: fp16 near-ties part a few)
     assert len(accuracy) == 4 and accuracy[0] > 0.1
-    cfg = compose([f"recipe={recipe.path}", f"model={setup / 'target'}", "gamma=3"])
+    cfg = compose([f"recipe={recipe.path}", f"model={setup / 'target'}", "gamma=3", *PINNED])
     pipeline = Pipeline.from_config(cfg)
     prompt = json.loads((setup / "prompts.jsonl").read_text().splitlines()[0])["messages"]
     spec = pipeline.run(prompt, max_new_tokens=40)
@@ -124,7 +124,7 @@ def test_train_eagle_writes_a_head_and_a_recipe_that_decodes_losslessly(setup, t
     assert recipe.strategy["controller"] == "confidence"  # the head's confidence gates its drafting
     assert recipe.strategy["proposer.lookup"] is True  # prompt lookup first, the head where nothing matches
     for tree in ([], ["proposer.tree={top_k: 2, nodes: 6}"]):
-        pipeline = Pipeline.from_config(compose([f"recipe={recipe.path}", f"model={setup / 'target'}", "gamma=3",
+        pipeline = Pipeline.from_config(compose([f"recipe={recipe.path}", f"model={setup / 'target'}", "gamma=3", *PINNED,
                                                  *tree]))
         prompt = json.loads((setup / "prompts.jsonl").read_text().splitlines()[0])["messages"]
         spec = pipeline.run(prompt, max_new_tokens=40)
