@@ -2,7 +2,8 @@
 
 Shared by the `draft` proposer (an independent model) and the `twin` proposer (the target's own
 weights at a cheaper precision). The drafter keeps its own KV cache of the same rows as the
-target's; each draft step is one forward of every drafting row. After each verdict a row's cache
+target's, filled when a row first drafts (not at its prompt: a request held at γ = 0 never pays
+for the draft); each draft step is one forward of every drafting row. After each verdict a row's cache
 is cropped to the longest prefix it shares with the committed tokens, and its next draft first
 feeds whatever committed tokens it lacks (the last token, plus the last draft token when all γ
 were accepted): rows lag by one or two, so that first forward is ragged, right-padded, each
@@ -49,15 +50,25 @@ class ModelDrafter(Proposer):
             self.base, self.fed = [0] * rows, [0] * rows
 
     def prefill(self, row: int, prompt: list[int], out=None) -> None:
+        """The row starts empty: its first draft feeds the prompt (`_catch_up`), so a request that
+        never drafts (the guard holding it at γ = 0) never pays the draft's prefill."""
         self.runner.reset(row)
         self.fed[row] = 0
-        if len(prompt) > 1:
-            self.runner.prefill(row, prompt[:-1])
+
+    def _catch_up(self, feeds: list[list[int]]) -> list[list[int]]:
+        """A row lacking more than the usual one or two tokens (its prompt, or what a long pause
+        at γ = 0 committed) gets a prefill of its own, so the ragged first forward stays narrow
+        for every row instead of padding each one to the longest lag."""
+        for row, feed in enumerate(feeds):
+            if len(feed) > 2:
+                self.runner.prefill(row, feed[:-1])
+                feeds[row] = feed[-1:]
+        return feeds
 
     @torch.inference_mode()
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
         count, device, steps = len(gammas), self.runner.device, max(gammas, default=0)
-        feeds = [rows.tokens[b][self.runner.lengths[b]:] if gammas[b] else [] for b in range(count)]
+        feeds = self._catch_up([rows.tokens[b][self.runner.lengths[b]:] if gammas[b] else [] for b in range(count)])
         width = max(len(feed) for feed in feeds)  # every drafting row lacks at least its last token
         ids = torch.tensor([feed + [feed[-1] if feed else 0] * (width - len(feed)) for feed in feeds])  # [B, w]
         ids = ids.to(device, non_blocking=True)
