@@ -66,7 +66,7 @@ from specpipe.types import RowVerdict, StepTiming
 
 @dataclass
 class RowGuard:
-    """One request's verdict on speculation."""
+    """A verdict on speculation: one request's (a row's), one batch size's, or the recent requests'."""
 
     tokens: float = 0.0  # emitted by its speculative steps since it (re)started (fading, per row: a batch)
     cost: float = 0.0  # their seconds, in plain steps
