@@ -213,7 +213,8 @@ def test_a_lower_bit_gguf_twin_drafts_losslessly(tmp_path, prompts):
     params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, True, 2
     assert llama_cpp.llama_model_quantize(str(Path(source.path) / source.gguf).encode(), str(twin).encode(),
                                           params) == 0
-    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=twin", f"proposer.gguf={twin}", "gamma=3", *PINNED]))
+    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=twin", f"proposer.gguf={twin}", "gamma=3",
+                                             *PINNED]))
     ids = pipeline.encode(prompts[0]["messages"])
     spec = pipeline.run(ids, max_new_tokens=32)
     plain = pipeline.run(ids, max_new_tokens=32, speculative=False)
