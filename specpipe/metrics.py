@@ -35,10 +35,10 @@ class Stats:
         self.drafted += verdict.gamma
         self.accepted += verdict.n_accepted
         self.emitted += emitted
-        self.propose_s += timing.propose_s
+        self.propose_s += timing.fill_s + timing.propose_s  # a draft cache's fill is the proposer's time
         self.verify_s += timing.verify_s
         self.gamma_trace.append(verdict.gamma)
-        self.step_s.append(timing.propose_s + timing.verify_s)
+        self.step_s.append(timing.total_s)
         self.emitted_trace.append(emitted)
         _grow(self.drafted_at, verdict.gamma)
         _grow(self.accepted_at, verdict.gamma)

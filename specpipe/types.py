@@ -264,11 +264,18 @@ class RowVerdict:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """Seconds of one step's two phases (CUDA events on a GPU, the wall clock on the CPU)."""
+    """Seconds of one step's phases (CUDA events on a GPU, the wall clock on the CPU).
+
+    fill_s: a proposer bringing its own cache up to rows' committed tokens before drafting (a
+    draft model's first draft of a request, or its first after a pause at γ = 0): a one-off,
+    the price of starting to speculate rather than of each draft, so controllers read the
+    proposal's cost from propose_s alone.
+    """
 
     propose_s: float
     verify_s: float
+    fill_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.propose_s + self.verify_s
+        return self.fill_s + self.propose_s + self.verify_s

@@ -176,10 +176,67 @@ def test_after_requests_whose_speculation_did_not_pay_a_new_one_starts_paused():
     run(guard, 60, lambda slot, g: 0, dear)
     guard.admit(0)  # the next request
     assert guard.paused(0)
-    trace = [g for g, in run(guard, 40, lambda slot, g: g, cheap)]  # this one's drafts pay
-    assert trace[:guard.probe_max // 2] == [0] * (guard.probe_max // 2) and trace[-4:] == [4] * 4
+    trace = [g for g, in run(guard, 400, lambda slot, g: g, cheap)]  # this one's drafts pay
+    first = trace.index(4)
+    assert first >= guard.probe_max // 2 and trace[-4:] == [4] * 4
+    assert trace[first:first + 20].count(4) >= 19  # its trial paid: it goes on
     guard.admit(0)
     assert not guard.paused(0)  # the recent requests' speculation pays again
+
+
+def test_trials_follow_one_schedule_across_requests():
+    """Where speculation does not pay, each new request waits for the pipeline's next trial
+    (doubling while trials fail) instead of making one of its own: a draft model's trial fills
+    its cache, as dear as a prefill, and one in every short request would cost more than the
+    `explore` share."""
+    guard = Guard(FixedGamma(4))
+    trials = 0
+    for _ in range(30):  # 30 requests of 40 steps: 1,200 steps
+        guard.admit(0)
+        trace = [g for g, in run(guard, 40, lambda slot, g: 1, twin_like)]
+        trials += any(trace)
+    assert trials <= 6  # the first request, then ever further apart (the schedule doubles)
+    guard.admit(0)
+    assert guard.paused(0)
+
+
+def test_a_draft_caches_fill_is_the_trials_price_not_each_steps():
+    """A draft model's first draft of a request fills its cache with the prompt (`fill_s`):
+    judged as a step, one long prompt would pause a draft that pays; it is charged to the
+    wait after a trial that fails instead."""
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    first = True
+    for _ in range(40):
+        gamma = guard.row_gamma(0, guard.gamma(1))
+        fill = 20 * PLAIN_S if gamma and first else 0.0  # a prompt's fill: 20 plain steps' worth
+        first = first and not gamma
+        guard.update_rows([0], [RowVerdict(min(2, gamma), 0, gamma)], StepTiming(0.0, cheap(1 + gamma), fill), 1)
+    assert not guard.paused(0)  # 3 tokens a step at 1.2 plain steps: it pays, the fill apart
+    bad = Guard(FixedGamma(4))
+    bad.admit(0)
+    run(bad, 3, lambda slot, g: 0, dear)  # paused by the loss rule after its first steps
+    for _ in range(40):
+        gamma = bad.row_gamma(0, bad.gamma(1))
+        bad.update_rows([0], [RowVerdict(0, 0, gamma)], StepTiming(0.0, dear(1 + gamma), 20 * PLAIN_S if gamma else 0.0), 1)
+        if gamma:
+            break
+    assert bad.paused(0) and bad._rows[0].wait >= 20 / bad.explore  # the trial's fill sets its wait
+
+
+def test_where_recent_requests_paid_a_poor_opening_is_not_judged_alone():
+    """A request starts with the recent requests' gain as `prior` steps of evidence: a small
+    model's free text often turns repetitive after a few dozen tokens, where drafts pay."""
+    def request(guard: Guard, opening: int) -> list[int]:
+        guard.admit(0)
+        return [g for g, in run(guard, opening, lambda slot, g: 0, cheap)]
+
+    paid = Guard(FixedGamma(4))
+    paid.admit(0)
+    run(paid, 100, lambda slot, g: g, cheap)  # a request whose drafts pay: 5 tokens a step
+    assert all(request(paid, 12)[1:])  # 11 poor steps (1 token in 1.2 plain steps): not paused yet
+    fresh = Guard(FixedGamma(4))
+    assert not all(request(fresh, 12)[1:])  # without that history: paused after `window`
 
 
 def test_a_new_request_starts_afresh_but_keeps_the_plain_cost():
@@ -248,13 +305,13 @@ def test_a_guarded_run_equals_plain_greedy_token_for_token(scripted):
     target = tiny_target(seed=0, eos=EOS)
     pipe = scripted(Pipeline(target, ModelDrafter(tiny_model(seed=7, layers=1), GREEDY), GreedyVerifier(),
                              Guard(FixedGamma(4))))
-    held = steps = 0
+    held = steps = drafted = 0
     for prompt in (PROMPT, [3, 60, 22], [9, 9, 30, 2, 61], [12, 40]):
         got = pipe.run(prompt, max_new_tokens=60)
         assert got.token_ids == pipe.run(prompt, max_new_tokens=60, speculative=False).token_ids
-        assert got.stats.drafted > 0 and got.stats.held > 0
-        held, steps = held + got.stats.held, steps + got.stats.steps
-    assert 3 * held >= steps, (held, steps)  # an unrelated draft at this cost: paused much of the run
+        assert got.stats.held > 0
+        held, steps, drafted = held + got.stats.held, steps + got.stats.steps, drafted + got.stats.drafted
+    assert drafted > 0 and 3 * held >= steps, (held, steps)  # an unrelated draft at this cost: paused much of the run
 
 
 def test_guarded_batches_equal_plain_greedy(scripted):

@@ -91,6 +91,35 @@ def test_a_request_can_opt_out_of_speculation_inside_a_speculating_batch():
     assert outs[0].stats.drafted > 0
 
 
+class Recording(FixedGamma):
+    """Keeps every step's timing."""
+
+    def __init__(self, gamma: int):
+        super().__init__(gamma)
+        self.timings = []
+
+    def update_rows(self, slots, verdicts, timing, batch) -> None:
+        self.timings.append(timing)
+        super().update_rows(slots, verdicts, timing, batch)
+
+
+@pytest.mark.parametrize("proposer", ["draft", "eagle"])
+def test_a_proposers_cache_fill_is_timed_apart_from_its_drafts(proposer):
+    """A draft model fills its cache with the prompt on the row's first draft, an EAGLE head
+    feeds the prompt's features: `StepTiming.fill_s`, so a controller reads the drafts' cost
+    from `propose_s` alone; later steps feed one or two tokens with the draft itself."""
+    target = tiny_target(seed=0)
+    controller = Recording(3)
+    pipe = Pipeline(target, PROPOSERS[proposer]("cpu"), GreedyVerifier(), controller)
+    prompt = REPEATING + PROMPT  # longer than the head's FILL_MIN rows
+    got = pipe.run(prompt, max_new_tokens=12)
+    assert got.token_ids == pipe.run(prompt, max_new_tokens=12, speculative=False).token_ids
+    first, *later = controller.timings
+    assert later and first.fill_s > 10 * max(t.fill_s for t in later), [t.fill_s for t in controller.timings]
+    assert first.total_s == pytest.approx(first.fill_s + first.propose_s + first.verify_s)
+    assert got.stats.propose_s >= first.fill_s  # the fill is the proposer's time in the stats
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_an_eagle_tree_step_reads_its_shape_once(device):
     """EAGLE-2's dynamic tree searches on the device and reads its shape back once (the runner's

@@ -32,11 +32,20 @@ would take for the request's worth, pausing requests that pay overall.
   paused again and the wait doubles, up to `probe_max`, and is at least the trial's loss over
   `explore` (past `probe_max` where needed): trials that do not pay cost at most that share of
   the time.
+- A step's cost leaves out its proposer's cache fill (`StepTiming.fill_s`: a draft model's
+  prompt on a row's first draft, or what a pause committed; an EAGLE head's backlog of
+  features): a one-off, the price of starting to speculate. A long prompt's fill judged as a
+  step would pause a draft that pays from there on; it is charged to the trial instead, in the
+  wait after a trial that fails.
 - Gains, pauses and the probe schedule are each request's own, reset when a request takes its
-  row (`admit`), with one thing learnt across requests: where the recent requests' speculation
-  (every row's speculative steps, fading) did not pay, a new request starts paused for
-  `probe_max // 2` steps, then trials like any other; a short request would otherwise spend
-  its first `window` steps relearning what the last ones found.
+  row (`admit`), with what is learnt across requests (the recent requests' speculation: every
+  row's speculative steps, fading). Where it paid, a new request starts with its gain as
+  `prior` steps of evidence, so a head that pays over whole answers is not stopped by a poor
+  opening alone (a small model's free text often turns repetitive, where drafts pay, after a
+  few dozen tokens). Where it did not pay, a new request starts paused until the pipeline's
+  next trial (at least `probe_max // 2` steps): one exploration schedule across requests,
+  doubling while trials fail, since a draft model's trial fills its cache, as dear as a
+  prefill, and a trial in every short request would spend more than the `explore` share.
 - Per batch size (batch > 1): the batch is judged as a whole too, on the tokens its rows emit on
   average (a plain step at that size yields one a row). One forward pads every row to the
   widest draft, so a row held at γ = 0 saves little while its neighbours draft; where the batch
@@ -69,7 +78,8 @@ class RowGuard:
     """A verdict on speculation: one request's (a row's), one batch size's, or the recent requests'."""
 
     tokens: float = 0.0  # emitted by its speculative steps since it (re)started (fading, per row: a batch)
-    cost: float = 0.0  # their seconds, in plain steps
+    cost: float = 0.0  # their seconds, in plain steps (the proposer's cache fill apart)
+    filled: float = 0.0  # plain steps' worth its proposer spent filling its cache since it (re)started
     judged: int = 0  # those steps
     steps: int = 0  # since the request took the row
     plain_at: int | None = None  # its step of the last plain probe (None: not yet)
@@ -83,13 +93,15 @@ class RowGuard:
 class Guard(Controller):
     def __init__(self, inner: Controller, *, window: int = 8, probe_every: int = 8, probe_max: int = 64,
                  refresh: int = 64, margin: float = 0.05, fade: float = 1 - 1 / 64, loss_max: float = 3.0,
-                 explore: float = 0.03):
+                 explore: float = 0.03, prior: int = 4):
         self.inner = inner
         self.gamma_min, self.gamma_max = inner.gamma_min, inner.gamma_max
         self.window, self.probe_every, self.probe_max = window, probe_every, probe_max
         self.refresh, self.margin, self.fade = refresh, margin, fade
-        self.loss_max, self.explore = loss_max, explore
+        self.loss_max, self.explore, self.prior = loss_max, explore, prior
         self._recent = RowGuard(fade=fade)  # every row's speculative steps, across requests (never paused)
+        self._next_trial = 0  # where the recent requests did not pay: the step of the pipeline's next trial
+        self._interval = probe_max // 2  # ... and the wait after it
         self._rows: dict[int, RowGuard] = {}  # batch row -> its request's state
         self._sizes: dict[int, RowGuard] = {}  # batch size (> 1) -> the verdict on speculating at that size
         self._plain: dict[int, deque] = {}  # batch size -> recent (step, seconds) of plain steps, all requests
@@ -130,11 +142,21 @@ class Guard(Controller):
         self.inner.admit(slot)
 
     def _new_row(self) -> RowGuard:
-        """A request's state: speculating, unless the recent requests' speculation did not pay."""
-        if self._pays(self._recent):
-            return RowGuard(interval=self.probe_every)
-        start = self.probe_max // 2
-        return RowGuard(paused=True, wait=start, interval=start)
+        """A request's state. Where the recent requests' speculation paid, it speculates and
+        starts with their gain as `prior` steps of evidence: a head that pays over whole answers
+        is not stopped by a poor opening (a small model's free text often turns repetitive,
+        where lookups accept γ a step, only after a few dozen tokens). Where it did not pay, it
+        starts paused until the pipeline's next trial: one exploration schedule across requests,
+        since a trial of a draft model costs its cache's fill, as dear as a prefill, and a trial
+        in every short request would spend more than the `explore` share."""
+        recent = self._recent
+        if self._recent_pays():
+            row = RowGuard(interval=self.probe_every)
+            if recent.judged >= self.window:  # the prior: a gain measured over enough steps
+                row.tokens, row.cost = self.prior * recent.tokens / recent.cost, float(self.prior)
+            return row
+        wait = max(self._next_trial - self._steps, self.probe_max // 2)
+        return RowGuard(paused=True, wait=wait, interval=self._interval)
 
     def row_gamma(self, slot: int, gamma: int) -> int:
         row = self._rows.setdefault(slot, self._new_row())
@@ -161,27 +183,31 @@ class Guard(Controller):
         if not any(verdict.gamma for verdict in verdicts):  # nothing drafted (held, or a lookup that found none)
             self._plain.setdefault(batch, deque(maxlen=5)).append((self._steps, timing.total_s))
         plain = self.plain_cost(batch)
+        cost = (timing.total_s - timing.fill_s) / plain if plain is not None else 0.0  # in plain steps
         for slot, verdict, gamma in zip(slots, verdicts, given):
             row = self._rows.setdefault(slot, self._new_row())
             row.steps += 1
             if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
-                self._judge(row, verdict.n_accepted + 1, timing.total_s / plain)
+                row.filled += timing.fill_s / plain
+                self._judge(row, verdict.n_accepted + 1, cost)
                 self._recent.tokens = self.fade * self._recent.tokens + verdict.n_accepted + 1
-                self._recent.cost = self.fade * self._recent.cost + timing.total_s / plain
+                self._recent.cost = self.fade * self._recent.cost + cost
                 self._recent.judged += 1
             elif row.paused and not self._probe_plain:
                 row.wait -= 1
         if batch > 1 and plain is not None:
-            self._judge_batch(batch, verdicts, given, timing.total_s / plain)
+            self._judge_batch(batch, verdicts, given, cost, timing.fill_s / plain)
         speculated = [v for v, g in zip(verdicts, given) if g > 0]
         self.inner.update_rows([s for s, g in zip(slots, given) if g > 0] if speculated else slots,
                                speculated or verdicts, timing, batch)
 
-    def _judge_batch(self, batch: int, verdicts: list[RowVerdict], given: list[int], cost: float) -> None:
+    def _judge_batch(self, batch: int, verdicts: list[RowVerdict], given: list[int], cost: float,
+                     filled: float) -> None:
         """The batch as a whole: the tokens a row emitted, on average, per plain step's worth of time
         (a plain step at this size yields one a row)."""
         size = self._size(batch)
         if any(g > 0 and verdict.gamma > 0 for verdict, g in zip(verdicts, given)):
+            size.filled += filled
             self._judge(size, sum(verdict.n_accepted + 1 for verdict in verdicts) / batch, cost)
         elif size.paused and self._hold_batch:
             size.wait -= 1
@@ -200,9 +226,11 @@ class Guard(Controller):
                                                  interval=self.probe_every, fade=self.fade)
         return size
 
-    def _judge(self, row: RowGuard, tokens: int, cost: float) -> None:
-        """A speculative step (`tokens` emitted in `cost` plain steps' time): pause a row whose
-        speculation costs more than it yields; a paused row's speculative step starts its trial."""
+    def _judge(self, row: RowGuard, tokens: float, cost: float) -> None:
+        """A speculative step (`tokens` emitted in `cost` plain steps' time, its proposer's cache
+        fill apart): pause a row whose speculation costs more than it yields; a paused row's
+        speculative step starts its trial. The fill is judged as the trial's price, not each
+        step's: what the drafts are worth from here on decides whether to go on."""
         if row.paused:
             row.paused, row.trial = False, True
         row.tokens, row.cost = row.fade * row.tokens + tokens, row.fade * row.cost + cost
@@ -222,12 +250,21 @@ class Guard(Controller):
         lost = state.cost - state.tokens
         return lost < self.loss_max and (state.judged < self.window or lost <= 0)
 
+    def _recent_pays(self) -> bool:
+        """The recent requests' speculation yields at least a plain step's token per plain step's
+        time (or none has been judged yet): its gain, not a request's rules, since its steps
+        come from requests that each stopped once theirs said no."""
+        return self._recent.tokens >= self._recent.cost
+
     def _pause(self, row: RowGuard, backoff: bool) -> None:
+        spent = math.ceil((max(row.cost - row.tokens, 0.0) + row.filled) / self.explore)  # for its loss to be that share
         if backoff:  # the trial did not pay: wait longer, and long enough that its loss stays a small share
-            lost = max(row.cost - row.tokens, 0.0)
-            row.interval = max(min(2 * row.interval, self.probe_max), math.ceil(lost / self.explore))
+            row.interval = max(min(2 * row.interval, self.probe_max), spent)
+        if not self._recent_pays():  # the next requests wait for the same schedule, doubling while trials fail
+            self._interval = max(2 * self._interval if backoff else row.interval, spent)
+            self._next_trial = self._steps + self._interval
         row.paused, row.trial, row.wait = True, False, row.interval
-        row.tokens, row.cost, row.judged = 0, 0.0, 0
+        row.tokens, row.cost, row.judged, row.filled = 0, 0.0, 0, 0.0
 
     # plain cost
     def plain_cost(self, batch: int) -> float | None:

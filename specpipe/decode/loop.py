@@ -5,7 +5,8 @@ model's). Each step (docs/concepts.md "One step"):
 
   1. γ = controller.gamma(batch); each row's own γ ≤ it (its budget, the context, its request's
      `speculative` flag, the controller's `row_gamma`: the guard's pause; 0 is a plain step for that row)
-  2. draft = proposer.propose(rows, gammas)         DraftBatch [B, W] + num_draft [B], on the device
+  2. proposer.fill(rows, gammas)                    a draft model's own cache catches up where it lags
+     draft = proposer.propose(rows, gammas)         DraftBatch [B, W] + num_draft [B], on the device
   3. out = runner.forward([last, *draft])            ONE forward of [B, W + 1]; logits stay on the device
   4. verdict = verifier.verify(draft, out.logits)    ids [B, W + 1] (-1 pad) + num_accepted [B], on the device
   5. host = verdict.to_host()                        the step's ONE device-to-host copy
@@ -218,10 +219,14 @@ class Decoder:
         rows = [None] * width
         for slot, row in busy:
             rows[slot] = row
+        gamma, gammas = self._gammas(busy, width)  # 1.
+        view = self._view(rows) if any(gammas) else None
         clock = Clock(runner.device)
         clock.mark()
-        gamma, gammas = self._gammas(busy, width)  # 1.
-        draft = self._propose(rows, gammas)  # 2.
+        if view is not None:
+            self.proposer.fill(view, gammas)  # a draft model's cache catching up: timed apart
+        clock.mark()
+        draft = self._propose(view, rows, gammas)  # 2.
         clock.mark()
         last = torch.tensor([row.tokens[-1] if row else 0 for row in rows]).to(runner.device, non_blocking=True)
         out = runner.forward(torch.cat([last[:, None], draft.tokens], 1), tree=draft.tree, hidden=self.hidden)  # 3.
@@ -238,13 +243,15 @@ class Decoder:
                 pipeline.controller.update_rows(slots, [host[slot] for slot in slots], timing, len(busy))
         return self._emit(busy, host, timing, gamma)  # 7.
 
-    def _propose(self, rows: list[_Row | None], gammas: list[int]) -> DraftBatch:
-        device = self.runner.device
-        if not any(gammas):
-            return DraftBatch.empty(len(rows), device)
+    def _view(self, rows: list[_Row | None]) -> Rows:
+        """What the proposer sees of the rows this step."""
         trees = len(rows) == 1 and self.pipeline.verifier.verifies_trees and self.pipeline.runner.trees
-        view = Rows([row.tokens if row else [] for row in rows], [row.rng if row else _IDLE for row in rows],
-                    self.pipeline.controller.stop_below, device, trees=trees)
+        return Rows([row.tokens if row else [] for row in rows], [row.rng if row else _IDLE for row in rows],
+                    self.pipeline.controller.stop_below, self.runner.device, trees=trees)
+
+    def _propose(self, view: Rows | None, rows: list[_Row | None], gammas: list[int]) -> DraftBatch:
+        if view is None:  # no row drafts
+            return DraftBatch.empty(len(rows), self.runner.device)
         draft = self.proposer.propose(view, gammas)
         if draft.tree is not None:  # a chain fits (γ < budget); a tree has more nodes than γ: cut to the room
             draft = trimmed(draft, self.pipeline.room(rows[0].tokens))

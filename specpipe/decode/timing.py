@@ -11,8 +11,9 @@ from specpipe.types import StepTiming
 
 
 class Clock:
-    """Marks the start of a step, the end of its proposal and the end of its verification;
-    `timing()` is read after the step's host copy, when every marked kernel has finished."""
+    """Marks the start of a step, the end of the proposer's cache fill, the end of its proposal
+    and the end of its verification; `timing()` is read after the step's host copy, when every
+    marked kernel has finished."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -27,8 +28,9 @@ class Clock:
             self.marks.append(time.perf_counter())
 
     def timing(self) -> StepTiming:
-        start, proposed, verified = self.marks[-3:]
+        start, filled, proposed, verified = self.marks[-4:]
         if self.cuda:
             verified.synchronize()  # done already: the host copy came after it
-            return StepTiming(start.elapsed_time(proposed) / 1e3, proposed.elapsed_time(verified) / 1e3)
-        return StepTiming(proposed - start, verified - proposed)
+            return StepTiming(filled.elapsed_time(proposed) / 1e3, proposed.elapsed_time(verified) / 1e3,
+                              start.elapsed_time(filled) / 1e3)
+        return StepTiming(proposed - filled, verified - proposed, filled - start)

@@ -1,5 +1,5 @@
-"""The proposer interface, batch-first: `prefill(row, prompt, out)`, `propose(rows, gammas)`,
-`commit(verdict, host, out)`.
+"""The proposer interface, batch-first: `prefill(row, prompt, out)`, `fill(rows, gammas)`,
+`propose(rows, gammas)`, `commit(verdict, host, out)`.
 
 A proposer guesses; it never decides γ (the controller does) and never decides what is kept
 (the verifier does). What it needs of the target it declares (`hidden_layers`: keys of
@@ -63,6 +63,11 @@ class Proposer(ABC):
     def prefill(self, row: int, prompt: list[int], out: TargetOutput | None) -> None:
         """A new request in `row`: its prompt, and the target's prefill forward over prompt[:-1]
         (`out`, [1, ...]; None for a one-token prompt). Default: nothing."""
+
+    def fill(self, rows: Rows, gammas: list[int]) -> None:
+        """Before a step's draft: bring the own cache of every row about to draft (gammas[b] > 0)
+        up to its committed tokens, where it lags (timed apart from the draft: a one-off, see
+        StepTiming.fill_s). Default: nothing to fill."""
 
     @abstractmethod
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:

@@ -46,6 +46,8 @@ from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
 
+FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
+
 
 @dataclass(frozen=True)
 class TreeShape:
@@ -103,6 +105,19 @@ class EagleProposer(RowProposer):
         if out is not None:
             pending = (self._features(out, 0), torch.tensor(prompt[1:], dtype=torch.long).to(out.logits.device))
         self.rows[row] = _HeadRow(pending)
+
+    @torch.inference_mode()
+    def fill(self, rows: Rows, gammas: list[int]) -> None:
+        """Feed the head the committed rows it has not seen (its prompt on a request's first
+        draft, or a pause's rows) but the last, which the draft itself feeds for its root. Only
+        a backlog longer than `FILL_MIN`: a few rows cost the draft's forward no more."""
+        for row, gamma in enumerate(gammas):
+            state = self.rows.get(row)
+            if gamma and state is not None and state.pending is not None and len(state.pending[1]) > FILL_MIN:
+                features, tokens = state.pending
+                self._feed(state, features[:-1], tokens[:-1], _span(state.committed, len(tokens) - 1, features.device))
+                state.committed += len(tokens) - 1
+                state.pending = (features[-1:], tokens[-1:])
 
     @torch.inference_mode()
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:

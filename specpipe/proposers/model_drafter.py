@@ -50,25 +50,25 @@ class ModelDrafter(Proposer):
             self.base, self.fed = [0] * rows, [0] * rows
 
     def prefill(self, row: int, prompt: list[int], out=None) -> None:
-        """The row starts empty: its first draft feeds the prompt (`_catch_up`), so a request that
+        """The row starts empty: its first draft feeds the prompt (`fill`), so a request that
         never drafts (the guard holding it at γ = 0) never pays the draft's prefill."""
         self.runner.reset(row)
         self.fed[row] = 0
 
-    def _catch_up(self, feeds: list[list[int]]) -> list[list[int]]:
-        """A row lacking more than the usual one or two tokens (its prompt, or what a long pause
-        at γ = 0 committed) gets a prefill of its own, so the ragged first forward stays narrow
-        for every row instead of padding each one to the longest lag."""
-        for row, feed in enumerate(feeds):
-            if len(feed) > 2:
-                self.runner.prefill(row, feed[:-1])
-                feeds[row] = feed[-1:]
-        return feeds
+    @torch.inference_mode()
+    def fill(self, rows: Rows, gammas: list[int]) -> None:
+        """A drafting row lacking more than the usual one or two tokens (its prompt, or what a
+        pause at γ = 0 committed) gets a prefill of its own, so the ragged first draft forward
+        stays narrow for every row instead of padding each one to the longest lag."""
+        for row, gamma in enumerate(gammas):
+            lag = rows.tokens[row][self.runner.lengths[row]:]
+            if gamma and len(lag) > 2:
+                self.runner.prefill(row, lag[:-1])
 
     @torch.inference_mode()
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
         count, device, steps = len(gammas), self.runner.device, max(gammas, default=0)
-        feeds = self._catch_up([rows.tokens[b][self.runner.lengths[b]:] if gammas[b] else [] for b in range(count)])
+        feeds = [rows.tokens[b][self.runner.lengths[b]:] if gammas[b] else [] for b in range(count)]
         width = max(len(feed) for feed in feeds)  # every drafting row lacks at least its last token
         ids = torch.tensor([feed + [feed[-1] if feed else 0] * (width - len(feed)) for feed in feeds])  # [B, w]
         ids = ids.to(device, non_blocking=True)
