@@ -251,10 +251,12 @@ class Guard(Controller):
         return lost < self.loss_max and (state.judged < self.window or lost <= 0)
 
     def _recent_pays(self) -> bool:
-        """The recent requests' speculation yields at least a plain step's token per plain step's
-        time (or none has been judged yet): its gain, not a request's rules, since its steps
-        come from requests that each stopped once theirs said no."""
-        return self._recent.tokens >= self._recent.cost
+        """The recent requests' speculation yields more than a plain step's token per plain
+        step's time, by `margin` (or none has been judged yet): its gain, not a request's rules,
+        since its steps come from requests that each stopped once theirs said no. The margin,
+        because a new request that speculates pays its draft's cache fill first: a proposer
+        whose steps only break even (a twin drafting γ tokens at a target step each) loses."""
+        return self._recent.tokens >= (1 + self.margin) * self._recent.cost
 
     def _pause(self, row: RowGuard, backoff: bool) -> None:
         spent = math.ceil((max(row.cost - row.tokens, 0.0) + row.filled) / self.explore)  # for its loss to be that share
