@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specpipe.checks.identity import declared, draft_model_name, kind_of, lora_paths, proposer_kind
+from specpipe.checks.identity import batch_size, declared, draft_model_name, kind_of, lora_paths, proposer_kind
 from specpipe.checks.result import Check
 from specpipe.errors import SpecpipeError
 
@@ -35,7 +35,8 @@ def check_llamacpp(cfg: DictConfig) -> list[Check]:
                             "engine=llamacpp runs the GGUF file as it is", "drop them, or use engine=auto"))
     if gguf is not None and gguf.is_file() and checks[0].status == "ok":
         fixed = kind_of(cfg.controller) == "fixed"  # verifies γ + 1 tokens; the others up to gamma_max + 1
-        checks.append(_guarantee(gguf, cfg.kernels, (cfg.gamma if fixed else max(cfg.gamma, cfg.gamma_max)) + 1))
+        block = (cfg.gamma if fixed else max(cfg.gamma, cfg.gamma_max)) + 1
+        checks.append(_guarantee(gguf, cfg.kernels, block, batch_size(cfg)))
     elif checks[0].status != "ok":
         checks.append(Check("verify guarantee", "n/a", "measured once the engine check above passes"))
     else:
@@ -125,21 +126,24 @@ def _proposer(cfg: DictConfig) -> list[Check]:
     return checks
 
 
-def _guarantee(gguf: Path, kernels: str, block: int) -> Check:
-    """exact where every verify block the controller can ask for (γ + 1 tokens) was measured
-    bitwise equal to one-token rows."""
+def _guarantee(gguf: Path, kernels: str, block: int, rows: int = 1) -> Check:
+    """exact where every evaluation the pipeline can ask for (γ + 1 tokens for each of `rows`
+    sequences: one block for ggml's matmuls) was measured bitwise equal to one-token rows."""
     exact_up_to = measured_exact(gguf, kernels)
-    if block <= exact_up_to:
-        return Check("verify guarantee", "ok", f"exact (measured on this CPU): verify blocks of up to {exact_up_to} "
-                     f"tokens have rows bitwise equal to one-token evaluations, and this one verifies up to {block}: "
+    tokens = block * rows
+    asked = f"{block}" if rows == 1 else f"{block} tokens for each of {rows} rows, {tokens} at once"
+    if tokens <= exact_up_to:
+        return Check("verify guarantee", "ok", f"exact (measured on this CPU): evaluations of up to {exact_up_to} "
+                     f"tokens have rows bitwise equal to one-token evaluations, and this one verifies up to {asked}: "
                      "greedy speculative output = plain output on this engine")
     fix = ("use kernels=exact" if kernels == "fast" and exact_up_to < 2 else
-           f"keep γ ≤ {exact_up_to - 1} (gamma, gamma_max)" if exact_up_to >= 2 else
+           f"keep γ ≤ {exact_up_to // rows - 1} (gamma, gamma_max)" if exact_up_to // rows >= 2 else
+           "decode fewer sequences at once (batch=, concurrency=)" if exact_up_to >= 2 else
            "build llama-cpp-python with `specpipe install llamacpp` (without llamafile's batched kernels), or use "
            "engine=native")
-    within = f"blocks of up to {exact_up_to} tokens are exact here, and " if exact_up_to >= 2 else ""
+    within = f"evaluations of up to {exact_up_to} tokens are exact here, and " if exact_up_to >= 2 else ""
     return Check("verify guarantee", "warn", f"tolerance (measured on this CPU): {within}this configuration "
-                 f"verifies up to {block}, which ggml computes with other kernels than one-token steps (logits "
+                 f"verifies up to {asked}, which ggml computes with other kernels than one-token steps (logits "
                  "differ by up to ~1): a near-tie can flip, and `specpipe bench` reports every output that differs "
                  "from plain decoding", fix)
 
@@ -147,21 +151,21 @@ def _guarantee(gguf: Path, kernels: str, block: int) -> Check:
 def measured_exact(gguf: Path, kernels: str) -> int:
     """`probe_exact` (the largest exact block) for this file, kernels, llama-cpp-python build and
     CPU, from the cache or measured now."""
-    from specpipe.engine.llamacpp import LlamaCppRunner, probe_exact
+    from specpipe.engine.llamacpp import PROBE_TOKENS, LlamaCppRunner, probe_exact
     from specpipe.machine import cpu_features, cpu_name
     from specpipe.models import zoo
 
     stat = gguf.stat()
     build = Path(llama_cpp_library()).stat().st_mtime_ns  # a rebuild with other flags is measured again
     key = (f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{kernels}:{_version()}:{build}:{cpu_name()}:"
-           f"{','.join(cpu_features())}")
+           f"{','.join(cpu_features())}:{PROBE_TOKENS}")
     record = zoo.cache_root() / "llamacpp-exact-blocks.json"
     try:
         known = json.loads(record.read_text())
     except (OSError, ValueError):
         known = {}
     if key not in known:
-        known[key] = probe_exact(LlamaCppRunner(gguf, cache_len=640, kernels=kernels))
+        known[key] = probe_exact(LlamaCppRunner(gguf, cache_len=600 + PROBE_TOKENS, kernels=kernels))
         try:
             record.parent.mkdir(parents=True, exist_ok=True)
             tmp = record.with_suffix(".tmp")

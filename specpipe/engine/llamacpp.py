@@ -32,6 +32,8 @@ import torch
 from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
 
+CELLS = 256  # llama.cpp pads a context to whole blocks of this many cells
+PROBE_TOKENS = 64  # the largest evaluation probe_exact measures (a batch's rows × tokens a row count)
 PINNED = "0.3.36"  # the llama-cpp-python release the runner is written and tested against
 INSTALL = "specpipe install llamacpp"  # builds llama-cpp-python with flags that work on this CPU
 
@@ -97,9 +99,13 @@ class LlamaCppRunner(Runner):
         if self.ctx:
             self.lib.llama_free(self.ctx)
         params = self.lib.llama_context_default_params()
-        params.n_ctx = self.capacity * rows  # a unified cache: every row may use `capacity` cells
+        per_row = -(-self.capacity // CELLS) * CELLS  # llama.cpp sizes a sequence's stream in whole blocks
+        params.n_ctx = per_row * rows
         params.n_seq_max = rows
-        params.kv_unified = True
+        # a KV stream per row: in one unified cache a row's new cells fill the holes other rows'
+        # rollbacks left, and attention sums a row's cells in cell order, so rows decoded together
+        # differed from each row alone (measured: ~40% of logit rows, one-token and block rows alike)
+        params.kv_unified = False
         params.n_batch = params.n_ubatch = min(self.capacity, 512)  # prompts go in chunks of this
         params.n_threads = params.n_threads_batch = self.threads
         params.embeddings = False
@@ -111,6 +117,9 @@ class LlamaCppRunner(Runner):
             params.type_k = params.type_v = self.lib.GGML_TYPE_Q8_0
         params.no_perf = True
         self.ctx = self.lib.llama_init_from_model(self.handle, params)
+        if self.ctx and self.lib.llama_n_ctx(self.ctx) < self.capacity * rows:  # rounded below what a row needs
+            self.lib.llama_free(self.ctx)
+            self.ctx = None
         if not self.ctx:
             raise SpecpipeError(f"llama.cpp could not allocate a context of {params.n_ctx} tokens for {self.path}. "
                                 "Lower cache_len= or the number of rows (batch=, concurrency=).")
@@ -267,12 +276,14 @@ def load_gguf_runner(source, *, cache_len: int, rows: int = 1, kernels: str = "e
     return LlamaCppRunner(Path(source.path) / source.gguf, cache_len=cache_len, rows=rows, kernels=kernels)
 
 
-def probe_exact(runner: LlamaCppRunner, largest: int = 16) -> int:
+def probe_exact(runner: LlamaCppRunner, largest: int = PROBE_TOKENS) -> int:
     """The largest block size n ≤ `largest` such that every block of 2..n tokens has rows bitwise
     equal to one-token evaluations on this machine (1: none), after a short context and after one
     of 600 tokens (past 512 cached cells ggml may split a one-token attention across threads).
     ggml picks kernels by CPU (AMX, AVX-512, AVX2), file types and block size (Q4_K files switch
-    kernels at 8 tokens here), so this is measured, not assumed. Uses (and then forgets) row 0."""
+    kernels at 8 tokens here), so this is measured, not assumed. Uses (and then forgets) row 0.
+    A batch's evaluation is one block of every row's tokens for the matmuls (attention is each
+    row's own, in its own KV stream), so it is exact where rows × tokens a row is within n."""
     exact_up_to = largest
     for context in (4, 600):
         if context + largest > runner.capacity:
