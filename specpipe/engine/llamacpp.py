@@ -104,8 +104,9 @@ class LlamaCppRunner(Runner):
         params.n_seq_max = rows
         # a KV stream per row: in one unified cache a row's new cells fill the holes other rows'
         # rollbacks left, and attention sums a row's cells in cell order, so rows decoded together
-        # differed from each row alone (measured: ~40% of logit rows, one-token and block rows alike)
-        params.kv_unified = False
+        # differed from each row alone (measured: ~40% of logit rows, one-token and block rows alike).
+        # One row keeps the unified cache: no other row leaves holes, and its step was ~5% faster
+        params.kv_unified = rows == 1
         params.n_batch = params.n_ubatch = min(self.capacity, 512)  # prompts go in chunks of this
         params.n_threads = params.n_threads_batch = self.threads
         params.embeddings = False
