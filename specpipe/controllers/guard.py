@@ -88,6 +88,7 @@ class RowGuard:
     wait: int = 0  # paused steps left before the next trial
     interval: int = 0  # the wait after a trial that did not pay (doubles)
     fade: float = 1.0  # the weight each judged step leaves on earlier ones (1: a request's whole run)
+    size: bool = False  # a batch size's verdict (its trials are not the requests' schedule)
 
 
 class Guard(Controller):
@@ -223,7 +224,7 @@ class Guard(Controller):
             larger = [state for other, state in sorted(self._sizes.items()) if other > batch]
             paused = bool(larger) and larger[0].paused
             size = self._sizes[batch] = RowGuard(paused=paused, wait=self.probe_every if paused else 0,
-                                                 interval=self.probe_every, fade=self.fade)
+                                                 interval=self.probe_every, fade=self.fade, size=True)
         return size
 
     def _judge(self, row: RowGuard, tokens: float, cost: float) -> None:
@@ -259,10 +260,11 @@ class Guard(Controller):
         return self._recent.tokens >= (1 + self.margin) * self._recent.cost
 
     def _pause(self, row: RowGuard, backoff: bool) -> None:
-        spent = math.ceil((max(row.cost - row.tokens, 0.0) + row.filled) / self.explore)  # for its loss to be that share
+        # the wait for its loss (fill included) to be an `explore` share of the time
+        spent = math.ceil((max(row.cost - row.tokens, 0.0) + row.filled) / self.explore)
         if backoff:  # the trial did not pay: wait longer, and long enough that its loss stays a small share
             row.interval = max(min(2 * row.interval, self.probe_max), spent)
-        if not self._recent_pays():  # the next requests wait for the same schedule, doubling while trials fail
+        if not row.size and not self._recent_pays():  # new requests wait for this schedule, doubling while trials fail
             self._interval = max(2 * self._interval if backoff else row.interval, spent)
             self._next_trial = self._steps + self._interval
         row.paused, row.trial, row.wait = True, False, row.interval
