@@ -108,6 +108,27 @@ def test_greedy_equals_plain(pair, name, gamma):
         assert accepted > 0.05 * drafted > 0
 
 
+def test_the_drafts_cache_fill_is_timed_apart(pair):
+    """The first draft fills the draft's cache with the prompt's text in draft ids (`fill_s`);
+    later steps feed what the last verdict committed with the draft itself."""
+    class Recording(FixedGamma):
+        timings: list = []
+
+        def update_rows(self, slots, verdicts, timing, batch) -> None:
+            self.timings.append(timing)
+            super().update_rows(slots, verdicts, timing, batch)
+
+    target, _ = pair
+    controller = Recording(3)
+    pipe = Pipeline(target, drafter(pair, "permuted"), GreedyVerifier(), controller)
+    prompt = " ".join(PROSE * 2)
+    got = pipe.run(prompt, max_new_tokens=12)
+    assert got.token_ids == pipe.run(prompt, max_new_tokens=12, speculative=False).token_ids
+    first, *later = controller.timings
+    assert later and first.fill_s > 5 * max(t.fill_s for t in later), [t.fill_s for t in controller.timings]
+    assert got.stats.accepted > 0  # the target's own guesses, in another id space: the fill kept them
+
+
 def test_the_shared_vocabulary_is_matched_by_text(pair):
     target, drafts = pair
     permuted = SharedVocab(target.tokenizer, drafts["permuted"][1])

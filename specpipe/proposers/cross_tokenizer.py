@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.engine import Runner, make_runner
+from specpipe.engine import Runner, TargetOutput, make_runner
 from specpipe.proposers.base import RowProposer, Rows
 from specpipe.sampling import DRAFT, SamplingParams, sample
-from specpipe.types import DraftBlock
+from specpipe.types import DraftBlock, RowVerdict, Verdict
 
 LOOKBEHIND = 4  # committed target tokens re-encoded with a draft's text, so its first token splits as in running text
 
@@ -99,6 +99,8 @@ class CrossDrafter(RowProposer):
         self.target_tok, self.draft_tok = target_tokenizer, draft_tokenizer
         self.shared = SharedVocab(target_tokenizer, draft_tokenizer)
         self.cached: list[int] = []  # the draft ids whose keys and values are in the draft's cache
+        self._synced: tuple[int, list[int]] | None = None  # this step's fill: (committed length, ids left to feed)
+        self._behind = True  # plain steps (or a new prompt) committed text the draft has not seen
         self.target_vocab = len(target_tokenizer)  # the target's logits width, set by bind
 
     @classmethod
@@ -116,6 +118,11 @@ class CrossDrafter(RowProposer):
     def prefill(self, row: int, prompt: list[int], out=None) -> None:
         self.runner.reset()
         self.cached = []
+        self._behind = True
+
+    def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
+        if host and host[0].gamma == 0:  # a plain step: the next draft first catches up (`fill`)
+            self._behind = True
 
     def memory(self) -> dict[str, int]:
         used = self.runner.memory()
@@ -134,9 +141,24 @@ class CrossDrafter(RowProposer):
         self.cached = ids[:keep]
         return ids[keep:]
 
+    @torch.inference_mode()
+    def fill(self, rows: Rows, gammas: list[int]) -> None:
+        """The draft's cache catches up with the committed text (its prompt on the first draft,
+        or what plain steps committed) but the last draft id, which the draft feeds itself.
+        After a drafting step there is nothing to fill: re-tokenising the text is each draft's
+        own cost, so it stays in the draft."""
+        if gammas and gammas[0] and self._behind:
+            self._behind = False
+            feed = self._sync(rows.tokens[0])
+            if len(feed) > 2:
+                self.runner.prefill(0, feed[:-1])
+                self.cached += feed[:-1]
+            self._synced = (len(rows.tokens[0]), feed[-1:] if len(feed) > 2 else feed)
+
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock:
         committed = rows.tokens[row]
-        feed = self._sync(committed)
+        synced, self._synced = self._synced, None
+        feed = synced[1] if synced is not None and synced[0] == len(committed) else self._sync(committed)
         draft, tokens, probs = [], [], []
         for i in range(gamma):
             logits = self.runner.prefill(0, feed).logits[0, -1].cpu()  # [V_draft]; text work is on the host
