@@ -61,9 +61,9 @@ class ModelDrafter(Proposer):
         pause at γ = 0 committed) gets a prefill of its own, so the ragged first draft forward
         stays narrow for every row instead of padding each one to the longest lag."""
         for row, gamma in enumerate(gammas):
-            lag = rows.tokens[row][self.runner.lengths[row]:]
-            if gamma and len(lag) > 2:
-                self.runner.prefill(row, lag[:-1])
+            start = self.runner.lengths[row]
+            if gamma and len(rows.tokens[row]) - start > 2:  # no copy of a row's tokens unless it lags
+                self.runner.prefill(row, rows.tokens[row][start:-1])
 
     @torch.inference_mode()
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
