@@ -8,6 +8,8 @@ every Python-level call that would read a tensor back (`item`, `tolist`, `cpu`, 
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -115,7 +117,9 @@ def test_a_proposers_cache_fill_is_timed_apart_from_its_drafts(proposer):
     got = pipe.run(prompt, max_new_tokens=12)
     assert got.token_ids == pipe.run(prompt, max_new_tokens=12, speculative=False).token_ids
     first, *later = controller.timings
-    assert later and first.fill_s > 10 * max(t.fill_s for t in later), [t.fill_s for t in controller.timings]
+    # Later steps' fill is only the clock's own marks (~10 µs), and a scheduler hiccup can make
+    # one of them several times that: compare with their median, not their maximum.
+    assert later and first.fill_s > 10 * statistics.median(t.fill_s for t in later), [t.fill_s for t in controller.timings]
     assert first.total_s == pytest.approx(first.fill_s + first.propose_s + first.verify_s)
     assert got.stats.propose_s >= first.fill_s  # the fill is the proposer's time in the stats
 
