@@ -11,6 +11,7 @@ on a BPE trained on other text.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -125,7 +126,8 @@ def test_the_drafts_cache_fill_is_timed_apart(pair):
     got = pipe.run(prompt, max_new_tokens=12)
     assert got.token_ids == pipe.run(prompt, max_new_tokens=12, speculative=False).token_ids
     first, *later = controller.timings
-    assert later and first.fill_s > 5 * max(t.fill_s for t in later), [t.fill_s for t in controller.timings]
+    # against later steps' median: one scheduler hiccup can make a single step's clock marks slow
+    assert later and first.fill_s > 5 * statistics.median(t.fill_s for t in later), [t.fill_s for t in controller.timings]
     assert got.stats.accepted > 0  # the target's own guesses, in another id space: the fill kept them
 
 
