@@ -144,3 +144,40 @@ def test_adaptive_controllers_keep_greedy_output(controller, proposer, engine):
         assert got.token_ids == plain_reference(tuple(prompt), 40, engine).token_ids
         traces += got.stats.gamma_trace
     assert len(set(traces)) > 1 or proposer == "draft-perfect"  # γ really moved
+
+
+class Pausing(FixedGamma):
+    """γ = 0 on `pause` steps of every `every`, as behind a guard: a draft's cache lags by more
+    than its window each time it drafts again."""
+
+    def __init__(self, gamma: int, every: int = 12, pause: int = 8):
+        super().__init__(gamma)
+        self.every, self.pause, self.steps = every, pause, 0
+
+    def gamma(self, batch: int = 1) -> int:
+        self.steps += 1
+        return 0 if self.steps % self.every < self.pause else super().gamma(batch)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_windowed_draft_fills_at_most_its_window_and_stays_exact(engine):
+    """`window`: a fill that would feed more tokens (the prompt, what a pause committed) starts
+    the row's cache afresh at its last `window` tokens; greedy output stays plain greedy's."""
+    target = tiny_target(seed=0, eos=EOS)
+    drafter = ModelDrafter(target.model, GREEDY, engine=engine, window=4)  # the target sees all, the draft 4 back
+    fills = []
+    prefill = drafter.runner.prefill
+    drafter.runner.prefill = lambda row, ids, *args, **kwargs: (fills.append(len(ids)), prefill(row, ids, *args, **kwargs))[1]
+    pipe = Pipeline(target, drafter, GreedyVerifier(), Pausing(3), engine=engine)
+    prompt = [3 + (7 * i) % 50 for i in range(37)]
+    got = pipe.run(prompt, max_new_tokens=40)
+    assert got.token_ids == plain(target, prompt, 40, engine).token_ids
+    assert len(fills) >= 2 and max(fills) <= 4  # the prompt's, then after each pause: never more than 4
+    assert got.stats.accepted > 0
+    prompts = [prompt, prompt[:20], PROMPT]
+    outs = pipe.generate_batch(prompts, max_new_tokens=30)
+    assert [o.token_ids for o in outs] == [plain(target, p, 30, engine).token_ids for p in prompts]
+    fills.clear()  # a row that keeps drafting: its whole context once its drafts have gone on FULL_AFTER steps
+    steady = Pipeline(target, drafter, GreedyVerifier(), FixedGamma(3), engine=engine)
+    assert steady.run(prompt, max_new_tokens=40).token_ids == plain(target, prompt, 40, engine).token_ids
+    assert fills[0] == 4 and max(fills) > len(prompt) and drafter.skipped[0] == 0

@@ -19,17 +19,18 @@ from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
 
 
-def build(*, context, model: str, quantize: str = "int8",
+def build(*, context, model: str, quantize: str = "int8", window: int | None = None,
           fallback_model: str | None = None) -> ModelDrafter | CrossDrafter:
-    """Load the draft model named `model` (zoo name, GGUF, directory or hub id). fallback_model is
-    read by the exports only: what an engine without cross-tokenizer drafts serves instead."""
+    """Load the draft model named `model` (zoo name, GGUF, directory or hub id). window: the most
+    committed tokens a fill of the draft's cache feeds (`ModelDrafter`). fallback_model is read by
+    the exports only: what an engine without cross-tokenizer drafts serves instead."""
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     source = resolve(model)
     tokenizer = load_tokenizer(source)
     weights = context.weights(source)  # engine=llamacpp: the GGUF itself
     if same_tokenizer_problems(context.tokenizer, tokenizer):
         return CrossDrafter.on(context, weights, tokenizer, quantize)
-    return ModelDrafter.on(context, weights, quantize)
+    return ModelDrafter.on(context, weights, quantize, window)
 
 
 def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, temperature: float) -> Check:
