@@ -12,10 +12,16 @@ import time
 import pytest
 import torch
 
-from conftest import tiny_model, tiny_tokenizer
+from conftest import tiny_model, tiny_target, tiny_tokenizer
 from specpipe.bench.results import SCHEMA, read_results, validate
+from specpipe.bench.runner import warm_up
 from specpipe.bench.summary import _quantile, gamma_summary, spread
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.controllers.guard import Guard
 from specpipe.errors import SpecpipeError
+from specpipe.pipeline import Pipeline
+from specpipe.proposers.ngram import NgramProposer
+from specpipe.verifiers.greedy import GreedyVerifier
 from test_cli import assert_user_error, specpipe
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -176,3 +182,12 @@ def test_results_of_schema_1_still_read(setup, tmp_path):
 def test_a_request_load_refuses_per_prompt_peers(setup, tmp_path):
     result = specpipe("bench", *base_args(setup, "requests=4", "peer=hf-assisted", f"out={tmp_path}"))
     assert_user_error(result, "peer=hf-assisted", "request load", "hf-batched")
+
+
+def test_the_warm_up_leaves_the_controller_as_it_found_it():
+    """Warm-up steps pay kernel set-up: a guard judging them would pause the first measured
+    requests. The controller comes out of the warm-up as it went in."""
+    pipe = Pipeline(tiny_target(seed=0), NgramProposer(ngram_max=3, ngram_min=1), GreedyVerifier(), Guard(FixedGamma(3)))
+    warm_up(pipe, [7, 8, 9, 10, 7, 8, 9, 10, 7, 8], [], 2, 0)
+    assert pipe.controller._steps == 0 and pipe.controller.plain_cost(1) is None
+    assert pipe.run([7, 8, 9, 10, 7, 8], max_new_tokens=8).stats.steps > 0 and pipe.controller._steps > 0

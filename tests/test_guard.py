@@ -239,47 +239,6 @@ def test_where_recent_requests_paid_a_poor_opening_is_not_judged_alone():
     assert not all(request(fresh, 12)[1:])  # without that history: paused after `window`
 
 
-def speedup(trace: list[int], emitted, cost) -> float:
-    """A request's speedup over plain steps: emitted(γ) tokens in cost(1 + γ) seconds a step."""
-    return sum(emitted(g) for g in trace) * PLAIN_S / sum(cost(1 + g) for g in trace)
-
-
-def test_no_request_loses_more_than_its_floor_allows():
-    """A request admitted with its token budget loses at most `1 / floor - 1` of the budget's
-    plain time, fills included, even where the recent requests' drafts paid (their prior would
-    keep a poor opening going for several dear steps)."""
-    def request(guard: Guard, budget: int | None) -> list[int]:
-        guard.admit(0, budget)
-        return [g for g, in run(guard, 100, lambda slot, g: 0, dear)]  # nothing accepted: 1 token a step
-
-    for floor in (True, False):
-        guard = Guard(FixedGamma(4))
-        guard.admit(0)
-        run(guard, 100, lambda slot, g: g, cheap)  # recent requests paid
-        got = speedup(request(guard, 100 if floor else None), lambda g: 1, dear)
-        assert got >= guard_floor(guard) if floor else got < 0.9, got
-
-
-def guard_floor(guard: Guard) -> float:
-    return 1 / (1 + guard.share)
-
-
-def test_a_poor_opening_keeps_a_share_of_the_floor_for_later_trials():
-    """Outside a trial a request may spend only part of its floor (`reserve` kept): drafts that
-    open poorly and pay later (free text turning repetitive) are tried again and resumed. With
-    nothing kept, the opening spends the floor and the request never speculates again."""
-    def cost(width: int) -> float:
-        return PLAIN_S * (1 + 0.125 * (width - 1))  # a failed step of γ = 4 loses half a plain step
-
-    for reserve in (0.5, 0.0):
-        guard = Guard(FixedGamma(4), reserve=reserve)
-        guard.admit(0, 60)  # 1.86 plain steps of loss allowed
-        poor = [g for g, in run(guard, 6, lambda slot, g: 0, cost)]
-        assert poor[-1] == 0  # paused by the floor, before the window rule would
-        later = [g for g, in run(guard, 50, lambda slot, g: g, cost)]
-        assert (later[-10:] == [4] * 10) == (reserve > 0), later  # tried again, paid, resumed
-
-
 def test_a_new_request_starts_afresh_but_keeps_the_plain_cost():
     guard = Guard(FixedGamma(4))
     guard.admit(0)

@@ -11,6 +11,7 @@ It is not a summary (summary.py) and not a renderer (table.py, plots.py).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -23,12 +24,17 @@ WARMUP_TOKENS = 32  # enough steps to see every block shape the controller picks
 
 
 def warm_up(pipeline: Pipeline, ids: list[int], peers: list[Peer], count: int, seed: int) -> None:
-    """First calls of each block shape pay kernel set-up: run them before anything is measured."""
+    """First calls of each block shape pay kernel set-up: run them before anything is measured.
+    What the controller learns from them is dropped (its state is put back as it was): steps
+    that pay kernel set-up would tell the guard that speculation does not pay, and the first
+    measured requests would wait for its next trial."""
+    controller = copy.deepcopy(pipeline.controller)
     for _ in range(count):
         pipeline.run(ids, max_new_tokens=WARMUP_TOKENS, seed=seed, speculative=False)
         pipeline.run(ids, max_new_tokens=WARMUP_TOKENS, seed=seed)
         for peer in peers:
             peer.run(ids, WARMUP_TOKENS, seed)
+    pipeline.controller = controller
 
 
 def bench_prompts(

@@ -1,8 +1,7 @@
 """The controller interface: `gamma(batch) -> int`, `update(verdict, timing)`,
-`update_batch(verdicts, timing, batch)`, `stop_below(position)`, and per batch row
-`admit(slot, budget)`, `row_gamma(slot, gamma)`, `update_rows(slots, verdicts, timing, batch)`
-(the decode loop's calls; by default a row takes the batch's γ: the guard, controllers/guard.py,
-overrides them).
+`update_batch(verdicts, timing, batch)`, `stop_below(position)`, and per batch row `admit(slot)`,
+`row_gamma(slot, gamma)`, `update_rows(slots, verdicts, timing, batch)` (the decode loop's calls;
+by default a row takes the batch's γ: the guard, controllers/guard.py, overrides them).
 
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
@@ -58,9 +57,8 @@ class Controller:
         for verdict in verdicts:
             self.update(verdict, timing)
 
-    def admit(self, slot: int, budget: int | None = None) -> None:
-        """A new request took batch row `slot`, to emit at most `budget` tokens (None: not said;
-        default: nothing to forget)."""
+    def admit(self, slot: int) -> None:
+        """A new request took batch row `slot` (default: nothing to forget)."""
 
     def row_gamma(self, slot: int, gamma: int) -> int:
         """The γ of batch row `slot` this step, given the step's (default: the step's)."""

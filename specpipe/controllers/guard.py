@@ -37,17 +37,6 @@ would take for the request's worth, pausing requests that pay overall.
   features): a one-off, the price of starting to speculate. A long prompt's fill judged as a
   step would pause a draft that pays from there on; it is charged to the trial instead, in the
   wait after a trial that fails.
-- A floor per request: its speculation may lose at most `1 / floor - 1` of the plain time of
-  its token budget (the `max_new_tokens` it was admitted with; a plain step emits one token),
-  fills included (but those of a request whose drafts have so far gained more than they cost:
-  a draft that completes its context once its trial paid), summed over its whole run, gains
-  too (a request that has paid can afford more trials). Outside a trial it may spend that share but a `reserve`, kept for trials: a request
-  whose drafts open poorly is paused, and tried again later, when its text may have turned
-  repetitive; a trial starts only where the request's dearest step so far still fits, and ends
-  once the floor is reached. The loss and back-off rules above bound what a proposer costs over
-  many requests; this bounds each one (a dear draft's trial, in a short request, would cost it
-  more than they allow). A request that ends before its budget (EOS, a stop string) may end
-  below the floor by that share of the budget it did not use.
 - Gains, pauses and the probe schedule are each request's own, reset when a request takes its
   row (`admit`), with what is learnt across requests (the recent requests' speculation: every
   row's speculative steps, fading). Where it paid, a new request starts with its gain as
@@ -91,9 +80,6 @@ class RowGuard:
     tokens: float = 0.0  # emitted by its speculative steps since it (re)started (fading, per row: a batch)
     cost: float = 0.0  # their seconds, in plain steps (the proposer's cache fill apart)
     filled: float = 0.0  # plain steps' worth its proposer spent filling its cache since it (re)started
-    risk: float = 0.0  # plain steps the request's speculation has lost over its whole run, fills included
-    worst: float = 0.0  # the most one of its speculative steps lost (fill apart): a trial's first step's price
-    budget: int = 0  # the request's token budget (0: not said, no floor)
     judged: int = 0  # those steps
     steps: int = 0  # since the request took the row
     plain_at: int | None = None  # its step of the last plain probe (None: not yet)
@@ -108,15 +94,12 @@ class RowGuard:
 class Guard(Controller):
     def __init__(self, inner: Controller, *, window: int = 8, probe_every: int = 8, probe_max: int = 64,
                  refresh: int = 64, margin: float = 0.05, fade: float = 1 - 1 / 64, loss_max: float = 3.0,
-                 explore: float = 0.03, prior: int = 4, floor: float = 0.97,
-                 reserve: float = 0.5):
+                 explore: float = 0.03, prior: int = 4):
         self.inner = inner
         self.gamma_min, self.gamma_max = inner.gamma_min, inner.gamma_max
         self.window, self.probe_every, self.probe_max = window, probe_every, probe_max
         self.refresh, self.margin, self.fade = refresh, margin, fade
         self.loss_max, self.explore, self.prior = loss_max, explore, prior
-        self.share = 1 / floor - 1  # of a request's plain time its speculation may lose
-        self.reserve = reserve  # of that share, what a request keeps for trials after a poor opening
         self._recent = RowGuard(fade=fade)  # every row's speculative steps, across requests (never paused)
         self._next_trial = 0  # where the recent requests did not pay: the step of the pipeline's next trial
         self._interval = probe_max // 2  # ... and the wait after it
@@ -155,10 +138,9 @@ class Guard(Controller):
         return self.inner.widest()
 
     # per row
-    def admit(self, slot: int, budget: int | None = None) -> None:
+    def admit(self, slot: int) -> None:
         self._rows[slot] = self._new_row()
-        self._rows[slot].budget = budget or 0
-        self.inner.admit(slot, budget)
+        self.inner.admit(slot)
 
     def _new_row(self) -> RowGuard:
         """A request's state. Where the recent requests' speculation paid, it speculates and
@@ -179,7 +161,7 @@ class Guard(Controller):
 
     def row_gamma(self, slot: int, gamma: int) -> int:
         row = self._rows.setdefault(slot, self._new_row())
-        paused = row.paused and (row.wait > 0 or not self._affords_trial(row))
+        paused = row.paused and row.wait > 0
         held = gamma == 0 or self._probe_plain or self._hold_batch or paused
         self._given[slot] = 0 if held else self.inner.row_gamma(slot, gamma)
         return self._given[slot]
@@ -207,7 +189,8 @@ class Guard(Controller):
             row = self._rows.setdefault(slot, self._new_row())
             row.steps += 1
             if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
-                self._judge(row, verdict.n_accepted + 1, cost, timing.fill_s / plain)
+                row.filled += timing.fill_s / plain
+                self._judge(row, verdict.n_accepted + 1, cost)
                 self._recent.tokens = self.fade * self._recent.tokens + verdict.n_accepted + 1
                 self._recent.cost = self.fade * self._recent.cost + cost
                 self._recent.judged += 1
@@ -225,7 +208,8 @@ class Guard(Controller):
         (a plain step at this size yields one a row)."""
         size = self._size(batch)
         if any(g > 0 and verdict.gamma > 0 for verdict, g in zip(verdicts, given)):
-            self._judge(size, sum(verdict.n_accepted + 1 for verdict in verdicts) / batch, cost, filled)
+            size.filled += filled
+            self._judge(size, sum(verdict.n_accepted + 1 for verdict in verdicts) / batch, cost)
         elif size.paused and self._hold_batch:
             size.wait -= 1
 
@@ -243,41 +227,23 @@ class Guard(Controller):
                                                  interval=self.probe_every, fade=self.fade, size=True)
         return size
 
-    def _judge(self, row: RowGuard, tokens: float, cost: float, filled: float) -> None:
-        """A speculative step (`tokens` emitted in `cost` plain steps' time, and `filled` more its
-        proposer's cache fill took): pause a row whose speculation costs more than it yields; a
-        paused row's speculative step starts its trial. The fill is judged as the trial's price,
-        not each step's: what the drafts are worth from here on decides whether to go on; the
-        request's floor counts it."""
+    def _judge(self, row: RowGuard, tokens: float, cost: float) -> None:
+        """A speculative step (`tokens` emitted in `cost` plain steps' time, its proposer's cache
+        fill apart): pause a row whose speculation costs more than it yields; a paused row's
+        speculative step starts its trial. The fill is judged as the trial's price, not each
+        step's: what the drafts are worth from here on decides whether to go on."""
         if row.paused:
             row.paused, row.trial = False, True
         row.tokens, row.cost = row.fade * row.tokens + tokens, row.fade * row.cost + cost
         row.judged += 1
-        row.filled += filled
-        row.risk += cost - tokens + (filled if row.risk >= 0 else 0.0)  # ahead: a fill is an investment
-        row.worst = max(row.worst, cost - tokens)
-        gain, lost, spent = row.tokens / max(row.cost, 1e-9), row.cost - row.tokens, self._spent(row)
-        if row.trial and (row.judged >= max(self.window // 2, 1) or lost >= self.loss_max / 2 or spent):
-            if gain >= 1.0 + self.margin and lost < self.loss_max / 2 and not spent:
+        gain, lost = row.tokens / max(row.cost, 1e-9), row.cost - row.tokens
+        if row.trial and (row.judged >= max(self.window // 2, 1) or lost >= self.loss_max / 2):
+            if gain >= 1.0 + self.margin and lost < self.loss_max / 2:
                 row.trial, row.interval = False, self.probe_every  # it pays again
             else:
                 self._pause(row, backoff=True)
-        elif not row.trial and (spent or not self._pays(row)):
+        elif not row.trial and not self._pays(row):
             self._pause(row, backoff=False)
-
-    def _spent(self, row: RowGuard) -> bool:
-        """The request's speculation has lost its floor's share of the budget's plain time, or,
-        outside a trial, all of it but the share kept for trials (`reserve`): a request whose
-        drafts open poorly can still try again later, when its text may have turned repetitive."""
-        allowed = self.share * row.budget * (1.0 if row.trial else 1.0 - self.reserve)
-        return row.budget > 0 and row.risk >= allowed
-
-    def _affords_trial(self, row: RowGuard) -> bool:
-        """A trial may start while the request's floor leaves room for its first step, priced
-        at the dearest step the request has taken (it ends once its losses reach the floor). Its
-        fill is left out of the price: the prompt's, in that step, is far dearer than what a
-        pause leaves to fill."""
-        return row.budget == 0 or row.risk + row.worst <= self.share * row.budget
 
     def _pays(self, state: RowGuard) -> bool:
         """Speculation pays so far: it has not lost `loss_max` plain steps' worth, and after

@@ -192,7 +192,7 @@ class Decoder:
         out = self.runner.prefill(slot, ids[:-1], hidden=hidden) if len(ids) > 1 else None
         if speculative:
             self.proposer.prefill(slot, row.tokens, out)
-            pipeline.controller.admit(slot, max_new_tokens)  # the guard's judgement of this row starts afresh
+            pipeline.controller.admit(slot)  # the guard's judgement of this row starts afresh
         row.stats.prefill_s = time.perf_counter() - started
         return row
 
