@@ -16,7 +16,7 @@ from specpipe.models.loader import load_tokenizer, resolve
 from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
 from specpipe.proposers.declaration import Declaration
-from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.model_drafter import ModelDrafter, check_window
 
 
 def build(*, context, model: str, quantize: str = "int8", window: int | None = None,
@@ -47,6 +47,11 @@ def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, tempe
            "intersection; rejection sampling keeps the target's distribution)")
     return Check("tokenizer", "ok", f"the draft '{draft}' has another tokenizer than '{target}': {shared.describe()}; "
                  f"{how}", translated=True)
+
+
+def validate_options(options: dict) -> None:
+    """What the option types do not say, refused before anything loads."""
+    check_window(options.get("window"))
 
 
 def _vllm(plan) -> dict | None:

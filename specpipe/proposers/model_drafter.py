@@ -23,11 +23,20 @@ from __future__ import annotations
 import torch
 
 from specpipe.engine import make_runner
+from specpipe.errors import SpecpipeError
 from specpipe.proposers.base import Proposer, Rows, still_drafting
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBatch, RowVerdict, Verdict
 
 FULL_AFTER = 4  # drafting steps in a row after which a windowed row gets its whole context (a trial's length)
+
+
+def check_window(window) -> None:
+    """`proposer.window`: a whole number of tokens, at least 1, or None."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise SpecpipeError(f"proposer.window={window!r} is not a number of tokens. Give a whole number of at least "
+                            "1 (e.g. proposer.window=64), or null to fill the draft's cache with the whole context at "
+                            "once.")
 
 
 class ModelDrafter(Proposer):
@@ -37,6 +46,7 @@ class ModelDrafter(Proposer):
         """model: the draft's weights (the hf engine quantizes them in place to `precision`; with
         engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it).
         window: the most committed tokens a fill feeds (None: every one)."""
+        check_window(window)
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
                                   kernels="fast", graphs="off")  # a draft's steps stay eager (not graphed yet)
         self.sampling = sampling

@@ -14,7 +14,7 @@ from specpipe.export.engine import sglang_chain
 from specpipe.models.loader import resolve
 from specpipe.models.quantize import GGUF, check_mode, resolve_precision
 from specpipe.proposers.declaration import Declaration
-from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.model_drafter import ModelDrafter, check_window
 
 
 def build(*, context, quantize: str = "int8", gguf: str | None = None, window: int | None = None) -> ModelDrafter:
@@ -32,6 +32,11 @@ def build(*, context, quantize: str = "int8", gguf: str | None = None, window: i
     if pick_engine(model, context.engine, quantize) == "hf":
         model = copy.deepcopy(model)
     return ModelDrafter.on(context, model, quantize, window)
+
+
+def validate_options(options: dict) -> None:
+    """What the option types do not say, refused before anything loads."""
+    check_window(options.get("window"))
 
 
 def _vllm(plan) -> dict:
