@@ -181,12 +181,6 @@ def test_adaptive_controller_exports_the_measured_mean_gamma_and_says_what_is_lo
     assert lost and "switching speculation off" in lost[0] and "mean γ its recipe measured" in lost[0]
 
 
-def test_a_drafts_window_is_named_as_not_exported():
-    for engine in (vllm, sglang):
-        result = engine.export(plan_of(compose(["model=smollm2-135m", "proposer=twin", "proposer.window=64"])))
-        assert any("proposer.window=64 is not exported" in w for w in result.warnings), result.warnings
-
-
 def test_export_command_writes_the_config_and_prints_the_command(tmp_path):
     out = tmp_path / "spec.json"
     result = specpipe("export", "vllm", "model=smollm2-135m", "proposer=ngram", f"out={out}")

@@ -146,29 +146,33 @@ def test_adaptive_controllers_keep_greedy_output(controller, proposer, engine):
     assert len(set(traces)) > 1 or proposer == "draft-perfect"  # γ really moved
 
 
-class Pausing(FixedGamma):
-    """γ = 0 on `pause` steps of every `every`, as behind a guard: a draft's cache lags by more
-    than its window each time it drafts again."""
+class Exploring(FixedGamma):
+    """γ = 0 on `pause` steps of every `every`, as behind a guard (a draft's cache lags by more
+    than its window each time it drafts again), exploring every row for the first `until` steps."""
 
-    def __init__(self, gamma: int, every: int = 12, pause: int = 8):
+    def __init__(self, gamma: int, every: int = 12, pause: int = 8, until: int = 10**9):
         super().__init__(gamma)
-        self.every, self.pause, self.steps = every, pause, 0
+        self.every, self.pause, self.until, self.steps = every, pause, until, 0
 
     def gamma(self, batch: int = 1) -> int:
         self.steps += 1
         return 0 if self.steps % self.every < self.pause else super().gamma(batch)
 
+    def exploring(self, slot: int) -> bool:
+        return self.steps <= self.until
+
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_windowed_draft_fills_at_most_its_window_and_stays_exact(engine):
-    """`window`: a fill that would feed more tokens (the prompt, what a pause committed) starts
-    the row's cache afresh at its last `window` tokens; greedy output stays plain greedy's."""
+def test_a_windowed_draft_fills_at_most_its_window_while_explored_and_stays_exact(engine):
+    """`window`: where the controller explores a row (the guard's trials), a fill that would feed
+    more tokens (the prompt, what a pause committed) starts the row's cache afresh at its last
+    `window` tokens; once it no longer explores, the whole context. Greedy output stays plain's."""
     target = tiny_target(seed=0, eos=EOS)
     drafter = ModelDrafter(target.model, GREEDY, engine=engine, window=4)  # the target sees all, the draft 4 back
     fills = []
     prefill = drafter.runner.prefill
     drafter.runner.prefill = lambda row, ids, *args, **kwargs: (fills.append(len(ids)), prefill(row, ids, *args, **kwargs))[1]
-    pipe = Pipeline(target, drafter, GreedyVerifier(), Pausing(3), engine=engine)
+    pipe = Pipeline(target, drafter, GreedyVerifier(), Exploring(3), engine=engine)
     prompt = [3 + (7 * i) % 50 for i in range(37)]
     got = pipe.run(prompt, max_new_tokens=40)
     assert got.token_ids == plain(target, prompt, 40, engine).token_ids
@@ -177,7 +181,10 @@ def test_a_windowed_draft_fills_at_most_its_window_and_stays_exact(engine):
     prompts = [prompt, prompt[:20], PROMPT]
     outs = pipe.generate_batch(prompts, max_new_tokens=30)
     assert [o.token_ids for o in outs] == [plain(target, p, 30, engine).token_ids for p in prompts]
-    fills.clear()  # a row that keeps drafting: its whole context once its drafts have gone on FULL_AFTER steps
-    steady = Pipeline(target, drafter, GreedyVerifier(), FixedGamma(3), engine=engine)
-    assert steady.run(prompt, max_new_tokens=40).token_ids == plain(target, prompt, 40, engine).token_ids
+    fills.clear()  # explored for its first steps only: then its whole context
+    settled = Pipeline(target, drafter, GreedyVerifier(), Exploring(3, every=1, pause=0, until=2), engine=engine)
+    assert settled.run(prompt, max_new_tokens=40).token_ids == plain(target, prompt, 40, engine).token_ids
     assert fills[0] == 4 and max(fills) > len(prompt) and drafter.skipped[0] == 0
+    fills.clear()  # not explored: the whole context at once, as without a window
+    assert Pipeline(target, drafter, GreedyVerifier(), FixedGamma(3), engine=engine).run(prompt, max_new_tokens=8)
+    assert fills[0] == len(prompt) - 1

@@ -92,9 +92,6 @@ def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
     if lora_paths(cfg):
         plan.warnings.append("model.lora is not exported: merge the adapter into the target (peft "
                              "merge_and_unload, save_pretrained) and serve the merged folder.")
-    if options.get("window") is not None:
-        plan.warnings.append(f"proposer.window={options['window']} is not exported: serving engines fill the draft's "
-                             "cache with the whole prompt.")
     if cfg.get("guard", True) and declaration.name != "none":
         plan.warnings.append("the guard (γ = 0 for a request whose drafts do not pay) has no equivalent in serving "
                              "engines: there every request speculates at the exported γ, and a batch schedule that "

@@ -10,12 +10,13 @@ were accepted): rows lag by one or two, so that first forward is ragged, right-p
 row's logits read at its own last fed token. Tokens stay on the device from one draft step to
 the next; the controller's early stop is a mask on the device (see `still_drafting`).
 
-With a `window`, a fill that would feed more than `window` tokens (a long prompt, a long pause)
-starts the row's cache afresh at its last `window` committed tokens: a trial of the draft costs
-a bounded fill whatever the prompt's length. Once the row has drafted `FULL_AFTER` steps in a
-row (the controller kept it drafting: its drafts pay), its cache is filled again with the whole
-context, for the acceptance that the far context brings (a summary copying from its text).
-The drafts are only guesses: the target verifies every token, so the output is the same.
+With a `window`, a row the controller is exploring (`Rows.exploring`: the guard's trials, and
+the first drafts of a request that nothing yet backs) whose fill would feed more than `window`
+tokens (a long prompt, a long pause) starts its cache afresh at its last `window` committed
+tokens: a trial costs a bounded fill whatever the prompt's length, where the drafts may well
+not pay. Once the controller is no longer exploring it, the row's cache is filled again with the
+whole context, for the acceptance that the far context brings (a summary copying from its
+text). The drafts are only guesses: the target verifies every token, so the output is the same.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from specpipe.errors import SpecpipeError
 from specpipe.proposers.base import Proposer, Rows, still_drafting
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBatch, RowVerdict, Verdict
-
-FULL_AFTER = 4  # drafting steps in a row after which a windowed row gets its whole context (a trial's length)
 
 
 def check_window(window) -> None:
@@ -52,7 +51,6 @@ class ModelDrafter(Proposer):
         self.sampling = sampling
         self.window = window
         self.skipped: list[int] = [0]  # per row: committed tokens before its cache's first (a window's start)
-        self.streak: list[int] = [0]  # per row: steps it has drafted in a row
         self.base: list[int] = [0]  # per row: committed length when its last draft was proposed
         self.fed: list[int] = [0]  # per row: draft tokens its last draft fed into the cache
 
@@ -71,13 +69,13 @@ class ModelDrafter(Proposer):
     def reserve(self, rows: int) -> None:
         self.runner.reserve(rows)
         if len(self.base) < rows:
-            self.base, self.fed, self.skipped, self.streak = [0] * rows, [0] * rows, [0] * rows, [0] * rows
+            self.base, self.fed, self.skipped = [0] * rows, [0] * rows, [0] * rows
 
     def prefill(self, row: int, prompt: list[int], out=None) -> None:
         """The row starts empty: its first draft feeds the prompt (`fill`), so a request that
         never drafts (the guard holding it at γ = 0) never pays the draft's prefill."""
         self.runner.reset(row)
-        self.fed[row], self.skipped[row], self.streak[row] = 0, 0, 0
+        self.fed[row], self.skipped[row] = 0, 0
 
     @torch.inference_mode()
     def fill(self, rows: Rows, gammas: list[int]) -> None:
@@ -88,12 +86,13 @@ class ModelDrafter(Proposer):
             if not gamma:
                 continue
             start, end = self._start(row), len(rows.tokens[row]) - 1  # the last token: the draft's own feed
-            if self.skipped[row] and self.streak[row] >= FULL_AFTER:  # its drafts pay: the whole context
-                self.runner.reset(row)
-                start = self.skipped[row] = 0
-            elif self.window is not None and end - start > self.window:  # start afresh, `window` tokens back
+            exploring = rows.exploring(row)
+            if self.window is not None and exploring and end - start > self.window:  # afresh, `window` back
                 self.runner.reset(row)
                 start = self.skipped[row] = end - self.window
+            elif self.skipped[row] and not exploring:  # its drafts pay: the whole context
+                self.runner.reset(row)
+                start = self.skipped[row] = 0
             if end - start > 1:
                 self.runner.prefill(row, rows.tokens[row][start:end])  # no copy of a row's tokens unless it lags
 
@@ -148,7 +147,6 @@ class ModelDrafter(Proposer):
 
     def commit(self, verdict: Verdict, host: list[RowVerdict], out=None) -> None:
         for b, row in enumerate(host):
-            self.streak[b] = self.streak[b] + 1 if row.gamma > 0 else 0
             if row.gamma > 0:  # the cache holds committed[skipped:skipped + base] + draft[:fed]
                 self.runner.crop(b, self.base[b] + min(row.n_accepted, self.fed[b]))
                 self.fed[b] = 0
