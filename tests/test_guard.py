@@ -239,25 +239,6 @@ def test_where_recent_requests_paid_a_poor_opening_is_not_judged_alone():
     assert not all(request(fresh, 12)[1:])  # without that history: paused after `window`
 
 
-def test_trials_and_unbacked_openings_are_exploring_backed_requests_are_not():
-    """`exploring(slot)`: what a draft model's `window` reads: a trial, or the first
-    `window // 2` steps of a request no prior backs; not a request started on the recent gain."""
-    def step(guard: Guard) -> tuple[int, bool]:  # as the decode loop: γ, then the proposer asks, then the verdict
-        gamma = guard.row_gamma(0, guard.gamma(1))
-        exploring = guard.exploring(0)
-        guard.update_rows([0], [RowVerdict(gamma, 0, gamma)], StepTiming(0.0, cheap(1 + gamma)), 1)
-        return gamma, exploring
-
-    guard = Guard(FixedGamma(4))
-    guard.admit(0)
-    trace = [step(guard) for _ in range(12)]
-    assert [e for g, e in trace if g] == [True] * 4 + [False] * 7  # the first step is a plain probe
-    guard.admit(0)  # backed by the first request's gain
-    assert not guard.exploring(0)
-    run(guard, 12, lambda slot, g: 0, dear)  # its drafts stop paying: paused, then a trial
-    assert guard.paused(0) and guard.exploring(0)
-
-
 def test_a_new_request_starts_afresh_but_keeps_the_plain_cost():
     guard = Guard(FixedGamma(4))
     guard.admit(0)

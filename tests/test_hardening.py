@@ -172,8 +172,6 @@ BAD_SETTINGS = [
     (["model.early_exit=99", "proposer=none"], "early_exit=99"),
     (["model.early_exit=0", "proposer=none"], "early_exit=0"),
     (["model.lora=/no/such/adapter"], "model.lora=/no/such/adapter"),
-    (["proposer=twin", "proposer.window=0"], "proposer.window=0"),
-    (["proposer=twin", "proposer.window=abc"], "proposer.window='abc'"),
 ]
 
 

@@ -1,8 +1,7 @@
 """The controller interface: `gamma(batch) -> int`, `update(verdict, timing)`,
 `update_batch(verdicts, timing, batch)`, `stop_below(position)`, and per batch row `admit(slot)`,
-`row_gamma(slot, gamma)`, `exploring(slot)`, `update_rows(slots, verdicts, timing, batch)` (the
-decode loop's calls; by default a row takes the batch's γ: the guard, controllers/guard.py,
-overrides them).
+`row_gamma(slot, gamma)`, `update_rows(slots, verdicts, timing, batch)` (the decode loop's calls;
+by default a row takes the batch's γ: the guard, controllers/guard.py, overrides them).
 
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
@@ -60,11 +59,6 @@ class Controller:
 
     def admit(self, slot: int) -> None:
         """A new request took batch row `slot` (default: nothing to forget)."""
-
-    def exploring(self, slot: int) -> bool:
-        """Whether batch row `slot` speculates with nothing yet saying its drafts pay (default:
-        no; the guard's trials are)."""
-        return False
 
     def row_gamma(self, slot: int, gamma: int) -> int:
         """The γ of batch row `slot` this step, given the step's (default: the step's)."""

@@ -89,7 +89,6 @@ class RowGuard:
     interval: int = 0  # the wait after a trial that did not pay (doubles)
     fade: float = 1.0  # the weight each judged step leaves on earlier ones (1: a request's whole run)
     size: bool = False  # a batch size's verdict (its trials are not the requests' schedule)
-    backed: bool = False  # started with the recent requests' gain as its prior
 
 
 class Guard(Controller):
@@ -156,7 +155,6 @@ class Guard(Controller):
             row = RowGuard(interval=self.probe_every)
             if recent.judged >= self.window:  # the prior: a gain measured over enough steps
                 row.tokens, row.cost = self.prior * recent.tokens / recent.cost, float(self.prior)
-                row.backed = True
             return row
         wait = max(self._next_trial - self._steps, self.probe_max // 2)
         return RowGuard(paused=True, wait=wait, interval=self._interval)
@@ -167,13 +165,6 @@ class Guard(Controller):
         held = gamma == 0 or self._probe_plain or self._hold_batch or paused
         self._given[slot] = 0 if held else self.inner.row_gamma(slot, gamma)
         return self._given[slot]
-
-    def exploring(self, slot: int) -> bool:
-        """A trial (a paused row speculating again, judged after `window // 2` steps), or a
-        request whose drafts nothing has yet backed (no prior: the first requests) before its
-        first `window // 2` steps: a draft model may fill only the recent context for it."""
-        row = self._rows.get(slot)
-        return row is not None and (row.paused or row.trial or (not row.backed and row.judged < self.window // 2))
 
     def paused(self, slot: int) -> bool:
         """Whether the guard holds this row at γ = 0, alone or with its batch (what the live view shows)."""

@@ -246,9 +246,8 @@ class Decoder:
     def _view(self, rows: list[_Row | None]) -> Rows:
         """What the proposer sees of the rows this step."""
         trees = len(rows) == 1 and self.pipeline.verifier.verifies_trees and self.pipeline.runner.trees
-        controller = self.pipeline.controller
         return Rows([row.tokens if row else [] for row in rows], [row.rng if row else _IDLE for row in rows],
-                    controller.stop_below, self.runner.device, trees=trees, exploring=controller.exploring)
+                    self.pipeline.controller.stop_below, self.runner.device, trees=trees)
 
     def _propose(self, view: Rows | None, rows: list[_Row | None], gammas: list[int]) -> DraftBatch:
         if view is None:  # no row drafts

@@ -32,16 +32,13 @@ class Rows:
     tokens: each row's committed tokens (host; a free row's is empty). rngs: each row's
     randomness. stop_below: the controller's early stop, (draft position) -> stop after it where
     the drafter's confidence is below this (0.0: never). trees: a tree draft may be returned
-    (one row, and a verifier that takes trees); else chains only. device: the runner's.
-    exploring: the controller's (batch row) -> whether nothing yet says that row's drafts pay
-    (the guard's trials): a proposer may spend less on such a row's drafts."""
+    (one row, and a verifier that takes trees); else chains only. device: the runner's."""
 
     tokens: list[list[int]]
     rngs: list[RowRandom]
     stop_below: Callable[[int], float]
     device: torch.device
     trees: bool = True
-    exploring: Callable[[int], bool] = lambda row: False
 
 
 class Proposer(ABC):

@@ -16,21 +16,20 @@ from specpipe.models.loader import load_tokenizer, resolve
 from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
 from specpipe.proposers.declaration import Declaration
-from specpipe.proposers.model_drafter import ModelDrafter, check_window
+from specpipe.proposers.model_drafter import ModelDrafter
 
 
-def build(*, context, model: str, quantize: str = "int8", window: int | None = None,
+def build(*, context, model: str, quantize: str = "int8",
           fallback_model: str | None = None) -> ModelDrafter | CrossDrafter:
-    """Load the draft model named `model` (zoo name, GGUF, directory or hub id). window: the most
-    committed tokens a fill of the draft's cache feeds (`ModelDrafter`). fallback_model is read by
-    the exports only: what an engine without cross-tokenizer drafts serves instead."""
+    """Load the draft model named `model` (zoo name, GGUF, directory or hub id). fallback_model is
+    read by the exports only: what an engine without cross-tokenizer drafts serves instead."""
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     source = resolve(model)
     tokenizer = load_tokenizer(source)
     weights = context.weights(source)  # engine=llamacpp: the GGUF itself
     if same_tokenizer_problems(context.tokenizer, tokenizer):
         return CrossDrafter.on(context, weights, tokenizer, quantize)
-    return ModelDrafter.on(context, weights, quantize, window)
+    return ModelDrafter.on(context, weights, quantize)
 
 
 def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, temperature: float) -> Check:
@@ -47,11 +46,6 @@ def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, tempe
            "intersection; rejection sampling keeps the target's distribution)")
     return Check("tokenizer", "ok", f"the draft '{draft}' has another tokenizer than '{target}': {shared.describe()}; "
                  f"{how}", translated=True)
-
-
-def validate_options(options: dict) -> None:
-    """What the option types do not say, refused before anything loads."""
-    check_window(options.get("window"))
 
 
 def _vllm(plan) -> dict | None:

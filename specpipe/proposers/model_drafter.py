@@ -9,14 +9,6 @@ feeds whatever committed tokens it lacks (the last token, plus the last draft to
 were accepted): rows lag by one or two, so that first forward is ragged, right-padded, each
 row's logits read at its own last fed token. Tokens stay on the device from one draft step to
 the next; the controller's early stop is a mask on the device (see `still_drafting`).
-
-With a `window`, a row the controller is exploring (`Rows.exploring`: the guard's trials, and
-the first drafts of a request that nothing yet backs) whose fill would feed more than `window`
-tokens (a long prompt, a long pause) starts its cache afresh at its last `window` committed
-tokens: a trial costs a bounded fill whatever the prompt's length, where the drafts may well
-not pay. Once the controller is no longer exploring it, the row's cache is filled again with the
-whole context, for the acceptance that the far context brings (a summary copying from its
-text). The drafts are only guesses: the target verifies every token, so the output is the same.
 """
 
 from __future__ import annotations
@@ -24,41 +16,27 @@ from __future__ import annotations
 import torch
 
 from specpipe.engine import make_runner
-from specpipe.errors import SpecpipeError
 from specpipe.proposers.base import Proposer, Rows, still_drafting
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBatch, RowVerdict, Verdict
 
 
-def check_window(window) -> None:
-    """`proposer.window`: a whole number of tokens, at least 1, or None."""
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise SpecpipeError(f"proposer.window={window!r} is not a number of tokens. Give a whole number of at least "
-                            "1 (e.g. proposer.window=64), or null to fill the draft's cache with the whole context at "
-                            "once.")
-
-
 class ModelDrafter(Proposer):
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, engine: str = "auto",
-                 precision: str = "none", cache_len: int | None = None, device: str = "cpu",
-                 window: int | None = None):
+                 precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
         """model: the draft's weights (the hf engine quantizes them in place to `precision`; with
-        engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it).
-        window: the most committed tokens a fill feeds (None: every one)."""
-        check_window(window)
+        engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it)."""
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
                                   kernels="fast", graphs="off")  # a draft's steps stay eager (not graphed yet)
         self.sampling = sampling
-        self.window = window
-        self.skipped: list[int] = [0]  # per row: committed tokens before its cache's first (a window's start)
         self.base: list[int] = [0]  # per row: committed length when its last draft was proposed
         self.fed: list[int] = [0]  # per row: draft tokens its last draft fed into the cache
 
     @classmethod
-    def on(cls, context, model: torch.nn.Module, precision: str, window: int | None = None) -> "ModelDrafter":
+    def on(cls, context, model: torch.nn.Module, precision: str) -> "ModelDrafter":
         """A drafter on the pipeline's engine, device and cache length (a build context's)."""
         return cls(model, context.sampling, engine=context.engine, precision=precision,
-                   cache_len=context.cache_len, device=context.device, window=window)
+                   cache_len=context.cache_len, device=context.device)
 
     @property
     def batch_refusal(self) -> str | None:
@@ -69,13 +47,13 @@ class ModelDrafter(Proposer):
     def reserve(self, rows: int) -> None:
         self.runner.reserve(rows)
         if len(self.base) < rows:
-            self.base, self.fed, self.skipped = [0] * rows, [0] * rows, [0] * rows
+            self.base, self.fed = [0] * rows, [0] * rows
 
     def prefill(self, row: int, prompt: list[int], out=None) -> None:
         """The row starts empty: its first draft feeds the prompt (`fill`), so a request that
         never drafts (the guard holding it at γ = 0) never pays the draft's prefill."""
         self.runner.reset(row)
-        self.fed[row], self.skipped[row] = 0, 0
+        self.fed[row] = 0
 
     @torch.inference_mode()
     def fill(self, rows: Rows, gammas: list[int]) -> None:
@@ -83,27 +61,14 @@ class ModelDrafter(Proposer):
         pause at γ = 0 committed) gets a prefill of its own, so the ragged first draft forward
         stays narrow for every row instead of padding each one to the longest lag."""
         for row, gamma in enumerate(gammas):
-            if not gamma:
-                continue
-            start, end = self._start(row), len(rows.tokens[row]) - 1  # the last token: the draft's own feed
-            exploring = rows.exploring(row)
-            if self.window is not None and exploring and end - start > self.window:  # afresh, `window` back
-                self.runner.reset(row)
-                start = self.skipped[row] = end - self.window
-            elif self.skipped[row] and not exploring:  # its drafts pay: the whole context
-                self.runner.reset(row)
-                start = self.skipped[row] = 0
-            if end - start > 1:
-                self.runner.prefill(row, rows.tokens[row][start:end])  # no copy of a row's tokens unless it lags
-
-    def _start(self, row: int) -> int:
-        """The first committed token the row's cache lacks."""
-        return self.skipped[row] + self.runner.lengths[row]
+            start = self.runner.lengths[row]
+            if gamma and len(rows.tokens[row]) - start > 2:  # no copy of a row's tokens unless it lags
+                self.runner.prefill(row, rows.tokens[row][start:-1])
 
     @torch.inference_mode()
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
         count, device, steps = len(gammas), self.runner.device, max(gammas, default=0)
-        feeds = [rows.tokens[b][self._start(b):] if gammas[b] else [] for b in range(count)]
+        feeds = [rows.tokens[b][self.runner.lengths[b]:] if gammas[b] else [] for b in range(count)]
         width = max(len(feed) for feed in feeds)  # every drafting row lacks at least its last token
         ids = torch.tensor([feed + [feed[-1] if feed else 0] * (width - len(feed)) for feed in feeds])  # [B, w]
         ids = ids.to(device, non_blocking=True)
@@ -130,7 +95,7 @@ class ModelDrafter(Proposer):
             kept = [int(i + 1 < g) for g in gammas]
         for b, gamma in enumerate(gammas):
             if gamma:
-                self.base[b], self.fed[b] = len(rows.tokens[b]) - self.skipped[b], min(len(tokens), gamma) - 1
+                self.base[b], self.fed[b] = len(rows.tokens[b]), min(len(tokens), gamma) - 1
         return DraftBatch(torch.stack(tokens, 1), count_drafted, tuple(gammas),
                           torch.stack(probs, 1) if probs else None, torch.stack(confidence, 1))
 
@@ -147,7 +112,7 @@ class ModelDrafter(Proposer):
 
     def commit(self, verdict: Verdict, host: list[RowVerdict], out=None) -> None:
         for b, row in enumerate(host):
-            if row.gamma > 0:  # the cache holds committed[skipped:skipped + base] + draft[:fed]
+            if row.gamma > 0:  # the cache holds committed[:base] + draft[:fed]
                 self.runner.crop(b, self.base[b] + min(row.n_accepted, self.fed[b]))
                 self.fed[b] = 0
 

@@ -14,10 +14,10 @@ from specpipe.export.engine import sglang_chain
 from specpipe.models.loader import resolve
 from specpipe.models.quantize import GGUF, check_mode, resolve_precision
 from specpipe.proposers.declaration import Declaration
-from specpipe.proposers.model_drafter import ModelDrafter, check_window
+from specpipe.proposers.model_drafter import ModelDrafter
 
 
-def build(*, context, quantize: str = "int8", gguf: str | None = None, window: int | None = None) -> ModelDrafter:
+def build(*, context, quantize: str = "int8", gguf: str | None = None) -> ModelDrafter:
     """Built before the pipeline sets the target's precision (so LoRA merges carry over). The
     native engine copies the weights it needs; the hf engine quantizes in place, so it gets a copy.
     With engine=llamacpp the twin is a lower-bit GGUF of the target (`gguf`), run as it is."""
@@ -26,17 +26,12 @@ def build(*, context, quantize: str = "int8", gguf: str | None = None, window: i
             raise SpecpipeError("proposer=twin on engine=llamacpp drafts with a lower-bit GGUF of the target: pass "
                                 "proposer.gguf=FILE.gguf (e.g. a Q2_K copy made with llama.cpp's quantize tool), or "
                                 "use proposer=ngram or suffix.")
-        return ModelDrafter.on(context, resolve(gguf), GGUF, window)
+        return ModelDrafter.on(context, resolve(gguf), GGUF)
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     model = context.target.model
     if pick_engine(model, context.engine, quantize) == "hf":
         model = copy.deepcopy(model)
-    return ModelDrafter.on(context, model, quantize, window)
-
-
-def validate_options(options: dict) -> None:
-    """What the option types do not say, refused before anything loads."""
-    check_window(options.get("window"))
+    return ModelDrafter.on(context, model, quantize)
 
 
 def _vllm(plan) -> dict:
