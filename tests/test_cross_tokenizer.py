@@ -27,6 +27,7 @@ from specpipe.types import DraftBlock
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from test_rejection import CHI2_CRITICAL_1E6_DF7, chi_square, run_verifier
+from test_step import Recording
 
 PROSE = ["the quick brown fox jumps over the lazy dog", "speculative decoding drafts tokens cheaply",
          "a target model verifies every draft token in one forward pass", "the dog sleeps while the fox runs"]
@@ -112,13 +113,6 @@ def test_greedy_equals_plain(pair, name, gamma):
 def test_the_drafts_cache_fill_is_timed_apart(pair):
     """The first draft fills the draft's cache with the prompt's text in draft ids (`fill_s`);
     later steps feed what the last verdict committed with the draft itself."""
-    class Recording(FixedGamma):
-        timings: list = []
-
-        def update_rows(self, slots, verdicts, timing, batch) -> None:
-            self.timings.append(timing)
-            super().update_rows(slots, verdicts, timing, batch)
-
     target, _ = pair
     controller = Recording(3)
     pipe = Pipeline(target, drafter(pair, "permuted"), GreedyVerifier(), controller)
