@@ -200,6 +200,33 @@ def test_trials_follow_one_schedule_across_requests():
     assert guard.paused(0)
 
 
+def out_of_reach(width: int) -> float:
+    return PLAIN_S * (1 + 1.05 * (width - 1))  # a draft token costs a target step: γ + 1 tokens in γ + 1.2 steps' time
+
+
+def test_a_proposer_that_cannot_pay_even_with_every_draft_accepted_is_rechecked_rarely():
+    """Steps that would not pay even had they kept `reach` of their tokens are no matter of
+    what text comes next: trials wait `recheck` steps, where a proposer that is cheap enough but
+    drafts poorly keeps the usual, denser schedule."""
+    def trials(cost, accepted, requests=40, steps=40) -> list[int]:
+        guard = Guard(FixedGamma(4))
+        tried = []
+        for request in range(requests):  # 40 requests of 40 steps: 1,600 steps
+            guard.admit(0)
+            if any(g for g, in run(guard, steps, accepted, cost)):
+                tried.append(request)
+        return tried
+
+    assert trials(out_of_reach, lambda slot, g: g) == [0]  # every draft kept, still no faster: the first request alone
+    poor = trials(dear, lambda slot, g: 0)  # 3 plain steps for 5 tokens at best, none kept
+    assert poor[0] == 0 and 1 < len(poor) <= 6  # trials on the usual schedule
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    trace = [g for g, in run(guard, guard.recheck + 200, lambda slot, g: g, out_of_reach)]
+    late = [i for i, g in enumerate(trace) if g and i > 20]
+    assert late and guard.recheck <= late[0] <= 1.1 * guard.recheck  # costs change with the machine's load: rechecked
+
+
 def test_a_draft_caches_fill_is_the_trials_price_not_each_steps():
     """A draft model's first draft of a request fills its cache with the prompt (`fill_s`):
     judged as a step, one long prompt would pause a draft that pays; it is charged to the

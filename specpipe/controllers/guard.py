@@ -31,7 +31,10 @@ would take for the request's worth, pausing requests that pay overall.
   around 1.0 should not flip it every step), else (or once it has lost `loss_max / 2`) it is
   paused again and the wait doubles, up to `probe_max`, and is at least the trial's loss over
   `explore` (past `probe_max` where needed): trials that do not pay cost at most that share of
-  the time.
+  the time. Where its steps could not have paid even had they kept `reach` of the tokens they
+  could emit (γ + 1 each, at about as many plain steps' cost: a twin whose draft token costs a
+  target step), the wait is `recheck` steps: what text comes next cannot change that, only the
+  machine's costs can, and each trial pays the draft's cache fill for nothing.
 - A step's cost leaves out its proposer's cache fill (`StepTiming.fill_s`: a draft model's
   prompt on a row's first draft, or what a pause committed; an EAGLE head's backlog of
   features): a one-off, the price of starting to speculate. A long prompt's fill judged as a
@@ -78,6 +81,7 @@ class RowGuard:
     """A verdict on speculation: one request's (a row's), one batch size's, or the recent requests'."""
 
     tokens: float = 0.0  # emitted by its speculative steps since it (re)started (fading, per row: a batch)
+    possible: float = 0.0  # ... had every drafted token been accepted (γ + 1 a step)
     cost: float = 0.0  # their seconds, in plain steps (the proposer's cache fill apart)
     filled: float = 0.0  # plain steps' worth its proposer spent filling its cache since it (re)started
     judged: int = 0  # those steps
@@ -94,12 +98,13 @@ class RowGuard:
 class Guard(Controller):
     def __init__(self, inner: Controller, *, window: int = 8, probe_every: int = 8, probe_max: int = 64,
                  refresh: int = 64, margin: float = 0.05, fade: float = 1 - 1 / 64, loss_max: float = 3.0,
-                 explore: float = 0.03, prior: int = 4):
+                 explore: float = 0.03, prior: int = 4, reach: float = 0.9, recheck: int = 4096):
         self.inner = inner
         self.gamma_min, self.gamma_max = inner.gamma_min, inner.gamma_max
         self.window, self.probe_every, self.probe_max = window, probe_every, probe_max
         self.refresh, self.margin, self.fade = refresh, margin, fade
         self.loss_max, self.explore, self.prior = loss_max, explore, prior
+        self.reach, self.recheck = reach, recheck
         self._recent = RowGuard(fade=fade)  # every row's speculative steps, across requests (never paused)
         self._next_trial = 0  # where the recent requests did not pay: the step of the pipeline's next trial
         self._interval = probe_max // 2  # ... and the wait after it
@@ -190,7 +195,7 @@ class Guard(Controller):
             row.steps += 1
             if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
                 row.filled += timing.fill_s / plain
-                self._judge(row, verdict.n_accepted + 1, cost)
+                self._judge(row, verdict.n_accepted + 1, cost, verdict.gamma + 1)
                 self._recent.tokens = self.fade * self._recent.tokens + verdict.n_accepted + 1
                 self._recent.cost = self.fade * self._recent.cost + cost
                 self._recent.judged += 1
@@ -209,7 +214,8 @@ class Guard(Controller):
         size = self._size(batch)
         if any(g > 0 and verdict.gamma > 0 for verdict, g in zip(verdicts, given)):
             size.filled += filled
-            self._judge(size, sum(verdict.n_accepted + 1 for verdict in verdicts) / batch, cost)
+            tokens = sum(verdict.n_accepted + 1 for verdict in verdicts) / batch
+            self._judge(size, tokens, cost, sum(verdict.gamma + 1 for verdict in verdicts) / batch)
         elif size.paused and self._hold_batch:
             size.wait -= 1
 
@@ -227,14 +233,15 @@ class Guard(Controller):
                                                  interval=self.probe_every, fade=self.fade, size=True)
         return size
 
-    def _judge(self, row: RowGuard, tokens: float, cost: float) -> None:
-        """A speculative step (`tokens` emitted in `cost` plain steps' time, its proposer's cache
-        fill apart): pause a row whose speculation costs more than it yields; a paused row's
+    def _judge(self, row: RowGuard, tokens: float, cost: float, possible: float) -> None:
+        """A speculative step (`tokens` emitted, `possible` had every draft been accepted, in `cost`
+        plain steps' time, its proposer's cache fill apart): pause a row whose speculation costs more than it yields; a paused row's
         speculative step starts its trial. The fill is judged as the trial's price, not each
         step's: what the drafts are worth from here on decides whether to go on."""
         if row.paused:
             row.paused, row.trial = False, True
         row.tokens, row.cost = row.fade * row.tokens + tokens, row.fade * row.cost + cost
+        row.possible = row.fade * row.possible + possible
         row.judged += 1
         gain, lost = row.tokens / max(row.cost, 1e-9), row.cost - row.tokens
         if row.trial and (row.judged >= max(self.window // 2, 1) or lost >= self.loss_max / 2):
@@ -264,11 +271,22 @@ class Guard(Controller):
         spent = math.ceil((max(row.cost - row.tokens, 0.0) + row.filled) / self.explore)
         if backoff:  # the trial did not pay: wait longer, and long enough that its loss stays a small share
             row.interval = max(min(2 * row.interval, self.probe_max), spent)
+        if self._out_of_reach(row):  # no draft can pay at these costs: only a change in them could
+            row.interval = max(row.interval, self.recheck)
         if not row.size and not self._recent_pays():  # new requests wait for this schedule, doubling while trials fail
             self._interval = max(2 * self._interval if backoff else row.interval, spent)
             self._next_trial = self._steps + self._interval
         row.paused, row.trial, row.wait = True, False, row.interval
-        row.tokens, row.cost, row.judged, row.filled = 0, 0.0, 0, 0.0
+        row.tokens, row.possible, row.cost, row.judged, row.filled = 0, 0.0, 0.0, 0, 0.0
+
+    def _out_of_reach(self, state: RowGuard) -> bool:
+        """Its steps could not pay even had they kept `reach` of their drafts' tokens: each
+        costs about as many plain steps as it could emit (a twin whose draft token costs a
+        target step: γ + 1 tokens at best, in γ + 1 plain steps' time). What text comes next
+        cannot change that, so trials wait `recheck` steps (the costs are the machine's, and
+        change only with its load or the batch), not the usual schedule, whose every trial pays
+        the draft's cache fill for nothing."""
+        return state.possible * self.reach < (1 + self.margin) * state.cost
 
     # plain cost
     def plain_cost(self, batch: int) -> float | None:
