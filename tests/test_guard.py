@@ -201,7 +201,7 @@ def test_trials_follow_one_schedule_across_requests():
 
 
 def out_of_reach(width: int) -> float:
-    return PLAIN_S * (1 + 1.05 * (width - 1))  # a draft token costs a target step: γ + 1 tokens in γ + 1.2 steps' time
+    return PLAIN_S * (1 + 1.05 * (width - 1))  # a draft token costs a target step: 5 tokens at best in 5.2
 
 
 def test_a_proposer_that_cannot_pay_even_with_every_draft_accepted_is_rechecked_rarely():
@@ -225,6 +225,21 @@ def test_a_proposer_that_cannot_pay_even_with_every_draft_accepted_is_rechecked_
     trace = [g for g, in run(guard, guard.recheck + 200, lambda slot, g: g, out_of_reach)]
     late = [i for i, g in enumerate(trace) if g and i > 20]
     assert late and guard.recheck <= late[0] <= 1.1 * guard.recheck  # costs change with the machine's load: rechecked
+
+
+def test_a_busy_moment_is_no_verdict_of_out_of_reach():
+    """Out of reach is judged on every request's speculative steps at a batch size, after
+    `window` of them: a step or two while the machine is busy pauses a row, not its trials."""
+    def busy(width: int) -> float:
+        return 20 * cheap(width) if width > 1 else cheap(width)  # speculative steps 20x dearer for a moment
+
+    for history in (40, 0):  # after paying steps, and with none
+        guard = Guard(FixedGamma(4))
+        guard.admit(0)
+        run(guard, history, lambda slot, g: g, cheap)  # an earlier request: 5 tokens in 1.2 plain steps
+        guard.admit(0)
+        run(guard, 3, lambda slot, g: 0, busy)
+        assert guard.paused(0) and guard._rows[0].wait < guard.recheck
 
 
 def test_a_draft_caches_fill_is_the_trials_price_not_each_steps():

@@ -31,10 +31,11 @@ would take for the request's worth, pausing requests that pay overall.
   around 1.0 should not flip it every step), else (or once it has lost `loss_max / 2`) it is
   paused again and the wait doubles, up to `probe_max`, and is at least the trial's loss over
   `explore` (past `probe_max` where needed): trials that do not pay cost at most that share of
-  the time. Where its steps could not have paid even had they kept `reach` of the tokens they
-  could emit (γ + 1 each, at about as many plain steps' cost: a twin whose draft token costs a
-  target step), the wait is `recheck` steps: what text comes next cannot change that, only the
-  machine's costs can, and each trial pays the draft's cache fill for nothing.
+  the time. Where speculative steps at its batch size (every request's, after `window // 2`
+  of them) could not have paid even had they kept `reach` of the tokens they could emit (γ + 1
+  each, at about as many plain steps' cost: a twin whose draft token costs a target step), the
+  wait is `recheck` steps: what text comes next cannot change that, only the machine's costs
+  can, and each trial pays the draft's cache fill for nothing.
 - A step's cost leaves out its proposer's cache fill (`StepTiming.fill_s`: a draft model's
   prompt on a row's first draft, or what a pause committed; an EAGLE head's backlog of
   features): a one-off, the price of starting to speculate. A long prompt's fill judged as a
@@ -81,7 +82,6 @@ class RowGuard:
     """A verdict on speculation: one request's (a row's), one batch size's, or the recent requests'."""
 
     tokens: float = 0.0  # emitted by its speculative steps since it (re)started (fading, per row: a batch)
-    possible: float = 0.0  # ... had every drafted token been accepted (γ + 1 a step)
     cost: float = 0.0  # their seconds, in plain steps (the proposer's cache fill apart)
     filled: float = 0.0  # plain steps' worth its proposer spent filling its cache since it (re)started
     judged: int = 0  # those steps
@@ -93,6 +93,15 @@ class RowGuard:
     interval: int = 0  # the wait after a trial that did not pay (doubles)
     fade: float = 1.0  # the weight each judged step leaves on earlier ones (1: a request's whole run)
     size: bool = False  # a batch size's verdict (its trials are not the requests' schedule)
+
+
+@dataclass
+class Reach:
+    """What speculative steps at one batch size could yield at best, every request's (fading)."""
+
+    possible: float = 0.0  # tokens, had every draft been accepted (γ + 1 a step, the widest row's)
+    cost: float = 0.0  # their seconds, in plain steps (the proposer's cache fill apart)
+    judged: int = 0
 
 
 class Guard(Controller):
@@ -111,6 +120,7 @@ class Guard(Controller):
         self._rows: dict[int, RowGuard] = {}  # batch row -> its request's state
         self._sizes: dict[int, RowGuard] = {}  # batch size (> 1) -> the verdict on speculating at that size
         self._plain: dict[int, deque] = {}  # batch size -> recent (step, seconds) of plain steps, all requests
+        self._reach: dict[int, Reach] = {}  # batch size -> what its speculative steps could yield at best
         self._steps = 0
         self._probe_plain = False  # this step: every row at γ = 0 to measure the plain cost
         self._hold_batch = False  # this step: every row at γ = 0, speculation at this batch size paused
@@ -190,12 +200,15 @@ class Guard(Controller):
             self._plain.setdefault(batch, deque(maxlen=5)).append((self._steps, timing.total_s))
         plain = self.plain_cost(batch)
         cost = (timing.total_s - timing.fill_s) / plain if plain is not None else 0.0  # in plain steps
+        drafted = [verdict.gamma for verdict, gamma in zip(verdicts, given) if gamma > 0 and verdict.gamma > 0]
+        if drafted and plain is not None:
+            self._measure_reach(batch, max(drafted) + 1, cost)
         for slot, verdict, gamma in zip(slots, verdicts, given):
             row = self._rows.setdefault(slot, self._new_row())
             row.steps += 1
             if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
                 row.filled += timing.fill_s / plain
-                self._judge(row, verdict.n_accepted + 1, cost, verdict.gamma + 1)
+                self._judge(row, verdict.n_accepted + 1, cost, batch)
                 self._recent.tokens = self.fade * self._recent.tokens + verdict.n_accepted + 1
                 self._recent.cost = self.fade * self._recent.cost + cost
                 self._recent.judged += 1
@@ -214,8 +227,7 @@ class Guard(Controller):
         size = self._size(batch)
         if any(g > 0 and verdict.gamma > 0 for verdict, g in zip(verdicts, given)):
             size.filled += filled
-            tokens = sum(verdict.n_accepted + 1 for verdict in verdicts) / batch
-            self._judge(size, tokens, cost, sum(verdict.gamma + 1 for verdict in verdicts) / batch)
+            self._judge(size, sum(verdict.n_accepted + 1 for verdict in verdicts) / batch, cost, batch)
         elif size.paused and self._hold_batch:
             size.wait -= 1
 
@@ -233,24 +245,24 @@ class Guard(Controller):
                                                  interval=self.probe_every, fade=self.fade, size=True)
         return size
 
-    def _judge(self, row: RowGuard, tokens: float, cost: float, possible: float) -> None:
-        """A speculative step (`tokens` emitted, `possible` had every draft been accepted, in `cost`
-        plain steps' time, its proposer's cache fill apart): pause a row whose speculation costs more than it yields; a paused row's
-        speculative step starts its trial. The fill is judged as the trial's price, not each
-        step's: what the drafts are worth from here on decides whether to go on."""
+    def _judge(self, row: RowGuard, tokens: float, cost: float, batch: int) -> None:
+        """A speculative step at this batch size (`tokens` emitted in `cost` plain steps' time,
+        its proposer's cache fill apart): pause a row whose speculation costs more than it
+        yields; a paused row's speculative step starts its trial. The fill is judged as the
+        trial's price, not each step's: what the drafts are worth from here on decides whether
+        to go on."""
         if row.paused:
             row.paused, row.trial = False, True
         row.tokens, row.cost = row.fade * row.tokens + tokens, row.fade * row.cost + cost
-        row.possible = row.fade * row.possible + possible
         row.judged += 1
         gain, lost = row.tokens / max(row.cost, 1e-9), row.cost - row.tokens
         if row.trial and (row.judged >= max(self.window // 2, 1) or lost >= self.loss_max / 2):
             if gain >= 1.0 + self.margin and lost < self.loss_max / 2:
                 row.trial, row.interval = False, self.probe_every  # it pays again
             else:
-                self._pause(row, backoff=True)
+                self._pause(row, batch, backoff=True)
         elif not row.trial and not self._pays(row):
-            self._pause(row, backoff=False)
+            self._pause(row, batch, backoff=False)
 
     def _pays(self, state: RowGuard) -> bool:
         """Speculation pays so far: it has not lost `loss_max` plain steps' worth, and after
@@ -266,27 +278,41 @@ class Guard(Controller):
         whose steps only break even (a twin drafting γ tokens at a target step each) loses."""
         return self._recent.tokens >= (1 + self.margin) * self._recent.cost
 
-    def _pause(self, row: RowGuard, backoff: bool) -> None:
+    def _pause(self, row: RowGuard, batch: int, backoff: bool) -> None:
         # the wait for its loss (fill included) to be an `explore` share of the time
         spent = math.ceil((max(row.cost - row.tokens, 0.0) + row.filled) / self.explore)
         if backoff:  # the trial did not pay: wait longer, and long enough that its loss stays a small share
             row.interval = max(min(2 * row.interval, self.probe_max), spent)
-        if self._out_of_reach(row):  # no draft can pay at these costs: only a change in them could
+        hopeless = self._out_of_reach(batch)  # no draft can pay at these costs: only a change in them could
+        if hopeless:
             row.interval = max(row.interval, self.recheck)
         if not row.size and not self._recent_pays():  # new requests wait for this schedule, doubling while trials fail
             self._interval = max(2 * self._interval if backoff else row.interval, spent)
+            if hopeless:
+                self._interval = max(self._interval, self.recheck)
             self._next_trial = self._steps + self._interval
         row.paused, row.trial, row.wait = True, False, row.interval
-        row.tokens, row.possible, row.cost, row.judged, row.filled = 0, 0.0, 0.0, 0, 0.0
+        row.tokens, row.cost, row.judged, row.filled = 0, 0.0, 0, 0.0
 
-    def _out_of_reach(self, state: RowGuard) -> bool:
-        """Its steps could not pay even had they kept `reach` of their drafts' tokens: each
-        costs about as many plain steps as it could emit (a twin whose draft token costs a
-        target step: γ + 1 tokens at best, in γ + 1 plain steps' time). What text comes next
-        cannot change that, so trials wait `recheck` steps (the costs are the machine's, and
-        change only with its load or the batch), not the usual schedule, whose every trial pays
-        the draft's cache fill for nothing."""
-        return state.possible * self.reach < (1 + self.margin) * state.cost
+    def _measure_reach(self, batch: int, possible: int, cost: float) -> None:
+        reach = self._reach.setdefault(batch, Reach())
+        reach.possible = self.fade * reach.possible + possible
+        reach.cost = self.fade * reach.cost + cost
+        reach.judged += 1
+
+    def _out_of_reach(self, batch: int) -> bool:
+        """Speculative steps at this batch size could not pay even had they kept `reach` of the
+        tokens they could emit: each costs about as many plain steps as it could emit (a twin
+        whose draft token costs a target step: γ + 1 tokens at best, in γ + 1 plain steps'
+        time). What text comes next cannot change that, so trials wait `recheck` steps (the
+        costs are the machine's, and change with its load or the batch), not the usual
+        schedule, whose every trial pays the draft's cache fill for nothing. Judged on every
+        request's steps at this size, after a trial's worth of them (`window // 2`; a dear
+        proposer is paused by the loss rule within a few): a step or two while the machine is
+        busy is no verdict."""
+        reach = self._reach.get(batch)
+        return (reach is not None and reach.judged >= max(self.window // 2, 1)
+                and reach.possible * self.reach < (1 + self.margin) * reach.cost)
 
     # plain cost
     def plain_cost(self, batch: int) -> float | None:
