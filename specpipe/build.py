@@ -43,7 +43,7 @@ class BuildContext:
     cache_len: int = 2048
     compile: bool = False  # the target's stack only: a draft's steps are many and small, its graphs another compile
     kernels: str = "exact"  # the target's (a draft runs the fastest: the target verifies it)
-    graphs: str = "auto"  # the target's static step (a draft model's many small steps stay eager)
+    graphs: str = "auto"  # the static steps: the target's, and a draft model's (with the fewest rows)
     _target: LoadedModel | None = field(default=None, repr=False)
 
     def runner(self, model, precision: str, compile: bool = False, kernels: str = "fast", graphs: str = "off"):

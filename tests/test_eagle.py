@@ -184,7 +184,7 @@ def test_the_device_search_scores_each_node_as_its_path_fed_alone(shape, depth):
     proposer.prefill(0, prompt, feed(runner, prompt[:-1], hidden=(FINAL,)))  # rows (f_i, prompt[i + 1])
     state = proposer.rows[0]
     features, pending = state.pending
-    root = proposer._feed(state, features, pending, torch.arange(len(pending)))[-1]  # as a step does first
+    root = proposer._feed(features, pending, torch.arange(len(pending)), state.cache)[-1]  # as a step does first
     state.committed, state.pending = len(pending), None
     keys, values = state.cache.keys, state.cache.values
     tree = proposer._tree(state, root, depth)

@@ -257,6 +257,6 @@ def test_a_head_with_its_own_embeddings_drafts_with_them():
     from specpipe.proposers.eagle import _HeadRow
 
     features = torch.randn(2, 32, dtype=torch.float64)
-    got = proposer._feed(_HeadRow(), features, torch.tensor([4, 9]), torch.arange(2))
+    got = proposer._feed(features, torch.tensor([4, 9]), torch.arange(2), _HeadRow().cache)
     want = head(own[[4, 9]][None], features[None], torch.arange(2)[None], cache=HeadCache())[0]
     torch.testing.assert_close(got, want)

@@ -20,7 +20,7 @@ from specpipe.controllers.fixed import FixedGamma
 from specpipe.controllers.guard import guarded
 from specpipe.controllers.heuristic import HeuristicGamma
 from specpipe.decode.loop import Decoder
-from specpipe.decode.syncs import reads_per_step
+from specpipe.decode.syncs import host_reads, reads_per_step
 from specpipe.engine import FINAL, make_runner
 from specpipe.engine.static import Shape
 from specpipe.pipeline import Pipeline, Request
@@ -205,6 +205,120 @@ def test_generations_run_only_planned_shapes_captured_once(kernels, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_draft_model_steps_in_planned_shapes_captured_once(device):
+    """A draft model's steps run its own static step (graphs=on here; auto on a GPU) with the
+    fewest rows: blocks of 1 and 2 tokens (its first forward feeds the last token, or, where
+    every draft was kept, the last draft token and the bonus), each forward one of the planned
+    shapes, captured once."""
+    target = tiny_target(seed=0)
+    draft = ModelDrafter(tiny_model(seed=0), GREEDY, device=device, graphs="on")  # the target's twin: all kept
+    pipe = Pipeline(target, draft, GreedyVerifier(), FixedGamma(3),
+                    runner=make_runner(target.model, device=device, graphs="on"))
+    static = draft.runner.static
+    assert (static.exact, static.blocks()) == (False, [1, 2])
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    eager = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(target.model, graphs="off"))
+    want = [eager.run(p, max_new_tokens=16, speculative=False).token_ids for p in prompts]
+    assert [o.token_ids for o in pipe.generate_batch(prompts, max_new_tokens=16)] == want
+    captures, planned = static.captures, set(static.planned(()))
+    assert captures == (len(planned) if device == "cuda" else 0)
+    runs = [pipe.run(p, max_new_tokens=16) for p in prompts]
+    assert [r.token_ids for r in runs] == want and sum(r.stats.accepted for r in runs) > 0
+    assert static.captures == captures and {s.block for s in static.shapes} == {1, 2} and static.shapes <= planned
+
+
+def eagle_heads():
+    """An EAGLE head and an EAGLE-3 head (drafting from the even ids) over `target4`'s shape."""
+    from specpipe.proposers.eagle import EagleProposer
+    from specpipe.proposers.eagle3 import proposer_for
+    from test_eagle import copy_head
+    from test_eagle3 import random_head as eagle3_head
+
+    return {"eagle": lambda: EagleProposer(copy_head(), GREEDY),
+            "eagle3": lambda: proposer_for(eagle3_head(1, torch.arange(0, 64, 2)), GREEDY)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("controller", ["fixed", "confidence"])
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_a_graphed_eagle_chain_drafts_what_the_eager_chain_drafts(head, controller, device):
+    """Where the target's steps are graphed, a greedy EAGLE or EAGLE-3 chain runs as one graph
+    per (row, γ) over the head's preallocated slots: step for step it drafts and keeps what the
+    eager chain does (early stops included), the output is plain decoding's, one sequence or a
+    batch, and on a GPU a second generation captures nothing new."""
+    from test_eagle3 import target4
+
+    target, make = target4(), eagle_heads()[head]
+    controllers = {"fixed": lambda: FixedGamma(4), "confidence": lambda: ConfidenceGamma(4, 1, 4, threshold=0.3)}
+    eager = Pipeline(target, make(), GreedyVerifier(), controllers[controller](),
+                     runner=make_runner(target.model, device=device, graphs="off"))
+    graphed = Pipeline(target, make(), GreedyVerifier(), controllers[controller](),
+                       runner=make_runner(target.model, device=device, graphs="on"))
+    assert eager.proposer.chains is None and graphed.proposer.chains is not None
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    plain = [eager.run(p, max_new_tokens=24, speculative=False).token_ids for p in prompts]
+    drafts = {id(eager): [], id(graphed): []}  # each step's drafts: per row, the tokens counted
+    for pipe in (eager, graphed):
+        propose, log = pipe.proposer.propose, drafts[id(pipe)]
+
+        def recorded(rows, gammas, propose=propose, log=log):
+            draft = propose(rows, gammas)
+            log.append([draft.tokens[b, :n].tolist() for b, n in enumerate(draft.num_draft.tolist())])
+            return draft
+
+        pipe.proposer.propose = recorded
+    for prompt, want in zip(prompts, plain):
+        ran = [eager.run(prompt, max_new_tokens=24), graphed.run(prompt, max_new_tokens=24)]
+        assert [r.token_ids for r in ran] == [want, want]
+        assert ran[0].stats.accepted_at == ran[1].stats.accepted_at
+    assert drafts[id(eager)] == drafts[id(graphed)] and sum(len(step[0]) for step in drafts[id(eager)]) > 20
+    if controller == "confidence":  # some chains stopped early, and the graphed ones stopped with them
+        assert any(0 < len(step[0]) < 4 for step in drafts[id(graphed)])
+    assert [o.token_ids for o in graphed.generate_batch(prompts, max_new_tokens=24)] == plain
+    captures = graphed.proposer.chains.captures
+    assert (captures > 0) == (device == "cuda")
+    assert [o.token_ids for o in graphed.generate_batch(prompts, max_new_tokens=24)] == plain
+    assert [graphed.run(p, max_new_tokens=24).token_ids for p in prompts] == plain
+    assert graphed.proposer.chains.captures == captures
+
+
+def test_no_graphed_computation_reads_the_host(monkeypatch):
+    """What a CUDA graph captures may not read a value back to the host (a read while a stream
+    captures is an error on a GPU, and a replay would not repeat it): every graphed computation
+    (the target's static step in both block policies, a draft model's, Medusa's heads, EAGLE and
+    EAGLE-3 chains) runs here under the host-read counter and reads nothing."""
+    from specpipe.engine.graphs import Graphs
+    from test_eagle3 import target4
+
+    reads: dict[str, list[int]] = {}
+    run = Graphs.run
+
+    def counted(self, key, compute):
+        def watched():
+            with host_reads() as seen:
+                out = compute()
+            kind = {Shape: "static step", int: "medusa", tuple: "chain"}[type(key)]  # the graphs' keys
+            reads.setdefault(kind, []).append(len(seen))
+            return out
+        return run(self, key, watched)
+
+    monkeypatch.setattr(Graphs, "run", counted)
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    target = tiny_target(seed=0)
+    for kernels in KERNELS:
+        pipe, _ = pipelines(kernels, ModelDrafter(tiny_model(seed=0), GREEDY, graphs="on"), FixedGamma(3))
+        pipe.generate_batch(prompts, max_new_tokens=12)
+    Pipeline(target, MedusaProposer(random_heads(seed=1), GREEDY), GreedyVerifier(), FixedGamma(3),
+             runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
+    target = target4()
+    for make in eagle_heads().values():
+        Pipeline(target, make(), GreedyVerifier(), FixedGamma(3),
+                 runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
+    assert {kind: (len(counts) > 5, set(counts)) for kind, counts in reads.items()} == {
+        "static step": (True, {0}), "medusa": (True, {0}), "chain": (True, {0})}
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_a_static_step_reads_the_host_once(kernels, device):
     """The static step adds no read back to the host: a step's one read is the verdict's."""
@@ -264,11 +378,12 @@ def test_check_names_the_step_and_the_guarantee_that_runs(model_dirs):
                 if c.name == "kernels"]
 
 
-def test_a_pipeline_from_config_runs_the_target_static_and_its_draft_eager(model_dirs):
+def test_a_pipeline_from_config_runs_the_target_and_its_draft_static(model_dirs):
+    """graphs= is the pipeline's: the target's steps in its block policy, the draft's with the fewest rows."""
     from specpipe.config import compose
 
     pipe = Pipeline.from_config(compose([f"model={model_dirs / 'target'}", "graphs=on", "proposer=draft",
                                          f"proposer.model={model_dirs / 'draft'}", "gamma=3"]))
-    assert pipe.runner.step == "static exact" and pipe.proposer.runner.step == "eager"
+    assert pipe.runner.step == "static exact" and pipe.proposer.runner.step == "static fast"
     run = pipe.run("w5 w9 w5 w9 w5", max_new_tokens=12)
     assert run.token_ids == pipe.run("w5 w9 w5 w9 w5", max_new_tokens=12, speculative=False).token_ids

@@ -146,7 +146,8 @@ def _step_of(device: str, static: bool, kernels: str) -> str:
            else "kernels=fast: each step padded to the fewest rows")
     graphs = "captured as CUDA graphs and replayed" if device == "cuda" else "run eagerly on the CPU (no capture)"
     return (f"static decode steps (fixed shapes over persistent buffers, attention over the whole cache with "
-            f"lengths on the device; {how}), {graphs}")
+            f"lengths on the device; {how}), {graphs}; drafts likewise: a draft model's steps, Medusa's heads, "
+            "greedy EAGLE chains")
 
 
 def _guarantee(mode: str, device: str, static: bool, kernels: str) -> Check:

@@ -62,6 +62,7 @@ class Runner(ABC):
     max_rows: int | None = None  # the most rows its cache can hold (None: as many as memory allows)
     trees: bool = True  # whether `forward` takes a tree block (False: proposers draft chains)
     step: str = "eager"  # how decode forwards run (engine=native: `static exact` etc., engine/static.py)
+    graphed: bool = False  # decode forwards in fixed shapes, CUDA graphs on a GPU: heads graph their drafts too
     lengths: list[int]  # [rows] tokens cached per row (host)
 
     @property

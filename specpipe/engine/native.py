@@ -53,6 +53,10 @@ class NativeRunner(Runner):
             return "eager"
         return f"static {'exact' if self.static.exact else 'fast'}" + (" + CUDA graphs" if self.static.capture else "")
 
+    @property
+    def graphed(self) -> bool:
+        return self.static is not None
+
     def _allocate(self, rows: int) -> None:
         """A cache of `rows` rows (a static step's: the bucket of `rows`, with spare slots)."""
         self.cache = None  # the old cache is freed before the new one is allocated

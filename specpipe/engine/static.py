@@ -7,8 +7,8 @@ largest tree; wider blocks, such as a prompt fed through `forward`, run the eage
 Attention runs over the cache's whole allocation through a mask built on the device from the
 rows' lengths (a device tensor the host fills each step), so no shape depends on a length
 (gpt-fast; vLLM's uniform decode). On CUDA each shape is captured once as a CUDA graph
-(`torch.cuda.CUDAGraph`) and replayed: a step copies its ids and lengths into the buffers and
-launches one graph. On the CPU the same code runs eagerly: what the tests check there.
+(graphs.py) and replayed: a step copies its ids and lengths into the buffers and launches one
+graph. On the CPU the same code runs eagerly: what the tests check there.
 
 Two block policies (`kernels=`):
 - exact: ONE shape per pipeline, [the bucket of the cache's rows, K], for plain steps and verify
@@ -33,10 +33,12 @@ the rows that attend over it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from specpipe.engine.base import wide
+from specpipe.engine.graphs import Graphs
 from specpipe.engine.native_model import KVCache, NativeLM, _mask
 from specpipe.types import ancestry_of, depths_of
 
@@ -78,7 +80,6 @@ class _Buffers:
         self.meta = self.host.to(device) if device.type != "cpu" else self.host
         self.keys = [t[:bucket] for t in cache.keys]  # views: the cache's own storage
         self.values = [t[:bucket] for t in cache.values]
-        self.out: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None  # a graph's outputs
         self.copied = torch.cuda.Event() if device.type == "cuda" else None  # the last copy of `host` is done
 
     def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None) -> None:
@@ -105,20 +106,28 @@ class StaticStep:
     def __init__(self, lm: NativeLM, exact: bool):
         self.lm, self.exact = lm, exact
         self.ring = exact  # each chain token at the block row of its position mod K (exact's construction)
-        self.capture = lm.device.type == "cuda"  # CUDA graphs; the CPU runs the same code eagerly
+        self.graphs = Graphs(lm.device)  # CUDA graphs by shape; the CPU runs the same code eagerly
         self.block = 1  # K: the widest block planned
         self.cache: KVCache | None = None
         self.shapes: set[Shape] = set()  # every shape a forward ran
-        self.captures = 0  # CUDA graphs captured (0 on the CPU)
         self._buffers: dict[Shape, _Buffers] = {}
-        self._graphs: dict[Shape, object] = {}
         self._warm: set[tuple[int, ...]] = set()  # hidden-state sets whose planned shapes are captured
+
+    @property
+    def capture(self) -> bool:
+        """Whether shapes are captured as CUDA graphs (on a GPU)."""
+        return self.graphs.capture
+
+    @property
+    def captures(self) -> int:
+        """CUDA graphs captured (0 on the CPU)."""
+        return self.graphs.captures
 
     def bind(self, cache: KVCache) -> None:
         """A new cache: buffers and graphs hold the old one's storage, so they go."""
         self.cache = cache
         self._buffers.clear()
-        self._graphs.clear()
+        self.graphs.clear()
         self._warm.clear()
 
     def plan(self, block: int) -> None:
@@ -159,12 +168,10 @@ class StaticStep:
         buffers.fill(shape, ids, lengths, tree)
         self.shapes.add(shape)
         batch, n = ids.shape
-        if self.capture:
-            graph = self._graphs.get(shape) or self._capture(shape, buffers)  # an unplanned tree: captured now
-            graph.replay()
-            logits, hidden = buffers.out  # the graph's own memory, rewritten by its next replay: copied
+        # a planned shape replays; an unplanned tree is captured now
+        logits, hidden = self.graphs.run(shape, partial(self._compute, shape, buffers))
+        if self.capture:  # the graph's own memory, rewritten by its next replay: copied
             return logits[:batch, :n].clone(), {key: value[:batch, :n].clone() for key, value in hidden.items()}
-        logits, hidden = self._compute(shape, buffers)
         return logits[:batch, :n], {key: value[:batch, :n] for key, value in hidden.items()}
 
     def _buffers_of(self, shape: Shape) -> _Buffers:
@@ -178,28 +185,11 @@ class StaticStep:
         row's length (writing only slots past the rows' lengths), a tree block of padding rows."""
         pad = torch.zeros(1, 1, dtype=torch.long, device=self.lm.device)
         for shape in self.planned(hidden):
-            if shape not in self._graphs:
+            if shape not in self.graphs:
                 buffers = self._buffers_of(shape)
                 buffers.fill(shape, pad, lengths, () if shape.tree else None)
-                self._capture(shape, buffers)
+                self.graphs.ensure(shape, partial(self._compute, shape, buffers))
         self._warm.add(hidden)
-
-    def _capture(self, shape: Shape, buffers: _Buffers):
-        """Capture the shape's graph (torch's recipe: warm up on a side stream first, so lazy
-        library set-up stays outside the graph). The warm-up computes this step and writes its
-        keys; the capture runs nothing, and the replay writes the same keys again."""
-        device = self.lm.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            self._compute(shape, buffers)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            buffers.out = self._compute(shape, buffers)
-        self._graphs[shape] = graph
-        self.captures += 1
-        return graph
 
     def _compute(self, shape: Shape, buffers: _Buffers) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The step, on the buffers alone (what a graph captures: no host reads, no new shapes)."""

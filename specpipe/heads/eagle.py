@@ -73,6 +73,56 @@ class HeadCache:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
 
 
+class SlotCache:
+    """A HeadCache over preallocated slots [1, kv heads, capacity, head dim] (allocated at the
+    first append, in its keys' dtype): what a graphed draft chain writes into, in place, at
+    slots it reads from the device (`at`). Appends from the host fill slots [length, length + n)
+    and attend over the first length + n, as HeadCache's; `crop` only moves the length back."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + keys.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"the head's cache holds {self.capacity} rows; {end} were fed")
+        self._allocate(keys, values)
+        self.keys[:, :, self.length : end], self.values[:, :, self.length : end] = keys, values
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def at(self, slots: torch.Tensor) -> "_Slots":
+        """This cache, writing an append's rows at `slots` [n] (device) and attending over every
+        slot: the caller's mask says which to see. The length does not move (drafting rows)."""
+        return _Slots(self, slots)
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
+
+    def _allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if self.keys is None:
+            b, heads, _, dim = keys.shape
+            self.keys = keys.new_zeros(b, heads, self.capacity, dim)
+            self.values = values.new_zeros(b, heads, self.capacity, values.shape[-1])
+
+
+class _Slots:
+    def __init__(self, cache: SlotCache, slots: torch.Tensor):
+        self.cache, self.slots = cache, slots
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = self.cache
+        cache.keys.index_copy_(2, self.slots, keys)
+        cache.values.index_copy_(2, self.slots, values)
+        return cache.keys, cache.values
+
+
 class Attention(nn.Module):
     def __init__(self, shape: EagleShape, width: int | None = None):
         """width: the rows' size (default the hidden size; EAGLE-3 attends over [embedding, feature], 2H)."""

@@ -24,6 +24,9 @@ of asking the head: Arctic Inference's hybrid of suffix decoding and a model spe
 wins where the answer copies its input (code edits, summaries), the head where there is nothing
 to copy (chat, math). The head skips those steps; their committed rows wait in `pending` and
 are fed, in order, at its next draft, so its cache stays exact.
+
+Where the target's steps are graphed (CUDA graphs on a GPU) a greedy chain runs as one graph
+(eagle_graph.py) over a head cache of preallocated slots; trees and sampled chains stay eager.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ import torch
 from specpipe.errors import SpecpipeError
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.export.engine import sglang_chain
-from specpipe.heads.eagle import EagleHead, HeadCache
+from specpipe.heads.eagle import EagleHead, HeadCache, SlotCache
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
 from specpipe.proposers.base import RowProposer, Rows, still_drafting
 from specpipe.proposers.declaration import Declaration
+from specpipe.proposers.eagle_graph import ChainGraphs
 from specpipe.proposers.eagle_tree import TreeSearch
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import DRAFT, SamplingParams, sample
@@ -64,8 +68,8 @@ class _HeadRow:
     """One sequence's head state: its cache, the rows in it computed from true target features,
     and the committed rows not fed yet (features [m, H] and their tokens [m], on the device)."""
 
-    def __init__(self, pending: tuple[torch.Tensor, torch.Tensor] | None = None):
-        self.cache = HeadCache()
+    def __init__(self, pending: tuple[torch.Tensor, torch.Tensor] | None = None, cache: SlotCache | None = None):
+        self.cache = cache if cache is not None else HeadCache()
         self.committed = 0
         self.pending = pending
 
@@ -87,6 +91,7 @@ class EagleProposer(RowProposer):
         self.draft_lm = draft_lm or (lambda target: DraftLM.target_rows(target, head.draft_vocab, quantize))
         self.target: Runner | None = None
         self.lm: DraftLM | None = None
+        self.chains: ChainGraphs | None = None  # greedy chains as graphs, where the target's steps are graphed
         self.rows: dict[int, _HeadRow] = {}
 
     def widest(self, gamma: int, trees: bool) -> int:
@@ -98,13 +103,15 @@ class EagleProposer(RowProposer):
         if target.device.type != "cpu":  # the head and its draft rows live beside the target
             self.head = self.head.to(target.device)
         self.lm = self.draft_lm(target)
+        graphed = getattr(target, "graphed", False)  # a trainer's frozen target is no Runner
+        self.chains = ChainGraphs(target.device, target.cache.capacity) if graphed else None
 
     def prefill(self, row: int, prompt: list[int], out: TargetOutput | None) -> None:
         # the target's prefill saw prompt[:-1]: rows (f_i, prompt[i+1])
         pending = None
         if out is not None:
             pending = (self._features(out, 0), torch.tensor(prompt[1:], dtype=torch.long).to(out.logits.device))
-        self.rows[row] = _HeadRow(pending)
+        self.rows[row] = _HeadRow(pending, None if self.chains is None else self.chains.cache(row))
 
     @torch.inference_mode()
     def fill(self, rows: Rows, gammas: list[int]) -> None:
@@ -115,7 +122,8 @@ class EagleProposer(RowProposer):
             state = self.rows.get(row)
             if gamma and state is not None and state.pending is not None and len(state.pending[1]) > FILL_MIN:
                 features, tokens = state.pending
-                self._feed(state, features[:-1], tokens[:-1], _span(state.committed, len(tokens) - 1, features.device))
+                self._feed(features[:-1], tokens[:-1], _span(state.committed, len(tokens) - 1, features.device),
+                           state.cache)
                 state.committed += len(tokens) - 1
                 state.pending = (features[-1:], tokens[-1:])
 
@@ -129,11 +137,13 @@ class EagleProposer(RowProposer):
         if state.pending is None:
             return None  # a one-token prompt: no feature yet
         features, tokens = state.pending
-        root = self._feed(state, features, tokens, _span(state.committed, len(tokens), features.device))[-1]
+        root = self._feed(features, tokens, _span(state.committed, len(tokens), features.device), state.cache)[-1]
         state.committed += len(tokens)  # the guess of the last committed token's feature is `root`
         state.pending = None
         if self.tree is not None and rows.trees:
             return self._tree(state, root, gamma)
+        if self.chains is not None and self.sampling.greedy:
+            return self._graphed_chain(state, root, gamma, rows, row)
         return self._chain(state, root, gamma, rows, row)
 
     @property
@@ -170,13 +180,21 @@ class EagleProposer(RowProposer):
         states = [out.hidden[key][row] if index is None else out.hidden[key][row, index] for key in self.hidden_layers]
         return self.head.fuse(states[0] if len(states) == 1 else torch.cat(states, -1))
 
-    def _feed(self, state: _HeadRow, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+    def _feed(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache,
               mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows (features [n, H], tokens [n], positions [n]) appended to the head cache -> guessed
-        next features [n, H]; mask [1, n, cache + n] (None: causal)."""
+        """Rows (features [n, H], tokens [n], positions [n]) appended to a row's head `cache` ->
+        guessed next features [n, H]; mask [1, n, cache + n] (None: causal)."""
         own = getattr(self.head, "embed_tokens", None)  # a third-party EAGLE-3 head may bring its own
         embeds = self.target.embed(tokens) if own is None else own(tokens).float()
-        return self.head(embeds[None], features[None], positions[None], mask, state.cache)[0]
+        return self.head(embeds[None], features[None], positions[None], mask, cache)[0]
+
+    def _graphed_chain(self, state: _HeadRow, root: torch.Tensor, gamma: int, rows: Rows, row: int) -> DraftBlock:
+        """A greedy chain as one graph (eagle_graph.py): every one of its γ tokens is drafted,
+        and those after a stop are not counted, as the eager chain does on a GPU."""
+        stops = [rows.stop_below(i) for i in range(gamma)]
+        tokens, confidence, count = self.chains.draft(row, root, state.committed, stops, self._feed,
+                                                      lambda hidden: self.lm.top(hidden, 1))
+        return DraftBlock(tokens, None, confidence, count)  # stacked into the batch (a copy) before the next replay
 
     def _chain(self, state: _HeadRow, hidden: torch.Tensor, gamma: int, rows: Rows, row: int) -> DraftBlock:
         tokens, probs, confidence = [], [], []
@@ -195,7 +213,8 @@ class EagleProposer(RowProposer):
             count += alive.long()
             if i + 1 == gamma or not still_drafting(alive, top, rows.stop_below(i), hidden.device):
                 break  # the controller's call: γ logic stays out of the proposer
-            hidden = self._feed(state, hidden[None], token[None], _span(state.committed + i, 1, hidden.device))[-1]
+            hidden = self._feed(hidden[None], token[None], _span(state.committed + i, 1, hidden.device),
+                                state.cache)[-1]
         return DraftBlock(torch.stack(tokens), torch.stack(probs) if probs else None, torch.stack(confidence),
                           count)
 
@@ -213,7 +232,7 @@ class EagleProposer(RowProposer):
                 break  # children score no more than their parent: none could rank among the nodes kept
             guesses, tokens, mask = search.block(best, state.committed)
             positions = torch.full((k,), state.committed + d - 1, device=root.device)  # one depth
-            hidden = self._feed(state, guesses, tokens, positions, mask)
+            hidden = self._feed(guesses, tokens, positions, state.cache, mask)
             search.grow(best, hidden, *self.lm.top(hidden, k))  # [k, k]
         state.cache.crop(state.committed)  # drafting rows are never kept
         return search.rerank(self.tree.nodes)

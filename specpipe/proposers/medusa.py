@@ -5,6 +5,10 @@ produced the next token (the target's LM-head input, which the verify forward ha
 feeds every head once. The first step of a generation has no feature yet and drafts
 nothing. With sampling the heads' distributions go to the verifier as draft_probs, so the
 rejection verifier stays lossless; `verifier=typical` is Medusa's own (lossy) acceptance.
+
+Where the target's steps are graphed (`Runner.graphed`: CUDA graphs on a GPU) the heads run as
+one graph too: every head over every row's feature buffer, the rows not drafting and the heads
+past γ computed and dropped (a few rows more cost a GPU nothing; a launch each, a lot).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.engine import FINAL, Runner, TargetOutput
+from specpipe.engine.graphs import Graphs
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.quantize import module_bytes
@@ -30,6 +35,7 @@ class MedusaProposer(Proposer):
         self.sampling = sampling
         self.tree = None if tree is None else check_tree(tree, heads.num_heads)
         self.target: Runner | None = None
+        self.graphs: Graphs | None = None  # the heads' graph, where the target's steps are graphed
         self.features: torch.Tensor | None = None  # [rows, H] each row's feature of its last committed token's predecessor
         self.ready: list[bool] = []  # [rows] whether that feature is there yet (not before a row's first step)
 
@@ -40,6 +46,7 @@ class MedusaProposer(Proposer):
         self.target = target
         if target.device.type != "cpu":
             self.heads = self.heads.to(target.device)
+        self.graphs = Graphs(target.device) if getattr(target, "graphed", False) else None
 
     def reserve(self, rows: int) -> None:
         if len(self.ready) < rows:
@@ -56,10 +63,17 @@ class MedusaProposer(Proposer):
             return DraftBatch.empty(len(gammas), rows.device)
         heads = min(max(gammas[b] for b in ready), self.heads.num_heads)
         index = torch.tensor(ready).to(rows.device, non_blocking=True)
-        logits = self.heads(self.features[index], self.target.lm_head, heads=heads)  # [K, m, V]
+        if self.graphs is None:
+            logits = self.heads(self.features[index], self.target.lm_head, heads=heads)  # [K, m, V]
+        else:  # [K, rows, V] every head and row, from the graph's memory: the index copies out what drafts
+            logits = self.graphs.run(len(self.features), self._every_head)[:heads, index]
         if self.tree is not None and rows.trees:
             return DraftBatch.stack([self._tree(logits[:, 0])], gammas, rows.device)
         return self._chains(logits.transpose(0, 1), ready, gammas, rows)
+
+    def _every_head(self) -> torch.Tensor:
+        """Every head over every row's feature (the graphed computation): [K, rows, V]."""
+        return self.heads(self.features, self.target.lm_head)
 
     def _chains(self, logits: torch.Tensor, ready: list[int], gammas: list[int], rows: Rows) -> DraftBatch:
         """The heads' logits [m, K, V] of the ready rows -> their chains: argmax, or sampled with
@@ -109,6 +123,8 @@ class MedusaProposer(Proposer):
         features = final[torch.arange(len(host), device=final.device), last]  # [B, H]
         if self.features is None or self.features.shape[0] < len(self.ready):
             self.features = features.new_zeros(len(self.ready), features.shape[-1])
+            if self.graphs is not None:
+                self.graphs.clear()  # the graph read the old buffer
         self.features[: len(host)] = features
         self.ready[: len(host)] = [True] * len(host)
 

@@ -20,14 +20,19 @@ from specpipe.proposers.base import Proposer, Rows, still_drafting
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBatch, RowVerdict, Verdict
 
+FEED = 2  # tokens a draft's first forward feeds a row: its last draft token and the bonus, when all were kept
+
 
 class ModelDrafter(Proposer):
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, engine: str = "auto",
-                 precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
+                 precision: str = "none", cache_len: int | None = None, device: str = "cpu", graphs: str = "auto"):
         """model: the draft's weights (the hf engine quantizes them in place to `precision`; with
-        engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it)."""
+        engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it);
+        graphs: as the target's (`auto`: the native engine's static step on CUDA, each draft step
+        a replayed CUDA graph), always with the fewest rows (`kernels=fast`: the target verifies)."""
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
-                                  kernels="fast", graphs="off")  # a draft's steps stay eager (not graphed yet)
+                                  kernels="fast", graphs=graphs if engine != "llamacpp" else "off")
+        self.runner.plan(FEED)
         self.sampling = sampling
         self.base: list[int] = [0]  # per row: committed length when its last draft was proposed
         self.fed: list[int] = [0]  # per row: draft tokens its last draft fed into the cache
@@ -36,7 +41,7 @@ class ModelDrafter(Proposer):
     def on(cls, context, model: torch.nn.Module, precision: str) -> "ModelDrafter":
         """A drafter on the pipeline's engine, device and cache length (a build context's)."""
         return cls(model, context.sampling, engine=context.engine, precision=precision,
-                   cache_len=context.cache_len, device=context.device)
+                   cache_len=context.cache_len, device=context.device, graphs=context.graphs)
 
     @property
     def batch_refusal(self) -> str | None:
@@ -62,7 +67,7 @@ class ModelDrafter(Proposer):
         stays narrow for every row instead of padding each one to the longest lag."""
         for row, gamma in enumerate(gammas):
             start = self.runner.lengths[row]
-            if gamma and len(rows.tokens[row]) - start > 2:  # no copy of a row's tokens unless it lags
+            if gamma and len(rows.tokens[row]) - start > FEED:  # no copy of a row's tokens unless it lags
                 self.runner.prefill(row, rows.tokens[row][start:-1])
 
     @torch.inference_mode()
