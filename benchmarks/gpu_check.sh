@@ -1,52 +1,93 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (about 6 minutes on an H200 before the static step's additions; not
-# yet timed with them): the CUDA tests, reads back to the host per step on the real SmolLM2, the
-# real SmolLM2 with the shipped recipe, ngram (graphed exact, eager, graphed fast) and suffix
-# against its plain target (exactness per prompt), and the engine table on random-weight shapes
-# (eager, static exact, static fast). Each
-# result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files (the logs
-# and results.json files are packed into more.tar.gz).
+# The one prepared GPU check. It runs within BUDGET seconds (default 540: a device call's limit
+# is 600), most important part first; a part that would start with under 20 s left is skipped
+# and says so, and every part's time limit is cut to what is left. The parts:
+#   1. the CUDA tests (static step, graphed drafts, engine, lossless);
+#   2. the real SmolLM2-135M (from a pre-seeded SPECPIPE_CACHE, no download): the shipped recipe
+#      on the dev and held-aside prompts, with transformers' plain and static-cache (compiled)
+#      generate as peers; ngram and suffix with prompt lookup as peer; the Medusa and EAGLE-3
+#      recipes (exactness per prompt, plain vs speculative in one process each);
+#   3. the engine table on random-weight shapes (SmolLM2-135M, Qwen2.5-Coder 0.5B and 1.5B:
+#      the draft pair's costs): ms per forward at k = 1, 2, 5, 9, 16 and plain tok/s, eager,
+#      static exact, static fast;
+#   4. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
+#   5. reads back to the host per step; ngram with eager steps and with kernels=fast.
+# Each result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files
+# (logs and results.json files are packed into more.tar.gz).
 #   OUT=gpu-results bash benchmarks/gpu_check.sh
 # DEVICE=cpu runs the same steps on the CPU (to try the script where there is no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; DEVICE="${DEVICE:-cuda}"; MORE="$(mktemp -d)/more"  # packed into $OUT, never left there
-TOKENS="${TOKENS:-128}"
+TOKENS="${TOKENS:-128}"; DEADLINE=$((SECONDS + ${BUDGET:-540}))
 mkdir -p "$OUT" "$MORE"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/report.md"
 python -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA')" > "$OUT/device.txt" 2>&1
 { echo "# GPU check, $(date -u +%F), $DEVICE: $(cat "$OUT/device.txt")"; echo; } > "$REPORT"
 packed() { tar czf "$OUT/more.tar.gz" -C "$(dirname "$MORE")" more 2>/dev/null; }
+# within LIMIT CMD...: CMD under the smaller of LIMIT and the time left; 124 (and a note) when skipped
+within() {
+  local limit=$1 left=$((DEADLINE - SECONDS)); shift
+  if [ "$left" -lt 20 ]; then echo "(skipped: the check's time budget is spent)" >> "$REPORT"; return 124; fi
+  timeout $((limit < left ? limit : left)) "$@"
+}
+started() { echo "<!-- at ${SECONDS}s -->" >> "$REPORT"; }
 
-echo "## CUDA tests (pytest -k cuda)" >> "$REPORT"
-timeout 210 python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_engine.py tests/test_step.py \
-    tests/test_lossless.py tests/test_static.py -k cuda > "$MORE/pytest.txt" 2>&1
+echo "## CUDA tests (pytest -k cuda)" >> "$REPORT"; started
+within 150 python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_static.py tests/test_engine.py \
+    tests/test_step.py tests/test_lossless.py -k cuda > "$MORE/pytest.txt" 2>&1
 { tail -3 "$MORE/pytest.txt"; echo; } >> "$REPORT"; packed
 
-echo "## Reads back to the host per step (real SmolLM2, $DEVICE)" >> "$REPORT"
-timeout 120 python benchmarks/step_reads.py --device "$DEVICE" --model smollm2-135m --tokens 48 \
-    --strategy "recipe=recipes/smollm2-135m" --strategy "proposer=ngram gamma=4" --strategy "proposer=suffix" \
-    >> "$REPORT" 2> "$MORE/step_reads.log" || echo "(failed: see step_reads.log in more.tar.gz)" >> "$REPORT"
+SMOL="model=smollm2-135m device=$DEVICE limit=1 max_new_tokens=$TOKENS"
+# graphs=auto is the static step with CUDA graphs on a GPU (kernels=exact)
+bench() {  # NAME LIMIT SETTINGS...
+  local name=$1 limit=$2; shift 2
+  within "$limit" python -m specpipe bench $SMOL "$@" out="$MORE/bench-$name" > "$MORE/bench-$name.log" 2>&1
+  packed
+}
+table() {  # TITLE NAME...: the bench table of the named runs so far
+  local title=$1; shift
+  { echo "## $title"; python benchmarks/gpu_report.py "${@/#/$MORE/bench-}"; echo; } >> "$REPORT"
+}
+started
+bench recipe 100 recipe=recipes/smollm2-135m prompts=dev+held-aside 'peer=[hf-plain,hf-static]'
+bench ngram 60 proposer=ngram gamma=4 prompts=dev peer=hf-prompt-lookup
+bench suffix 45 proposer=suffix prompts=dev
+table "Real SmolLM2-135M, $TOKENS tokens, plain vs speculative (the recipe on dev + held-aside)" recipe ngram suffix
+
+echo "## Engine (random weights): ms per forward, plain tok/s" >> "$REPORT"; started
+within 120 python benchmarks/engine.py --device "$DEVICE" --random-weights \
+    --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
+    --configs native:bf16 native:bf16+graphs native:bf16+graphs+fast --block 5 --prompts 1 --tokens 64 \
+    --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
 echo >> "$REPORT"; packed
 
-SMOL="model=smollm2-135m device=$DEVICE limit=1 max_new_tokens=$TOKENS"
-# graphs=auto is the static step with CUDA graphs on a GPU (kernels=exact); ngram also eager and with kernels=fast.
-# The shipped recipe also on the held-aside prompts (the guard's aim: no prompt below plain)
-for spec in "recipe:recipe=recipes/smollm2-135m prompts=dev+held-aside" "ngram:proposer=ngram gamma=4 prompts=dev" \
-            "suffix:proposer=suffix prompts=dev" "ngram-eager:proposer=ngram gamma=4 graphs=off prompts=dev" \
-            "ngram-fast:proposer=ngram gamma=4 kernels=fast prompts=dev"; do
-  name=${spec%%:*}
-  timeout 110 python -m specpipe bench $SMOL ${spec#*:} out="$MORE/bench-$name" > "$MORE/bench-$name.log" 2>&1
-  packed
-done
-{ echo "## Real SmolLM2-135M, dev prompts (one a category; the recipe also held-aside), $TOKENS tokens, plain vs speculative"
-  python benchmarks/gpu_report.py "$MORE"/bench-recipe "$MORE"/bench-ngram "$MORE"/bench-suffix \
-      "$MORE"/bench-ngram-eager "$MORE"/bench-ngram-fast; echo; } >> "$REPORT"
+started
+bench medusa 45 recipe=recipes/smollm2-135m/medusa.yaml prompts=dev
+bench eagle3 45 recipe=recipes/smollm2-135m/eagle3.yaml prompts=dev
+table "Head recipes, dev prompts" medusa eagle3
 
-echo "## Engine (random weights): ms per forward, plain tok/s" >> "$REPORT"
-timeout 150 python benchmarks/engine.py --device "$DEVICE" --random-weights --models smollm2-135m qwen2.5-coder-1.5b \
-    --configs native:bf16 native:bf16+graphs native:bf16+graphs+fast native:none --block 5 --prompts 1 --tokens 64 \
-    --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
-packed
+{ echo "## Request loads (suffix, 24 requests of 64 tokens): plain vs speculative throughput"
+  echo "| concurrency | plain tok/s | spec tok/s | ratio | P99 ms plain / spec | exact | guard-held row steps |"
+  echo "|---|---|---|---|---|---|---|"; } >> "$REPORT"; started
+for c in 1 8 32; do
+  within 40 python -m specpipe bench model=smollm2-135m device="$DEVICE" proposer=suffix prompts=dev requests=24 \
+      concurrency=$c max_new_tokens=64 out="$MORE/load-c$c" > "$MORE/load-c$c.log" 2>&1
+  python benchmarks/gpu_report.py --load "$MORE/load-c$c" >> "$REPORT"; packed
+done
+echo >> "$REPORT"
+
+echo "## Reads back to the host per step (real SmolLM2, $DEVICE)" >> "$REPORT"; started
+within 60 python benchmarks/step_reads.py --device "$DEVICE" --model smollm2-135m --tokens 48 \
+    --strategy "recipe=recipes/smollm2-135m" --strategy "proposer=ngram gamma=4" \
+    --strategy "recipe=recipes/smollm2-135m/eagle3.yaml" \
+    >> "$REPORT" 2> "$MORE/step_reads.log" || echo "(failed or cut: see step_reads.log in more.tar.gz)" >> "$REPORT"
+echo >> "$REPORT"; packed
+
+started
+bench ngram-eager 45 proposer=ngram gamma=4 graphs=off prompts=dev
+bench ngram-fast 45 proposer=ngram gamma=4 kernels=fast prompts=dev
+table "ngram: eager steps, static exact (above), static fast" ngram-eager ngram ngram-fast
+echo "<!-- done at ${SECONDS}s -->" >> "$REPORT"; packed
 echo "results in $OUT/ (report.md; logs in more.tar.gz)"

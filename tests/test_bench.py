@@ -191,3 +191,19 @@ def test_the_warm_up_leaves_the_controller_as_it_found_it():
     warm_up(pipe, [7, 8, 9, 10, 7, 8, 9, 10, 7, 8], [], 2, 0)
     assert pipe.controller._steps == 0 and pipe.controller.plain_cost(1) is None
     assert pipe.run([7, 8, 9, 10, 7, 8], max_new_tokens=8).stats.steps > 0 and pipe.controller._steps > 0
+
+
+def test_transformers_plain_and_static_cache_peers_decode_what_the_target_does():
+    """peer=hf-plain (transformers' plain `generate`) and peer=hf-static (its static cache, sized
+    once as the runner's cache is; transformers compiles it on a GPU) answer as plain greedy
+    decoding, prompt after prompt of different lengths, one static cache for all."""
+    from specpipe.bench.peers import make_peers, peer_names
+
+    target = tiny_target()
+    pipe = Pipeline(target, None, GreedyVerifier(), None)
+    peers = make_peers(peer_names(["hf-plain", "hf-static"], None), pipe, {})
+    for prompt in ([5, 6, 7, 5, 6], [9, 3] * 9, [40]):
+        want = pipe.run(prompt, max_new_tokens=12, speculative=False).token_ids
+        runs = [peer.run(prompt, 12, 0) for peer in peers]
+        assert [r.token_ids for r in runs] == [want, want] and all(r.tokens_per_s > 0 for r in runs)
+    assert target.model._previous_max_cache_length == pipe.runner.cache.capacity

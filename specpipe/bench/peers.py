@@ -1,6 +1,10 @@
 """Peers: transformers' own speculative decoding on the same models and prompts, as extra
 baselines in the bench table.
 
+- `hf-plain`: plain `generate`, transformers' default dynamic cache: its baseline as users run it.
+- `hf-static`: `generate(cache_implementation="static")`, which transformers compiles itself
+  (`torch.compile` of the forward, its default `CompileConfig`: fullgraph, "reduce-overhead",
+  so CUDA graphs) on a GPU, and runs uncompiled on the CPU: its fastest plain decoding.
 - `hf-assisted`: `generate(assistant_model=...)` with the proposer's own draft model (the
   draft or twin, at the precision specpipe uses), transformers' default assistant schedule; a
   draft with another tokenizer runs as transformers' universal assisted generation.
@@ -13,9 +17,9 @@ baselines in the bench table.
 - `hf-batched` (a request load, `requests=`): transformers' plain batched `generate`, static
   batches of `concurrency` requests, left-padded (its assisted generation refuses batches).
 
-Both run transformers' own model objects at the precision specpipe uses (with the native engine,
-the transformers model the native weights came from, quantized the same way), so they measure
-transformers' decoding, not specpipe's engine.
+They run transformers' own model objects at the precision specpipe uses (with the native engine,
+the transformers model the native weights came from, quantized the same way), on the runner's
+device, so they measure transformers' decoding, not specpipe's engine.
 transformers' tokens/s counts the whole `generate` call (it has no separate prefill timer), which
 slightly favours specpipe on long prompts; the table says so. llama.cpp's counts decoding after
 the first new token, as specpipe's does after its prefill.
@@ -37,7 +41,7 @@ from specpipe.proposers.declaration import declaration_of
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import quantize_model
 
-PEERS = ("hf-assisted", "hf-prompt-lookup", *LLAMA_CPP_PEERS)
+PEERS = ("hf-plain", "hf-static", "hf-assisted", "hf-prompt-lookup", *LLAMA_CPP_PEERS)
 LOAD_PEERS = ("hf-batched",)  # peers of a request load (`requests=`): transformers batches plain decoding only
 
 
@@ -93,7 +97,7 @@ def load_peer_names(value) -> list[str]:
 def hf_batched(pipeline, concurrency: int) -> Callable[[list[list[int]], int], tuple[list[list[int]], float]]:
     """transformers' plain batched greedy `generate` over a request stream, `concurrency` requests
     per static batch: -> (new tokens per request, cut at EOS; wall seconds)."""
-    model = hf_model(pipeline.runner)
+    model, device = hf_model(pipeline.runner), pipeline.runner.device
     eos = sorted(pipeline.eos_ids)
     pad = pipeline.target.tokenizer.pad_token_id
     pad = eos[0] if pad is None else pad
@@ -104,8 +108,8 @@ def hf_batched(pipeline, concurrency: int) -> Callable[[list[list[int]], int], t
         for first in range(0, len(stream), concurrency):
             batch = stream[first : first + concurrency]
             width = max(len(ids) for ids in batch)
-            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])  # left padding
-            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch]).to(device)  # left padding
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch]).to(device)
             out = model.generate(input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=eos, pad_token_id=pad)
             outputs.extend(_until_eos(row[width:].tolist(), set(eos)) for row in out)
@@ -124,8 +128,9 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 def hf_model(runner) -> torch.nn.Module:
     """The transformers model behind a runner, at the runner's precision (the native engine
-    copied its weights from a dense model: quantize that one in place, once)."""
-    return quantize_model(runner.model, runner.precision) if runner.engine == "native" else runner.model
+    copied its weights from a dense model: quantize that one in place, once), on its device."""
+    model = quantize_model(runner.model, runner.precision) if runner.engine == "native" else runner.model
+    return model.to(runner.device)
 
 
 def _hf_generate(pipeline, **options) -> Callable[..., list[int]]:
@@ -138,7 +143,7 @@ def _hf_generate(pipeline, **options) -> Callable[..., list[int]]:
     @torch.inference_mode()
     def generate(ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
         torch.manual_seed(seed)
-        input_ids = torch.tensor([ids])
+        input_ids = torch.tensor([ids]).to(model.device)
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
                              eos_token_id=sorted(pipeline.eos_ids), **sample, **options)
         return out[0, len(ids):].tolist()
@@ -160,6 +165,14 @@ def _assisted(pipeline, cfg) -> Peer:
     return Peer("hf-assisted", _hf_generate(pipeline, **options))
 
 
+def _static(pipeline, cfg) -> Peer:
+    """transformers' static cache, sized once for every call as the runner's own cache is (a
+    compiled forward then never recompiles for a longer prompt)."""
+    capacity = getattr(getattr(pipeline.runner, "cache", None), "capacity", None)
+    options = {"max_cache_len": capacity} if capacity else {}
+    return Peer("hf-static", _hf_generate(pipeline, cache_implementation="static", **options))
+
+
 def _prompt_lookup(pipeline, cfg) -> Peer:
     options = {"prompt_lookup_num_tokens": max(int(cfg.gamma), 1)}
     if "ngram_max" in cfg.proposer:
@@ -175,5 +188,7 @@ def _llama_cpp(plain: bool):
     return make
 
 
-_MAKERS = {"hf-assisted": _assisted, "hf-prompt-lookup": _prompt_lookup, "llama-cpp": _llama_cpp(True),
+_MAKERS = {"hf-plain": lambda pipeline, cfg: Peer("hf-plain", _hf_generate(pipeline)),
+           "hf-static": _static,
+           "hf-assisted": _assisted, "hf-prompt-lookup": _prompt_lookup, "llama-cpp": _llama_cpp(True),
            "llama-cpp-lookup": _llama_cpp(False)}
