@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The one prepared GPU check. It runs within BUDGET seconds (default 540: a device call's limit
-# is 600), most important part first; a part that would start with under 20 s left is skipped
-# and says so, and every part's time limit is cut to what is left. The parts:
+# The one prepared GPU check. It runs within BUDGET seconds (default 500: the staged call's limit
+# is 540 s, and unpacking the model comes first), most important part first; a part that would
+# start with under 20 s left is skipped and says so, and every part's time limit is cut to what is left. The parts, in order:
 #   1. the CUDA tests (static step, graphed drafts, engine, lossless);
 #   2. the real SmolLM2-135M (from a pre-seeded SPECPIPE_CACHE, no download): the shipped recipe
 #      on the dev and held-aside prompts, with transformers' plain and static-cache (compiled)
-#      generate as peers; ngram and suffix with prompt lookup as peer; the Medusa and EAGLE-3
-#      recipes (exactness per prompt, plain vs speculative in one process each);
+#      generate as peers; ngram with prompt lookup as peer; suffix (exactness per prompt, plain
+#      vs speculative in one process each);
 #   3. the engine table on random-weight shapes (SmolLM2-135M, Qwen2.5-Coder 0.5B and 1.5B:
 #      the draft pair's costs): ms per forward at k = 1, 2, 5, 9, 16 and plain tok/s, eager,
 #      static exact, static fast;
-#   4. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
-#   5. reads back to the host per step; ngram with eager steps and with kernels=fast.
+#   4. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
+#      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3");
+#   5. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
+#   6. reads back to the host per step; ngram with eager steps and with kernels=fast.
 # Each result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files
 # (logs and results.json files are packed into more.tar.gz).
 #   OUT=gpu-results bash benchmarks/gpu_check.sh
@@ -19,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; DEVICE="${DEVICE:-cuda}"; MORE="$(mktemp -d)/more"  # packed into $OUT, never left there
-TOKENS="${TOKENS:-128}"; DEADLINE=$((SECONDS + ${BUDGET:-540}))
+TOKENS="${TOKENS:-128}"; DEADLINE=$((SECONDS + ${BUDGET:-500}))
 mkdir -p "$OUT" "$MORE"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/report.md"
@@ -68,11 +70,11 @@ bench medusa 45 recipe=recipes/smollm2-135m/medusa.yaml prompts=dev
 bench eagle3 45 recipe=recipes/smollm2-135m/eagle3.yaml prompts=dev
 table "Head recipes, dev prompts" medusa eagle3
 
-{ echo "## Request loads (suffix, 24 requests of 64 tokens): plain vs speculative throughput"
+{ echo "## Request loads (suffix, 32 requests of 64 tokens): plain vs speculative throughput"
   echo "| concurrency | plain tok/s | spec tok/s | ratio | P99 ms plain / spec | exact | guard-held row steps |"
   echo "|---|---|---|---|---|---|---|"; } >> "$REPORT"; started
 for c in 1 8 32; do
-  within 40 python -m specpipe bench model=smollm2-135m device="$DEVICE" proposer=suffix prompts=dev requests=24 \
+  within 45 python -m specpipe bench model=smollm2-135m device="$DEVICE" proposer=suffix prompts=dev requests=32 \
       concurrency=$c max_new_tokens=64 out="$MORE/load-c$c" > "$MORE/load-c$c.log" 2>&1
   python benchmarks/gpu_report.py --load "$MORE/load-c$c" >> "$REPORT"; packed
 done

@@ -155,7 +155,7 @@ class Attention(nn.Module):
         else:
             if mask is None:  # causal over the new rows, everything cached before them
                 past = k.shape[2] - n
-                mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None]
+                mask = torch.ones(n, past + n, dtype=torch.bool, device=k.device).tril(past)[None]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 

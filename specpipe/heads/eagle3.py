@@ -110,7 +110,7 @@ class Eagle3Head(nn.Module):
     @property
     def draft_ids(self) -> torch.Tensor:
         """[K] the target token id of each draft id."""
-        return torch.arange(len(self.d2t)) + self.d2t
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
 
     def fuse(self, target_features: torch.Tensor) -> torch.Tensor:
         """[..., 3 H_target] target hidden states (layer order) -> [..., H]."""

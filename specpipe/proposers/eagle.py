@@ -255,6 +255,7 @@ class DraftLM:
         """The target's LM head: all of it, or only the rows of `ids`, in the head's precision."""
         if ids is None:
             return cls(target.lm_head, None, target.vocab_size)
+        ids = ids.to(target.device)  # a head's draft vocabulary is a plain attribute: `head.to` leaves it behind
         rows = _rows_linear(target.lm_head_weight()[ids], quantize)
         return cls(lambda hidden: rows(hidden.float()), ids, target.vocab_size, rows)
 
