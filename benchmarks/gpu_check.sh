@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared GPU check. It runs within BUDGET seconds (default 500: the staged call's limit
 # is 540 s, and unpacking the model comes first), most important part first; a part that would
-# start with under 20 s left is skipped and says so, and every part's time limit is cut to what is left. The parts, in order:
+# start with under 20 s left is skipped and says so, and every part's time limit is cut to what
+# is left. The parts, in order:
 #   1. the CUDA tests (static step, graphed drafts, engine, lossless);
 #   2. the real SmolLM2-135M (from a pre-seeded SPECPIPE_CACHE, no download): the shipped recipe
 #      on the dev and held-aside prompts, with transformers' plain and static-cache (compiled)
@@ -10,10 +11,12 @@
 #   3. the engine table on random-weight shapes (SmolLM2-135M, Qwen2.5-Coder 0.5B and 1.5B:
 #      the draft pair's costs): ms per forward at k = 1, 2, 5, 9, 16 and plain tok/s, eager,
 #      static exact, static fast;
-#   4. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
+#   4. the torch profiler over one generation (plain eager, plain graphed, the recipe, EAGLE-3):
+#      device busy and idle time, kernels, graph launches and copies a step;
+#   5. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
 #      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3");
-#   5. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
-#   6. reads back to the host per step; ngram with eager steps and with kernels=fast.
+#   6. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
+#   7. reads back to the host per step; ngram with eager steps and with kernels=fast.
 # Each result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files
 # (logs and results.json files are packed into more.tar.gz).
 #   OUT=gpu-results bash benchmarks/gpu_check.sh
@@ -63,6 +66,13 @@ within 120 python benchmarks/engine.py --device "$DEVICE" --random-weights \
     --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
     --configs native:bf16 native:bf16+graphs native:bf16+graphs+fast --block 5 --prompts 1 --tokens 64 \
     --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
+echo >> "$REPORT"; packed
+
+echo "## Where a step's time goes (real SmolLM2, torch profiler)" >> "$REPORT"; started
+within 60 python benchmarks/step_profile.py --device "$DEVICE" --model smollm2-135m --tokens 64 \
+    --strategy "plain graphs=off" --strategy "plain" --strategy "recipe=recipes/smollm2-135m" \
+    --strategy "recipe=recipes/smollm2-135m/eagle3.yaml" >> "$REPORT" 2> "$MORE/step_profile.log" \
+    || echo "(failed or cut: see step_profile.log in more.tar.gz)" >> "$REPORT"
 echo >> "$REPORT"; packed
 
 started
