@@ -6,7 +6,9 @@ cases run the same tests with CUDA graphs captured and replayed (benchmarks/gpu_
 them). What is checked: the static step computes what the eager forward does (chains, trees,
 ragged batches, hidden states); `kernels=exact` makes every verify row bitwise its plain step's
 row, in float32 too, whatever the precision; greedy speculative output equals plain decoding;
-a generation runs a fixed set of shapes (graphs), and a second one adds none.
+a generation runs a fixed set of shapes (graphs), and a second one adds none. The drafts graphed
+beside it (a draft model's static step, Medusa's heads, EAGLE chains and tree searches) draft
+what their eager code drafts, and no graphed computation reads the host.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from specpipe.engine.static import Shape
 from specpipe.pipeline import Pipeline, Request
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.eagle import TreeShape
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
@@ -227,15 +230,30 @@ def test_a_draft_model_steps_in_planned_shapes_captured_once(device):
     assert static.captures == captures and {s.block for s in static.shapes} == {1, 2} and static.shapes <= planned
 
 
-def eagle_heads():
-    """An EAGLE head and an EAGLE-3 head (drafting from the even ids) over `target4`'s shape."""
+def eagle_heads(tree=None):
+    """An EAGLE head and an EAGLE-3 head (drafting from the even ids) over `target4`'s shape,
+    drafting chains, or EAGLE-2 trees of shape `tree`."""
     from specpipe.proposers.eagle import EagleProposer
     from specpipe.proposers.eagle3 import proposer_for
     from test_eagle import copy_head
     from test_eagle3 import random_head as eagle3_head
 
-    return {"eagle": lambda: EagleProposer(copy_head(), GREEDY),
-            "eagle3": lambda: proposer_for(eagle3_head(1, torch.arange(0, 64, 2)), GREEDY)}
+    return {"eagle": lambda: EagleProposer(copy_head(), GREEDY, tree),
+            "eagle3": lambda: proposer_for(eagle3_head(1, torch.arange(0, 64, 2)), GREEDY, tree)}
+
+
+def recording(pipe: Pipeline) -> list:
+    """Each step's draft, from now on: per row the tokens counted, and a tree's parents."""
+    propose, log = pipe.proposer.propose, []
+
+    def recorded(rows, gammas):
+        draft = propose(rows, gammas)
+        log.append(([draft.tokens[b, :n].tolist() for b, n in enumerate(draft.num_draft.tolist())]
+                    if draft.tree is None else draft.tokens[0].tolist(), draft.tree))
+        return draft
+
+    pipe.proposer.propose = recorded
+    return log
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -254,32 +272,23 @@ def test_a_graphed_eagle_chain_drafts_what_the_eager_chain_drafts(head, controll
                      runner=make_runner(target.model, device=device, graphs="off"))
     graphed = Pipeline(target, make(), GreedyVerifier(), controllers[controller](),
                        runner=make_runner(target.model, device=device, graphs="on"))
-    assert eager.proposer.chains is None and graphed.proposer.chains is not None
+    assert eager.proposer.graphs is None and graphed.proposer.graphs is not None
     prompts = [REPEATING, PROMPT, [3, 60, 22]]
     plain = [eager.run(p, max_new_tokens=24, speculative=False).token_ids for p in prompts]
-    drafts = {id(eager): [], id(graphed): []}  # each step's drafts: per row, the tokens counted
-    for pipe in (eager, graphed):
-        propose, log = pipe.proposer.propose, drafts[id(pipe)]
-
-        def recorded(rows, gammas, propose=propose, log=log):
-            draft = propose(rows, gammas)
-            log.append([draft.tokens[b, :n].tolist() for b, n in enumerate(draft.num_draft.tolist())])
-            return draft
-
-        pipe.proposer.propose = recorded
+    drafts = [recording(eager), recording(graphed)]
     for prompt, want in zip(prompts, plain):
         ran = [eager.run(prompt, max_new_tokens=24), graphed.run(prompt, max_new_tokens=24)]
         assert [r.token_ids for r in ran] == [want, want]
         assert ran[0].stats.accepted_at == ran[1].stats.accepted_at
-    assert drafts[id(eager)] == drafts[id(graphed)] and sum(len(step[0]) for step in drafts[id(eager)]) > 20
+    assert drafts[0] == drafts[1] and sum(len(rows[0]) for rows, _ in drafts[0]) > 20
     if controller == "confidence":  # some chains stopped early, and the graphed ones stopped with them
-        assert any(0 < len(step[0]) < 4 for step in drafts[id(graphed)])
+        assert any(0 < len(rows[0]) < 4 for rows, _ in drafts[1])
     assert [o.token_ids for o in graphed.generate_batch(prompts, max_new_tokens=24)] == plain
-    captures = graphed.proposer.chains.captures
+    captures = graphed.proposer.graphs.captures
     assert (captures > 0) == (device == "cuda")
     assert [o.token_ids for o in graphed.generate_batch(prompts, max_new_tokens=24)] == plain
     assert [graphed.run(p, max_new_tokens=24).token_ids for p in prompts] == plain
-    assert graphed.proposer.chains.captures == captures
+    assert graphed.proposer.graphs.captures == captures
 
 
 def test_no_graphed_computation_reads_the_host(monkeypatch):
@@ -297,7 +306,7 @@ def test_no_graphed_computation_reads_the_host(monkeypatch):
         def watched():
             with host_reads() as seen:
                 out = compute()
-            kind = {Shape: "static step", int: "medusa", tuple: "chain"}[type(key)]  # the graphs' keys
+            kind = key[0] if isinstance(key, tuple) else {Shape: "static step", int: "medusa"}[type(key)]
             reads.setdefault(kind, []).append(len(seen))
             return out
         return run(self, key, watched)
@@ -314,8 +323,33 @@ def test_no_graphed_computation_reads_the_host(monkeypatch):
     for make in eagle_heads().values():
         Pipeline(target, make(), GreedyVerifier(), FixedGamma(3),
                  runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
+    for make in eagle_heads(TreeShape(3, 8)).values():
+        tree = Pipeline(target, make(), GreedyVerifier(), FixedGamma(3), runner=make_runner(target.model, graphs="on",
+                                                                                            kernels="fast"))
+        for prompt in prompts:
+            tree.run(prompt, max_new_tokens=12)
     assert {kind: (len(counts) > 5, set(counts)) for kind, counts in reads.items()} == {
-        "static step": (True, {0}), "medusa": (True, {0}), "chain": (True, {0})}
+        "static step": (True, {0}), "medusa": (True, {0}), "chain": (True, {0}), "tree": (True, {0})}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_a_graphed_eagle_tree_search_drafts_what_the_eager_search_drafts(head, device):
+    """With kernels=fast (the block policy that verifies trees) an EAGLE-2 search runs as one
+    graph per depth over the head's preallocated slots, every depth searched: step for step it
+    keeps the tree the eager search keeps (which on the CPU stops at a depth no node of could be
+    kept), and the output is plain decoding's."""
+    from test_eagle3 import target4
+
+    target, make = target4(), eagle_heads(TreeShape(3, 8))[head]
+    runners = [make_runner(target.model, device=device, graphs=graphs, kernels="fast") for graphs in ("off", "on")]
+    eager, graphed = [Pipeline(target, make(), GreedyVerifier(), FixedGamma(4), runner=r) for r in runners]
+    drafts = [recording(eager), recording(graphed)]
+    for prompt in (REPEATING, PROMPT, [3, 60, 22]):
+        want = eager.run(prompt, max_new_tokens=20, speculative=False).token_ids
+        assert [p.run(prompt, max_new_tokens=20).token_ids for p in (eager, graphed)] == [want, want]
+    assert drafts[0] == drafts[1] and all(tree is not None for _, tree in drafts[1]) and len(drafts[1]) > 20
+    assert (graphed.proposer.graphs.captures > 0) == (device == "cuda")
 
 
 @pytest.mark.parametrize("device", DEVICES)

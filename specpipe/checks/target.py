@@ -147,7 +147,7 @@ def _step_of(device: str, static: bool, kernels: str) -> str:
     graphs = "captured as CUDA graphs and replayed" if device == "cuda" else "run eagerly on the CPU (no capture)"
     return (f"static decode steps (fixed shapes over persistent buffers, attention over the whole cache with "
             f"lengths on the device; {how}), {graphs}; drafts likewise: a draft model's steps, Medusa's heads, "
-            "greedy EAGLE chains")
+            "greedy EAGLE drafts")
 
 
 def _guarantee(mode: str, device: str, static: bool, kernels: str) -> Check:

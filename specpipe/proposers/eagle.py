@@ -25,8 +25,9 @@ wins where the answer copies its input (code edits, summaries), the head where t
 to copy (chat, math). The head skips those steps; their committed rows wait in `pending` and
 are fed, in order, at its next draft, so its cache stays exact.
 
-Where the target's steps are graphed (CUDA graphs on a GPU) a greedy chain runs as one graph
-(eagle_graph.py) over a head cache of preallocated slots; trees and sampled chains stay eager.
+Where the target's steps are graphed (CUDA graphs on a GPU) a greedy chain, and a tree search,
+run as one graph each (eagle_graph.py) over a head cache of preallocated slots; sampled chains
+stay eager.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
 from specpipe.proposers.base import RowProposer, Rows, still_drafting
 from specpipe.proposers.declaration import Declaration
-from specpipe.proposers.eagle_graph import ChainGraphs
-from specpipe.proposers.eagle_tree import TreeSearch
+from specpipe.proposers.eagle_graph import HeadGraphs
+from specpipe.proposers.eagle_tree import TreeSearch, rerank
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
@@ -91,7 +92,7 @@ class EagleProposer(RowProposer):
         self.draft_lm = draft_lm or (lambda target: DraftLM.target_rows(target, head.draft_vocab, quantize))
         self.target: Runner | None = None
         self.lm: DraftLM | None = None
-        self.chains: ChainGraphs | None = None  # greedy chains as graphs, where the target's steps are graphed
+        self.graphs: HeadGraphs | None = None  # greedy drafts as graphs, where the target's steps are graphed
         self.rows: dict[int, _HeadRow] = {}
 
     def widest(self, gamma: int, trees: bool) -> int:
@@ -104,14 +105,15 @@ class EagleProposer(RowProposer):
             self.head = self.head.to(target.device)
         self.lm = self.draft_lm(target)
         graphed = getattr(target, "graphed", False)  # a trainer's frozen target is no Runner
-        self.chains = ChainGraphs(target.device, target.cache.capacity) if graphed else None
+        top_k = 1 if self.tree is None else self.tree.top_k
+        self.graphs = HeadGraphs(target.device, target.cache.capacity, top_k) if graphed else None
 
     def prefill(self, row: int, prompt: list[int], out: TargetOutput | None) -> None:
         # the target's prefill saw prompt[:-1]: rows (f_i, prompt[i+1])
         pending = None
         if out is not None:
             pending = (self._features(out, 0), torch.tensor(prompt[1:], dtype=torch.long).to(out.logits.device))
-        self.rows[row] = _HeadRow(pending, None if self.chains is None else self.chains.cache(row))
+        self.rows[row] = _HeadRow(pending, None if self.graphs is None else self.graphs.cache(row))
 
     @torch.inference_mode()
     def fill(self, rows: Rows, gammas: list[int]) -> None:
@@ -140,9 +142,10 @@ class EagleProposer(RowProposer):
         root = self._feed(features, tokens, _span(state.committed, len(tokens), features.device), state.cache)[-1]
         state.committed += len(tokens)  # the guess of the last committed token's feature is `root`
         state.pending = None
+        graphed = self.graphs is not None and self.graphs.takes(gamma)
         if self.tree is not None and rows.trees:
-            return self._tree(state, root, gamma)
-        if self.chains is not None and self.sampling.greedy:
+            return self._graphed_tree(state, root, gamma, row) if graphed else self._tree(state, root, gamma)
+        if graphed and self.sampling.greedy:
             return self._graphed_chain(state, root, gamma, rows, row)
         return self._chain(state, root, gamma, rows, row)
 
@@ -192,9 +195,15 @@ class EagleProposer(RowProposer):
         """A greedy chain as one graph (eagle_graph.py): every one of its γ tokens is drafted,
         and those after a stop are not counted, as the eager chain does on a GPU."""
         stops = [rows.stop_below(i) for i in range(gamma)]
-        tokens, confidence, count = self.chains.draft(row, root, state.committed, stops, self._feed,
-                                                      lambda hidden: self.lm.top(hidden, 1))
+        tokens, confidence, count = self.graphs.chain(row, root, state.committed, stops, self._feed, self.lm.top)
         return DraftBlock(tokens, None, confidence, count)  # stacked into the batch (a copy) before the next replay
+
+    def _graphed_tree(self, state: _HeadRow, root: torch.Tensor, depth: int, row: int) -> DraftTree:
+        """EAGLE-2's search as one graph (eagle_graph.py), its every depth searched; the kept
+        nodes are ranked from its outputs as the eager search ranks its own."""
+        k = min(self.tree.top_k, self.lm.size)
+        nodes = self.graphs.tree(row, root, state.committed, k, depth, self._feed, self.lm.top)
+        return rerank(*nodes, self.tree.nodes)
 
     def _chain(self, state: _HeadRow, hidden: torch.Tensor, gamma: int, rows: Rows, row: int) -> DraftBlock:
         tokens, probs, confidence = [], [], []

@@ -1,15 +1,18 @@
-"""An EAGLE head's greedy draft chain as one CUDA graph per (row, γ) (SGLang's captured draft loop).
+"""An EAGLE head's greedy draft as one CUDA graph per (row, γ): a chain, or EAGLE-2's tree
+search (SGLang captures its draft loop the same way).
 
 Where the target's steps are graphed (`Runner.graphed`), an EAGLE or EAGLE-3 chain of γ tokens
-is γ head forwards and γ top-1s of the draft LM: on a GPU some hundred small kernels, which
-launched one by one cost more than the head computes. `ChainGraphs` runs the whole chain as one
-graph over persistent buffers: the root feature [H] (the guess of the last committed token's
-feature), the chain's first slot (a device scalar) and the early-stop thresholds [γ]. Each head
-row is written at its slot of the row's `SlotCache` and attends over every slot through a mask
-built on the device, so no shape depends on a length. The committed rows are still fed from the
-host (a block of any size, rarely twice alike); only the chain, the part repeated every step,
-is graphed. Sampled chains stay eager: each row draws from its own host-side generator.
-On the CPU the same code runs without capture (graphs.py), which is what the tests check.
+is γ head forwards and γ top-1s of the draft LM, a tree of depth γ as many block forwards and
+top-ks: on a GPU some hundred small kernels, which launched one by one cost more than the head
+computes. `HeadGraphs` runs a whole draft as one graph over persistent buffers: the root feature
+[H] (the guess of the last committed token's feature), the draft's first slot (a device scalar)
+and a chain's early-stop thresholds [γ]. Each head row is written at its slot of the row's
+`SlotCache` and attends over every slot through a mask built on the device, so no shape depends
+on a length. The committed rows are still fed from the host (a block of any size, rarely twice
+alike); only the draft, the part repeated every step, is graphed. A tree's shape is read back
+after the replay, as the eager search reads it. Sampled chains stay eager: each row draws from
+its own host-side generator. On the CPU the same code runs without capture (graphs.py), which
+is what the tests check.
 """
 
 from __future__ import annotations
@@ -21,31 +24,34 @@ import torch
 from specpipe.engine.graphs import Graphs
 from specpipe.engine.static import MAX_BLOCK
 from specpipe.heads.eagle import SlotCache
+from specpipe.proposers.eagle_tree import TreeSearch
 
 # (features [n, H], tokens [n], positions [n], cache, mask [1, n, capacity]) -> next features [n, H]
 Feed = Callable[..., torch.Tensor]
-# features [H] -> (log-probabilities [1], token ids [1]) of the draft LM's best token
-Top = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (features [..., H], k) -> (log-probabilities [..., k], token ids [..., k]) of the draft LM's k best
+Top = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 class _Inputs:
-    """One row's persistent inputs, refilled in place before each chain."""
+    """One row's persistent inputs, refilled in place before each draft."""
 
     def __init__(self, root: torch.Tensor):
         self.root = torch.zeros_like(root)  # [H]
-        self.start = torch.zeros((), dtype=torch.long, device=root.device)  # the chain's first slot
+        self.start = torch.zeros((), dtype=torch.long, device=root.device)  # the draft's first slot
         self.thresholds = torch.zeros(MAX_BLOCK, device=root.device)  # [MAX_BLOCK] stop below, per position
         self.stops: list[float] = []  # the thresholds last copied in (host), so unchanged ones are not copied again
 
 
-class ChainGraphs:
-    """Greedy chains of every row of one proposer, graphed: `cache(row)` is the row's head cache
-    (one per row for the proposer's life: the graphs write into it), `draft` a chain."""
+class HeadGraphs:
+    """Greedy drafts of every row of one proposer, graphed: `cache(row)` is the row's head cache
+    (one per row for the proposer's life: the graphs write into it), `chain` and `tree` drafts."""
 
-    def __init__(self, device: torch.device, capacity: int):
-        """capacity: the most positions a row reaches (the target's cache), chain included."""
+    def __init__(self, device: torch.device, capacity: int, top_k: int = 1):
+        """capacity: the most positions a row reaches (the target's cache); top_k: a tree's
+        children per node (1: chains only)."""
         self.graphs = Graphs(device)
-        self.capacity = capacity + MAX_BLOCK  # a chain writes up to γ - 1 < MAX_BLOCK slots past its start
+        # a draft writes past its start: a chain γ - 1 rows, a tree k per depth, γ < MAX_BLOCK
+        self.capacity = capacity + MAX_BLOCK * top_k
         self._caches: dict[int, SlotCache] = {}
         self._inputs: dict[int, _Inputs] = {}
 
@@ -53,32 +59,51 @@ class ChainGraphs:
     def captures(self) -> int:
         return self.graphs.captures
 
+    @staticmethod
+    def takes(gamma: int) -> bool:
+        """Whether a draft of γ (a tree's depth) fits the slots past a row's cache (wider: eager)."""
+        return gamma < MAX_BLOCK
+
     def cache(self, row: int) -> SlotCache:
         """The row's head cache, emptied (a new request)."""
         cache = self._caches.setdefault(row, SlotCache(self.capacity))
         cache.crop(0)
         return cache
 
-    def draft(self, row: int, root: torch.Tensor, start: int, stops: list[float], feed: Feed,
+    def chain(self, row: int, root: torch.Tensor, start: int, stops: list[float], feed: Feed,
               top: Top) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The greedy chain of len(stops) tokens from `root` [H], its first row at slot `start`
         of the row's cache (filled up to it) -> (tokens [γ], confidence [γ], tokens drafted before
         a confidence fell below its position's stop []), the graph's memory: read before the next."""
         gamma = len(stops)
+        inputs = self._refill(row, root, start)
+        if stops != inputs.stops[:gamma]:  # the controller's early stop: the same step after step
+            inputs.thresholds[:gamma].copy_(torch.tensor(stops), non_blocking=True)
+            inputs.stops = list(stops)
+        cache = self._caches[row]
+        return self.graphs.run(("chain", row, gamma), lambda: self._chain(inputs, gamma, cache, feed, top))
+
+    def tree(self, row: int, root: torch.Tensor, start: int, k: int, depth: int, feed: Feed,
+             top: Top) -> tuple[torch.Tensor, ...]:
+        """EAGLE-2's search to `depth` with `k` children a node from `root` [H], its rows from
+        slot `start` -> every node made (scores, tokens, parents, depths) [M], for `rerank`
+        (the graph's memory: read before the next). Every depth is searched: a GPU would wait
+        on the host to learn that the search could stop (the CPU's eager search stops early)."""
+        inputs = self._refill(row, root, start)
+        cache = self._caches[row]
+        return self.graphs.run(("tree", row, k, depth), lambda: self._tree(inputs, k, depth, cache, feed, top))
+
+    def _refill(self, row: int, root: torch.Tensor, start: int) -> _Inputs:
         inputs = self._inputs.get(row)
         if inputs is None:
             inputs = self._inputs[row] = _Inputs(root)
         inputs.root.copy_(root)
         inputs.start.fill_(start)
-        if stops != inputs.stops[:gamma]:  # the controller's early stop: the same step after step
-            inputs.thresholds[:gamma].copy_(torch.tensor(stops), non_blocking=True)
-            inputs.stops = list(stops)
-        cache = self._caches[row]
-        return self.graphs.run((row, gamma), lambda: self._chain(inputs, gamma, cache, feed, top))
+        return inputs
 
     def _chain(self, inputs: _Inputs, gamma: int, cache: SlotCache, feed: Feed,
                top: Top) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What the graph captures: buffers in, no host read, every shape fixed by γ."""
+        """What a chain's graph captures: buffers in, no host read, every shape fixed by γ."""
         device = inputs.root.device
         hidden = inputs.root  # [H]
         alive = torch.ones((), dtype=torch.bool, device=device)
@@ -86,7 +111,7 @@ class ChainGraphs:
         every = torch.arange(self.capacity, device=device)  # [capacity] the cache's slots
         tokens, confidence = [], []
         for i in range(gamma):
-            logp, ids = top(hidden)
+            logp, ids = top(hidden, 1)
             tokens.append(ids[0])
             confidence.append(logp[0].exp())
             count += alive.long()
@@ -96,3 +121,22 @@ class ChainGraphs:
                 mask = (every <= slot)[None, None]  # [1, 1, capacity] every committed row and the chain so far
                 hidden = feed(hidden[None], ids, slot, cache.at(slot), mask)[-1]
         return torch.stack(tokens), torch.stack(confidence), count
+
+    def _tree(self, inputs: _Inputs, k: int, depth: int, cache: SlotCache, feed: Feed,
+              top: Top) -> tuple[torch.Tensor, ...]:
+        """What a tree's graph captures: the eager search's steps (`EagleProposer._tree`), its
+        blocks' rows at slots start + (d - 1)·k + [0, k) and their masks over every slot."""
+        root = inputs.root
+        every = torch.arange(self.capacity, device=root.device)  # [capacity] the cache's slots
+        values, ids = top(root, k)  # [k]
+        search = TreeSearch(k, depth, root, values, ids)
+        for d in range(1, depth):
+            best = search.best()
+            guesses, tokens = search.fed(best)
+            mask = search.slot_mask(best, inputs.start, every)  # [1, k, capacity]
+            slots = inputs.start + (d - 1) * k + torch.arange(k, device=root.device)  # [k]
+            positions = (inputs.start + d - 1).expand(k)  # one depth: one position
+            hidden = feed(guesses, tokens, positions, cache.at(slots), mask)
+            search.grow(best, hidden, *top(hidden, k))  # [k, k]
+        made = slice(0, search.made)
+        return search.scores[made], search.tokens[made], search.parents[made], search.depths[made]

@@ -63,7 +63,24 @@ class TreeSearch:
         mask[:, :committed] = True
         mask[:, committed : committed + drafted] = self.sees[best, :drafted]
         mask[:, committed + drafted :] = torch.eye(self.k, dtype=torch.bool, device=best.device)
-        return self.features[best], self.tokens[self.start + best], mask[None]
+        return *self.fed(best), mask[None]
+
+    def fed(self, best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The expanded nodes' head rows: (guesses [k, H] that predicted them, their tokens [k])."""
+        return self.features[best], self.tokens[self.start + best]
+
+    def slot_mask(self, best: torch.Tensor, start: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """`block`'s mask over a head cache of preallocated slots (a graphed search: no width
+        depends on a length), the drafted rows at slots start, start + 1, ...: [1, k, S] bool over
+        slots [S], from the first drafted slot `start` (0-d, on the device)."""
+        drafted = self.expanded * self.k
+        offset = slots - start  # [S] each slot's place among the drafted rows (< 0: committed)
+        seen = torch.zeros(self.k, len(slots), dtype=torch.bool, device=best.device)
+        if drafted:
+            ancestors = self.sees[best, :drafted]  # [k, drafted]
+            seen = ancestors.gather(1, offset.clamp(0, drafted - 1).expand(self.k, -1)) & (offset < drafted)
+        own = offset == drafted + torch.arange(self.k, device=best.device)[:, None]  # [k, S]
+        return ((offset < 0) | seen | own)[None]
 
     def grow(self, best: torch.Tensor, guesses: torch.Tensor, values: torch.Tensor, ids: torch.Tensor) -> None:
         """The expanded nodes' children: guesses [k, H] the head's outputs for them, values / ids
