@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from specpipe.errors import SpecpipeError
+
 
 def capture(compute: Callable[[], Any], device: torch.device) -> tuple[torch.cuda.CUDAGraph, Any]:
     """`compute` captured as a CUDA graph -> (graph, its outputs). torch's recipe: one warm-up
@@ -28,8 +30,14 @@ def capture(compute: Callable[[], Any], device: torch.device) -> tuple[torch.cud
         compute()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = compute()
+    try:
+        with torch.cuda.graph(graph):
+            out = compute()
+    except RuntimeError as err:  # an operation a stream cannot capture (a sync, a host read)
+        raise SpecpipeError(
+            f"Capturing a decode step as a CUDA graph failed ({str(err).splitlines()[0]}). The steps run "
+            "without graphs with graphs=off (slower on a GPU, the same output); please report the "
+            "model and settings.") from err
     return graph, out
 
 
