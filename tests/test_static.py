@@ -352,6 +352,25 @@ def test_a_graphed_eagle_tree_search_drafts_what_the_eager_search_drafts(head, d
     assert (graphed.proposer.graphs.captures > 0) == (device == "cuda")
 
 
+@pytest.mark.full  # 30 s of torch.compile; compile is off by default
+def test_a_compiled_stack_runs_the_static_step_exactly():
+    """compile=true with graphs=on: the static step's one shape compiles once (the prompt's
+    eager-shaped forward is the other graph), speculative output is plain decoding's, and a
+    second generation compiles nothing."""
+    from specpipe.engine.compile import graphs_compiled
+
+    target = tiny_target(seed=0, dtype=torch.float32)
+    eager = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(target.model, graphs="off"))
+    pipe = Pipeline(target, NgramProposer(ngram_max=3, ngram_min=1), GreedyVerifier(), FixedGamma(4),
+                    runner=make_runner(target.model, graphs="on", compile=True))
+    want = [eager.run(p, max_new_tokens=20, speculative=False).token_ids for p in (REPEATING, PROMPT)]
+    assert pipe.run(REPEATING, max_new_tokens=20).token_ids == want[0]
+    compiled = graphs_compiled()
+    assert [pipe.run(p, max_new_tokens=20).token_ids for p in (REPEATING, PROMPT)] == want
+    assert pipe.run(PROMPT, max_new_tokens=20, speculative=False).token_ids == want[1]
+    assert graphs_compiled() == compiled and pipe.runner.static.shapes == {Shape(1, 5, False, ())}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_a_static_step_reads_the_host_once(kernels, device):
