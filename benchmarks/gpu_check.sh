@@ -41,7 +41,7 @@ started() { echo "<!-- at ${SECONDS}s -->" >> "$REPORT"; }
 
 echo "## CUDA tests (pytest -k cuda)" >> "$REPORT"; started
 within 150 python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_static.py tests/test_engine.py \
-    tests/test_step.py tests/test_lossless.py -k cuda > "$MORE/pytest.txt" 2>&1
+    tests/test_step.py tests/test_lossless.py tests/test_bench.py -k cuda > "$MORE/pytest.txt" 2>&1
 { tail -3 "$MORE/pytest.txt"; echo; } >> "$REPORT"; packed
 
 SMOL="model=smollm2-135m device=$DEVICE limit=1 max_new_tokens=$TOKENS"

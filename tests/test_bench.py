@@ -207,3 +207,16 @@ def test_transformers_plain_and_static_cache_peers_decode_what_the_target_does()
         runs = [peer.run(prompt, 12, 0) for peer in peers]
         assert [r.token_ids for r in runs] == [want, want] and all(r.tokens_per_s > 0 for r in runs)
     assert target.model._previous_max_cache_length == pipe.runner.cache.capacity
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_transformers_peers_run_on_cuda_beside_the_native_engine():
+    """On a GPU the peers move transformers' model there (its own kernels, the runner's dtype)."""
+    from specpipe.bench.peers import make_peers
+    from specpipe.engine import make_runner
+
+    target = tiny_target()
+    pipe = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(target.model, device="cuda"))
+    want = pipe.run([5, 6, 7, 5, 6], max_new_tokens=12, speculative=False).token_ids
+    assert make_peers(["hf-plain"], pipe, {})[0].run([5, 6, 7, 5, 6], 12, 0).token_ids == want
+    assert next(target.model.parameters()).device.type == "cuda"

@@ -127,10 +127,14 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 def hf_model(runner) -> torch.nn.Module:
-    """The transformers model behind a runner, at the runner's precision (the native engine
-    copied its weights from a dense model: quantize that one in place, once), on its device."""
-    model = quantize_model(runner.model, runner.precision) if runner.engine == "native" else runner.model
-    return model.to(runner.device)
+    """The transformers model behind a runner, at the runner's precision: on the CPU in the same
+    packed kernels (the native engine copied its weights from a dense model: quantize that one in
+    place, once); on a GPU moved there in the precision's dtype, for transformers' own kernels
+    (the CPU's packed linears keep their weights where they are)."""
+    if runner.device.type != "cpu":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(runner.precision)
+        return runner.model.to(device=runner.device, dtype=dtype)
+    return quantize_model(runner.model, runner.precision) if runner.engine == "native" else runner.model
 
 
 def _hf_generate(pipeline, **options) -> Callable[..., list[int]]:
