@@ -6,8 +6,9 @@ precision, with llama.cpp's plain decoding of the same GGUF file as the absolute
 
 A configuration is engine:precision, plus `+compile` (torch.compile), `+graphs` (the static step:
 CUDA graphs on a GPU, eager fixed shapes on the CPU; kernels=exact, every forward padded to the
-planned block `--block`) or `+graphs+fast` (kernels=fast: the fewest rows). Without `+graphs` the
-eager forward runs on every device.
+planned block `--block`, or `@N` after the configuration) or `+graphs+fast` (kernels=fast: the
+fewest rows, blocks padded to a power of two up to the plan). Without `+graphs` the eager forward
+runs on every device.
 
 Per model, one process, one thing at a time (never time with another heavy job running):
 - forward ms: a k-token forward (k = 1, 2, 5, 9, 16) appended to a 64-token cache, median of
@@ -129,23 +130,25 @@ def measure_model(name: str, configs: list[str], args) -> list[dict]:
     rows = []
     # native configurations first: they copy the weights, so the hf ones may quantize in place after
     for config in sorted(configs, key=lambda c: c.startswith("hf")):
-        engine, _, precision = config.partition(":")
+        setting, _, block = config.partition("@")
+        block = int(block) if block else args.block
+        engine, _, precision = setting.partition(":")
         precision, *extras = precision.split("+")
         model = copy.deepcopy(target.model) if engine == "hf" and args.copy_hf else target.model
         started = time.perf_counter()
         runner = make_runner(model, engine=engine, precision=precision, compile="compile" in extras,
                              device=args.device, graphs="on" if "graphs" in extras else "off",
                              kernels="fast" if "fast" in extras else "exact")
-        runner.plan(args.block)  # a static step's blocks (what a pipeline of γ = block - 1 plans)
+        runner.plan(block)  # a static step's blocks (what a pipeline of γ = block - 1 plans)
         forward_ms(runner, context, 1, 1)  # first call: compile or cache load
         first_call_s = time.perf_counter() - started
         reps = 5 if "1.5b" in name else 9
         ms = {k: forward_ms(runner, context, k, reps) for k in BLOCKS}
         step_tps, wall_tps = plain_decode(target, runner, prompts, args.tokens)
         memory = runner.memory()
-        eager = [k for k in BLOCKS if "graphs" in extras and k > args.block]  # past the plan: the eager forward
+        eager = [k for k in BLOCKS if "graphs" in extras and k > block]  # past the plan: the eager forward
         rows.append({"model": name, "config": config, "ms": ms, "verify_5_over_1": ms[5] / ms[1],
-                     "verify_9_over_1": ms[9] / ms[1], "block": args.block, "eager_k": eager,
+                     "verify_9_over_1": ms[9] / ms[1], "block": block, "eager_k": eager,
                      "plain_tok_s": step_tps, "plain_wall_tok_s": wall_tps, "first_call_s": first_call_s,
                      "weights_mib": memory.weights / 2**20, "cache_mib": memory.cache / 2**20,
                      "step": runner.step,
@@ -177,7 +180,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", nargs="+", default=["smollm2-135m"])
     parser.add_argument("--configs", nargs="+", default=["native:fp16", "hf:fp16"],
-                        help="engine:precision[+compile][+graphs[+fast]], e.g. native:fp16+compile, native:bf16+graphs")
+                        help="engine:precision[+compile][+graphs[+fast]][@block], e.g. native:fp16+compile, "
+                             "native:bf16+graphs@5")
     parser.add_argument("--block", type=int, default=max(BLOCKS),
                         help="+graphs: the planned block (kernels=exact pads every forward to it)")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per category (code, code-edit, chat)")

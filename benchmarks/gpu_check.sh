@@ -16,7 +16,8 @@
 #   5. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
 #      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3");
 #   6. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
-#   7. reads back to the host per step; ngram with eager steps and with kernels=fast.
+#   7. reads back to the host per step; ngram with eager steps and with kernels=fast;
+#   8. the aims of the GPU engine, met or not (benchmarks/gpu_report.py --aims).
 # Each result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files
 # (logs and results.json files are packed into more.tar.gz).
 #   OUT=gpu-results bash benchmarks/gpu_check.sh
@@ -65,7 +66,7 @@ table "Real SmolLM2-135M, $TOKENS tokens, plain vs speculative (the recipe on de
 echo "## Engine (random weights): ms per forward, plain tok/s" >> "$REPORT"; started
 within 120 python benchmarks/engine.py --device "$DEVICE" --random-weights \
     --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
-    --configs native:bf16 native:bf16+graphs native:bf16+graphs+fast --block 5 --prompts 1 --tokens 64 \
+    --configs native:bf16 native:bf16+graphs@5 native:bf16+graphs+fast@16 --prompts 1 --tokens 64 \
     --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
 echo >> "$REPORT"; packed
 
@@ -102,5 +103,6 @@ started
 bench ngram-eager 45 proposer=ngram gamma=4 graphs=off prompts=dev
 bench ngram-fast 45 proposer=ngram gamma=4 kernels=fast prompts=dev
 table "ngram: eager steps, static exact (above), static fast" ngram-eager ngram ngram-fast
+{ echo "## The GPU engine's aims"; python benchmarks/gpu_report.py --aims "$MORE"; echo; } >> "$REPORT"
 echo "<!-- done at ${SECONDS}s -->" >> "$REPORT"; packed
 echo "results in $OUT/ (report.md; logs in more.tar.gz)"

@@ -4,6 +4,8 @@
         median speedup with its range, τ, exact outputs, and each peer's tok/s (its exact share)
     python benchmarks/gpu_report.py --load DIR        one request load's line: concurrency,
         plain and speculative throughput, their ratio, P99 latency, exact outputs, guard-held steps
+    python benchmarks/gpu_report.py --aims DIR        the GPU engine's aims against what the
+        check measured under DIR (its bench-*, load-c* folders and engine.json), met or not
 """
 
 from __future__ import annotations
@@ -44,7 +46,59 @@ def load_line(folder: Path) -> str:
             f"{spec['guard_held']}/{spec['row_steps']} |")
 
 
+def _engine(rows: list[dict], model: str, config: str) -> dict | None:
+    """The engine table's row of `model` in `config` (its planned block, `@N`, aside)."""
+    return next((r for r in rows if r["model"] == model and r["config"].split("@")[0] == config), None)
+
+
+def aims(folder: Path) -> list[tuple[str, str, bool | None]]:
+    """(aim, what was measured, met: None where it was not measured)."""
+    bench = {name: _results(folder / f"bench-{name}") for name in ("recipe", "ngram", "suffix")}
+    engine_file = folder / "engine.json"
+    engine = json.loads(engine_file.read_text()) if engine_file.is_file() else []
+    load = _results(folder / "load-c8")
+    out: list[tuple[str, str, bool | None]] = []
+
+    def add(aim: str, value: float | None, target: float, text: str, most: bool = False) -> None:
+        met = None if value is None else (value <= target if most else value >= target)
+        out.append((aim, "not measured" if value is None else text.format(value), met))
+
+    recipe = bench["recipe"]["summary"]["overall"] if bench["recipe"] else None
+    add("SmolLM2-135M plain >= 1,500 tok/s (real model, the recipe's plain run)",
+        recipe and recipe["baseline_tokens_per_s"], 1500, "{:.0f} tok/s")
+    for config in ("native:bf16+graphs", "native:bf16+graphs+fast", "native:bf16"):
+        row = _engine(engine, "qwen2.5-coder-1.5b", config)
+        add(f"Qwen2.5-1.5B shape plain >= 1,000 tok/s ({config})", row and row["plain_tok_s"], 1000, "{:.0f} tok/s")
+    fast = _engine(engine, "qwen2.5-coder-1.5b", "native:bf16+graphs+fast")
+    add("Qwen2.5-1.5B shape: a 9-token verify <= 1.15x a 1-token forward (static fast)",
+        fast and fast["verify_9_over_1"], 1.15, "{:.2f}x", most=True)
+    add("shipped recipe >= 2x its own plain (median, dev + held-aside)", recipe and recipe["speedup"]["median"], 2.0,
+        "{:.2f}x")
+    for name in ("ngram", "suffix"):
+        overall = bench[name]["summary"]["overall"] if bench[name] else None
+        add(f"{name} never below plain on any prompt (worst prompt)", overall and overall["speedup"]["min"], 1.0,
+            "{:.2f}x")
+    if recipe:
+        exact = recipe["exactness"]
+        out.append(("every output of the recipe exact", f"{exact['identical']}/{exact['of']}",
+                    exact["identical"] == exact["of"]))
+    ngram = bench["ngram"]["summary"]["overall"] if bench["ngram"] else None
+    for peer, times in (("hf-plain", 10), ("hf-static", 5)):
+        figures = (ngram or {}).get("peers", {}).get(peer)
+        add(f"ngram >= {times}x transformers' {peer}", figures and ngram["tokens_per_s"] / figures["tokens_per_s"],
+            times, "{:.1f}x")
+    add("concurrency 8: speculative throughput >= plain",
+        load and load["load"]["speculative"]["tokens_per_s"] / load["load"]["plain"]["tokens_per_s"], 1.0, "{:.2f}x")
+    return out
+
+
 def main(args: list[str]) -> None:
+    if args[:1] == ["--aims"]:
+        print("| aim | measured | met |")
+        print("|---|---|---|")
+        for aim, measured, met in aims(Path(args[1])):
+            print(f"| {aim} | {measured} | {'-' if met is None else 'yes' if met else 'NO'} |")
+        return
     if args[:1] == ["--load"]:
         for folder in args[1:]:
             print(load_line(Path(folder)))
