@@ -230,6 +230,19 @@ def test_a_draft_model_steps_in_planned_shapes_captured_once(device):
     assert static.captures == captures and {s.block for s in static.shapes} == {1, 2} and static.shapes <= planned
 
 
+def test_a_draft_takes_the_static_step_only_on_the_native_engine():
+    """graphs=on reaches a draft only where the native engine runs it (an int8 twin included);
+    a draft on the hf engine stays eager instead of refusing the pipeline's setting."""
+    target = tiny_target(seed=0)
+    want = Pipeline(target, None, GreedyVerifier(), None).run(PROMPT, max_new_tokens=12, speculative=False).token_ids
+    for precision, engine, step in (("int8", "auto", "static fast"), ("none", "hf", "eager")):
+        draft = ModelDrafter(tiny_model(seed=0, dtype=torch.float32), GREEDY, precision=precision, engine=engine,
+                             graphs="on")
+        pipe = Pipeline(target, draft, GreedyVerifier(), FixedGamma(3), runner=make_runner(target.model, graphs="on"))
+        run = pipe.run(PROMPT, max_new_tokens=12)
+        assert (draft.runner.step, run.token_ids) == (step, want) and run.stats.accepted > 0
+
+
 def eagle_heads(tree=None):
     """An EAGLE head and an EAGLE-3 head (drafting from the even ids) over `target4`'s shape,
     drafting chains, or EAGLE-2 trees of shape `tree`."""

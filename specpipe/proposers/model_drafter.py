@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.engine import make_runner
+from specpipe.engine import make_runner, pick_engine
 from specpipe.proposers.base import Proposer, Rows, still_drafting
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBatch, RowVerdict, Verdict
@@ -30,8 +30,9 @@ class ModelDrafter(Proposer):
         engine=llamacpp its GGUF source, on llama.cpp's fastest kernels: the target verifies it);
         graphs: as the target's (`auto`: the native engine's static step on CUDA, each draft step
         a replayed CUDA graph), always with the fewest rows (`kernels=fast`: the target verifies)."""
+        native = engine != "llamacpp" and pick_engine(model, engine, precision) == "native"
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
-                                  kernels="fast", graphs=graphs if engine != "llamacpp" else "off")
+                                  kernels="fast", graphs=graphs if native else "off")  # static steps are native's
         self.runner.plan(FEED)
         self.sampling = sampling
         self.base: list[int] = [0]  # per row: committed length when its last draft was proposed
