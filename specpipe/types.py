@@ -212,8 +212,9 @@ class Verdict:
         parts = [self.ids, self.num_accepted[:, None], self.num_draft[:, None]]
         if self.path is not None:
             parts.append(self.path)
-        packed = torch.cat([p.double() for p in parts] + ([self.confidence.double()] if self.confidence is not None
-                                                          else []), 1)
+        packed = torch.cat(parts, 1).double()  # int64 all: one conversion (each is a launch on a GPU)
+        if self.confidence is not None:
+            packed = torch.cat([packed, self.confidence.double()], 1)
         if packed.device.type != "cpu":  # pinned and non-blocking, then wait for that copy only
             host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             host.copy_(packed, non_blocking=True)

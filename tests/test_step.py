@@ -137,3 +137,17 @@ def test_an_eagle_tree_step_reads_its_shape_once(device):
     assert len(counts) > 2
     assert max(counts) == 2 if device == "cuda" else 2 <= max(counts) <= 2 + (gamma - 1), counts
     assert pipe.run(REPEATING, max_new_tokens=12).stats.drafted > 0
+
+
+def test_a_plain_steps_verdict_is_the_chain_verdict_without_its_kernels():
+    """A step without a draft takes the greedy verifier's short path (the argmax alone): the
+    verdict, and its host copy, are what the general chain verdict builds."""
+    from specpipe.verifiers.base import chain_verdict
+
+    logits = torch.randn(3, 1, 50)  # [B, 1, V]: a plain step of three rows
+    draft = DraftBatch.empty(3, "cpu")
+    short = GreedyVerifier().verify(draft, logits)
+    general = chain_verdict(draft, torch.zeros(3, dtype=torch.long), logits[:, 0].argmax(-1))
+    assert torch.equal(short.ids, general.ids) and torch.equal(short.num_accepted, general.num_accepted)
+    assert [(v.emitted, v.n_accepted, v.gamma) for v in short.to_host()] == [
+        ([int(t)], 0, 0) for t in logits[:, 0].argmax(-1)]

@@ -229,7 +229,8 @@ class Decoder:
         draft = self._propose(view, rows, gammas)  # 2.
         clock.mark()
         last = torch.tensor([row.tokens[-1] if row else 0 for row in rows]).to(runner.device, non_blocking=True)
-        out = runner.forward(torch.cat([last[:, None], draft.tokens], 1), tree=draft.tree, hidden=self.hidden)  # 3.
+        block = last[:, None] if draft.width == 0 else torch.cat([last[:, None], draft.tokens], 1)  # [B, W + 1]
+        out = runner.forward(block, tree=draft.tree, hidden=self.hidden)  # 3.
         verdict = pipeline.verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
         clock.mark()
         host = verdict.to_host()  # 5.

@@ -54,6 +54,13 @@ def chain_verdict(draft: DraftBatch, num_accepted: torch.Tensor, next_tokens: to
     return Verdict(ids, num_accepted, draft.num_draft, None, draft.confidence)
 
 
+def plain_verdict(draft: DraftBatch, next_tokens: torch.Tensor) -> Verdict:
+    """A step without a draft (every row's num_draft 0): ids [B, 1] are next_tokens [B]. What
+    chain_verdict would build, in no kernels of its own: on a GPU each would be a launch in a
+    step that the target's one graph otherwise makes."""
+    return Verdict(next_tokens[:, None], draft.num_draft, draft.num_draft, None, draft.confidence)
+
+
 class TreeRows:
     """A tree draft's structure as device tensors (the parents are host ints, so this is built
     without reading anything back): for node i, its parent's block row, its depth, and its

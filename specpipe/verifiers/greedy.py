@@ -10,11 +10,13 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.types import DraftBatch, Verdict
-from specpipe.verifiers.base import TreeRows, Verifier, chain_verdict, drafted, leading, tree_verdict
+from specpipe.verifiers.base import TreeRows, Verifier, chain_verdict, drafted, leading, plain_verdict, tree_verdict
 
 
 class GreedyVerifier(Verifier):
     def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs=None) -> Verdict:
+        if draft.width == 0 and draft.tree is None:  # a plain step: the argmax, and nothing to compare
+            return plain_verdict(draft, target_logits[:, 0].argmax(-1))
         top = target_logits.argmax(-1)  # [B, W + 1] (a tree: one per block row)
         if draft.tree is not None:
             return _tree(draft, top[0])
