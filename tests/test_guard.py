@@ -229,7 +229,7 @@ def test_a_proposer_that_cannot_pay_even_with_every_draft_accepted_is_rechecked_
 
 def test_a_busy_moment_is_no_verdict_of_out_of_reach():
     """Out of reach is judged on every request's speculative steps at a batch size, after
-    `window` of them: a step or two while the machine is busy pauses a row, not its trials."""
+    `window // 2` of them: a step or two while the machine is busy pauses a row, not its trials."""
     def busy(width: int) -> float:
         return 20 * cheap(width) if width > 1 else cheap(width)  # speculative steps 20x dearer for a moment
 

@@ -349,7 +349,7 @@ def test_no_graphed_computation_reads_the_host(monkeypatch):
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])
 def test_a_graphed_eagle_tree_search_drafts_what_the_eager_search_drafts(head, device):
     """With kernels=fast (the block policy that verifies trees) an EAGLE-2 search runs as one
-    graph per depth over the head's preallocated slots, every depth searched: step for step it
+    graph per row and depth over the head's preallocated slots, every depth searched: step for step it
     keeps the tree the eager search keeps (which on the CPU stops at a depth no node of could be
     kept), and the output is plain decoding's."""
     from test_eagle3 import target4
