@@ -22,7 +22,7 @@ from specpipe.controllers.fixed import FixedGamma
 from specpipe.controllers.guard import guarded
 from specpipe.controllers.heuristic import HeuristicGamma
 from specpipe.decode.loop import Decoder
-from specpipe.decode.syncs import host_reads, reads_per_step
+from specpipe.decode.syncs import capture_hazards, host_reads, reads_per_step
 from specpipe.engine import FINAL, make_runner
 from specpipe.engine.static import Shape
 from specpipe.pipeline import Pipeline, Request
@@ -304,23 +304,51 @@ def test_a_graphed_eagle_chain_drafts_what_the_eager_chain_drafts(head, controll
     assert graphed.proposer.graphs.captures == captures
 
 
-def test_no_graphed_computation_reads_the_host(monkeypatch):
+def test_the_capture_hazard_watch_names_what_a_capture_refuses_and_passes_the_rest():
+    """The watch the graphed computations run under sees each kind of hazard (so its silence
+    below means something), and passes what graphs are made of: gathers by integer indices,
+    in-place writes at device-side slots, attention without dropout, constants."""
+    x, slots = torch.randn(6), torch.tensor([1, 3])
+    hazards = {
+        "boolean mask": lambda: x[x > 0],
+        "masked write": lambda: x.__setitem__(x > 5, 0.0),
+        "nonzero": lambda: torch.nonzero(x),
+        "read": lambda: x.sum().item(),
+        "draw": lambda: torch.empty(3).exponential_(1, generator=torch.Generator().manual_seed(0)),
+        "host data": lambda: torch.tensor([1, 2]),
+        "dropout": lambda: torch.nn.functional.scaled_dot_product_attention(*[x.view(1, 1, 2, 3)] * 3, dropout_p=0.5),
+    }
+    for kind, compute in hazards.items():
+        with torch.inference_mode(), capture_hazards() as seen:
+            compute()
+        assert len(seen) == 1, kind
+    with torch.inference_mode(), capture_hazards() as seen:
+        x[slots], x.index_copy(0, slots, torch.zeros(2)), torch.full((2,), 3.0), torch.arange(4)
+        torch.nn.functional.scaled_dot_product_attention(*[x.view(1, 1, 2, 3)] * 3, is_causal=True)
+    assert seen == []
+
+
+def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(monkeypatch):
     """What a CUDA graph captures may not read a value back to the host (a read while a stream
-    captures is an error on a GPU, and a replay would not repeat it): every graphed computation
-    (the target's static step in both block policies, a draft model's, Medusa's heads, EAGLE and
-    EAGLE-3 chains) runs here under the host-read counter and reads nothing."""
+    captures is an error on a GPU, and a replay would not repeat it), index by a boolean mask,
+    draw random numbers or make tensors from host data: every graphed computation (the target's
+    static step in both block policies, a draft model's, Medusa's heads, EAGLE and EAGLE-3
+    chains and tree searches) runs here under the host-read counter and the capture-hazard
+    watch (`decode.syncs.capture_hazards`), and neither sees anything."""
     from specpipe.engine.graphs import Graphs
     from test_eagle3 import target4
 
     reads: dict[str, list[int]] = {}
+    hazards: list[str] = []
     run = Graphs.run
 
     def counted(self, key, compute):
         def watched():
-            with host_reads() as seen:
+            with host_reads() as seen, capture_hazards() as refused:
                 out = compute()
             kind = key[0] if isinstance(key, tuple) else {Shape: "static step", int: "medusa"}[type(key)]
             reads.setdefault(kind, []).append(len(seen))
+            hazards.extend(f"{kind}: {why}" for why in refused)
             return out
         return run(self, key, watched)
 
@@ -343,6 +371,7 @@ def test_no_graphed_computation_reads_the_host(monkeypatch):
             tree.run(prompt, max_new_tokens=12)
     assert {kind: (len(counts) > 5, set(counts)) for kind, counts in reads.items()} == {
         "static step": (True, {0}), "medusa": (True, {0}), "chain": (True, {0}), "tree": (True, {0})}
+    assert sorted(set(hazards)) == []
 
 
 @pytest.mark.parametrize("device", DEVICES)

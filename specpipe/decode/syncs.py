@@ -5,6 +5,12 @@ from Python (`item`, `tolist`, `bool()`, ...) waits for the device; on the CPU t
 free but the same code runs, so counting the Python-level calls while a step runs tells how
 many times the step would wait on a GPU. `host_reads` patches `torch.Tensor` for the duration
 of its block: use it around a step, never in serving code.
+
+`capture_hazards` goes further, for what a CUDA graph captures: it watches every operation
+torch dispatches (a `TorchDispatchMode`) and names those a capturing stream refuses or a replay
+would repeat wrongly, which no Python-level count sees: a value read inside an operation (a
+boolean mask's indexing, `nonzero`, `unique`), a random draw (a graph replays the captured
+generator's state), a tensor made from host data (its values fixed at capture).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 from typing import Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
@@ -36,6 +43,56 @@ def host_reads() -> Iterator[list[str]]:
     finally:
         for name, method in originals.items():
             setattr(torch.Tensor, name, method)
+
+
+@contextlib.contextmanager
+def capture_hazards() -> Iterator[list[str]]:
+    """Every operation while the block runs that a CUDA graph's capture refuses or its replay
+    would get wrong, as "op: why" (see the module's docstring)."""
+    seen: list[str] = []
+    with _Hazards(seen):
+        yield seen
+
+
+class _Hazards(TorchDispatchMode):
+    def __init__(self, seen: list[str]):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        why = _hazard(func, args, kwargs or {})
+        if why is not None:
+            self.seen.append(f"{func}: {why}")
+        return func(*args, **(kwargs or {}))
+
+
+_MASK_INDEXING = {"aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"}
+
+
+def _hazard(func, args, kwargs) -> str | None:
+    """Why `func` on `args` cannot be captured or replayed as captured (None: it can)."""
+    tags, name = set(func.tags), func._schema.name
+    if name in _MASK_INDEXING:  # integer indices are gathers; a boolean mask is a nonzero first
+        masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+        return "indexes by a boolean mask (its nonzero reads the host)" if masks else None
+    if torch.Tag.data_dependent_output in tags or name in ("aten::is_nonzero", "aten::where") and len(args) == 1:
+        return "reads a value back to the host"
+    if torch.Tag.dynamic_output_shape in tags:
+        return "its output's shape depends on values (read from the device)"
+    if torch.Tag.nondeterministic_seeded in tags and not _no_dropout(func, args, kwargs):
+        return "a random draw (a replay repeats the generator state it captured)"
+    if name in ("aten::lift_fresh", "aten::lift_fresh_copy") and args[0].dim() > 0:
+        return "a tensor made from host data (a copy to the device, its values fixed at capture)"
+    return None
+
+
+def _no_dropout(func, args, kwargs) -> bool:
+    """An attention kernel is tagged random for its dropout: without dropout it draws nothing."""
+    names = [a.name for a in func._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    at = names.index("dropout_p")
+    return (args[at] if at < len(args) else kwargs.get("dropout_p", 0.0)) == 0.0
 
 
 def reads_per_step(decoder, requests) -> list[int]:
