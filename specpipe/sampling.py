@@ -67,8 +67,19 @@ def sample(probs: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
     """probs [..., V] -> token ids [...], drawn with the explicit generator on the probabilities'
     device without a host sync: argmax of probs / E with E ~ Exp(1) picks token i with
     probability probs[i] (the exponential race; gpt-fast's multinomial_sample_one_no_sync)."""
-    race = torch.empty_like(probs).exponential_(1, generator=rng)
-    return (probs / race).argmax(-1)
+    return race(probs, race_draws(torch.empty_like(probs), rng))
+
+
+def race_draws(out: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+    """`out` filled in place with the race's Exp(1) draws from `rng`: what `sample` draws, drawn
+    apart (before a CUDA graph that samples replays: a graph cannot draw from a host-seeded
+    generator, but can read its draws from a buffer)."""
+    return out.exponential_(1, generator=rng)
+
+
+def race(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """probs [..., V], their race's draws [..., V] -> the winning token ids [...]."""
+    return (probs / draws).argmax(-1)
 
 
 # What a row's draws in one step are for: draft position i uses DRAFT + i; the verifier's

@@ -243,7 +243,7 @@ def test_a_draft_takes_the_static_step_only_on_the_native_engine():
         assert (draft.runner.step, run.token_ids) == (step, want) and run.stats.accepted > 0
 
 
-def eagle_heads(tree=None):
+def eagle_heads(tree=None, sampling=GREEDY):
     """An EAGLE head and an EAGLE-3 head (drafting from the even ids) over `target4`'s shape,
     drafting chains, or EAGLE-2 trees of shape `tree`."""
     from specpipe.proposers.eagle import EagleProposer
@@ -251,8 +251,8 @@ def eagle_heads(tree=None):
     from test_eagle import copy_head
     from test_eagle3 import random_head as eagle3_head
 
-    return {"eagle": lambda: EagleProposer(copy_head(), GREEDY, tree),
-            "eagle3": lambda: proposer_for(eagle3_head(1, torch.arange(0, 64, 2)), GREEDY, tree)}
+    return {"eagle": lambda: EagleProposer(copy_head(), sampling, tree),
+            "eagle3": lambda: proposer_for(eagle3_head(1, torch.arange(0, 64, 2)), sampling, tree)}
 
 
 def recording(pipe: Pipeline) -> list:
@@ -304,6 +304,43 @@ def test_a_graphed_eagle_chain_drafts_what_the_eager_chain_drafts(head, controll
     assert graphed.proposer.graphs.captures == captures
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("controller", ["fixed", "confidence"])
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_a_graphed_sampled_eagle_chain_draws_what_the_eager_chain_draws(head, controller, device):
+    """A sampled chain runs as one graph per (row, γ) too: each position's race draws come from
+    the row's generator for the step, drawn into a buffer before the replay, so with the same
+    seed the graphed pipeline drafts, keeps and emits what the eager one does (early stops
+    included), one sequence or a batch, and a second generation captures nothing new."""
+    from specpipe.verifiers.rejection import RejectionVerifier
+    from test_eagle3 import target4
+
+    sampling = SamplingParams(temperature=0.8, top_p=0.95)
+    target, make = target4(), eagle_heads(sampling=sampling)[head]
+    controllers = {"fixed": lambda: FixedGamma(4), "confidence": lambda: ConfidenceGamma(4, 1, 4, threshold=0.3)}
+    pipes = [Pipeline(target, make(), RejectionVerifier(sampling), controllers[controller](), sampling=sampling,
+                      runner=make_runner(target.model, device=device, graphs=graphs)) for graphs in ("off", "on")]
+    eager, graphed = pipes
+    assert eager.proposer.graphs is None and graphed.proposer.graphs is not None
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    drafts = [recording(eager), recording(graphed)]
+    for seed, prompt in enumerate(prompts):
+        ran = [pipe.run(prompt, max_new_tokens=24, seed=seed) for pipe in pipes]
+        assert ran[0].token_ids == ran[1].token_ids and ran[0].stats.accepted_at == ran[1].stats.accepted_at
+    assert drafts[0] == drafts[1] and sum(len(rows[0]) for rows, _ in drafts[0]) > 20
+    assert len({tuple(rows[0]) for rows, _ in drafts[0]}) > 10  # sampled: the drafts differ step to step
+    if controller == "confidence":
+        assert any(0 < len(rows[0]) < 4 for rows, _ in drafts[1])
+    def batch(pipe):
+        return [o.token_ids for o in pipe.generate_batch(prompts, max_new_tokens=24, seed=5)]
+
+    assert batch(eager) == batch(graphed)
+    captures = graphed.proposer.graphs.captures
+    assert (captures > 0) == (device == "cuda")
+    assert batch(eager) == batch(graphed)  # the controllers' state moved on alike
+    assert graphed.proposer.graphs.captures == captures
+
+
 def test_the_capture_hazard_watch_names_what_a_capture_refuses_and_passes_the_rest():
     """The watch the graphed computations run under sees each kind of hazard (so its silence
     below means something), and passes what graphs are made of: gathers by integer indices,
@@ -333,9 +370,10 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
     captures is an error on a GPU, and a replay would not repeat it), index by a boolean mask,
     draw random numbers or make tensors from host data: every graphed computation (the target's
     static step in both block policies, a draft model's, Medusa's heads, EAGLE and EAGLE-3
-    chains and tree searches) runs here under the host-read counter and the capture-hazard
+    chains, greedy and sampled, and tree searches) runs here under the host-read counter and the capture-hazard
     watch (`decode.syncs.capture_hazards`), and neither sees anything."""
     from specpipe.engine.graphs import Graphs
+    from specpipe.verifiers.rejection import RejectionVerifier
     from test_eagle3 import target4
 
     reads: dict[str, list[int]] = {}
@@ -363,6 +401,10 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
     target = target4()
     for make in eagle_heads().values():
         Pipeline(target, make(), GreedyVerifier(), FixedGamma(3),
+                 runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
+    sampling = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+    for make in eagle_heads(sampling=sampling).values():
+        Pipeline(target, make(), RejectionVerifier(sampling), FixedGamma(3), sampling=sampling,
                  runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
     for make in eagle_heads(TreeShape(3, 8)).values():
         tree = Pipeline(target, make(), GreedyVerifier(), FixedGamma(3), runner=make_runner(target.model, graphs="on",

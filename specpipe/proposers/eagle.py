@@ -25,9 +25,8 @@ wins where the answer copies its input (code edits, summaries), the head where t
 to copy (chat, math). The head skips those steps; their committed rows wait in `pending` and
 are fed, in order, at its next draft, so its cache stays exact.
 
-Where the target's steps are graphed (CUDA graphs on a GPU) a greedy chain, and a tree search,
-run as one graph each (eagle_graph.py) over a head cache of preallocated slots; sampled chains
-stay eager.
+Where the target's steps are graphed (CUDA graphs on a GPU) a chain, greedy or sampled, and a
+tree search run as one graph each (eagle_graph.py) over a head cache of preallocated slots.
 """
 
 from __future__ import annotations
@@ -45,10 +44,10 @@ from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
 from specpipe.proposers.base import RowProposer, Rows, still_drafting
 from specpipe.proposers.declaration import Declaration
-from specpipe.proposers.eagle_graph import HeadGraphs
+from specpipe.proposers.eagle_graph import HeadGraphs, Sampled
 from specpipe.proposers.eagle_tree import TreeSearch, rerank
 from specpipe.proposers.ngram import NgramProposer
-from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.sampling import DRAFT, SamplingParams, race_draws, sample
 from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
@@ -92,7 +91,7 @@ class EagleProposer(RowProposer):
         self.draft_lm = draft_lm or (lambda target: DraftLM.target_rows(target, head.draft_vocab, quantize))
         self.target: Runner | None = None
         self.lm: DraftLM | None = None
-        self.graphs: HeadGraphs | None = None  # greedy drafts as graphs, where the target's steps are graphed
+        self.graphs: HeadGraphs | None = None  # drafts as graphs, where the target's steps are graphed
         self.rows: dict[int, _HeadRow] = {}
 
     def widest(self, gamma: int, trees: bool) -> int:
@@ -145,9 +144,7 @@ class EagleProposer(RowProposer):
         graphed = self.graphs is not None and self.graphs.takes(gamma)
         if self.tree is not None and rows.trees:
             return self._graphed_tree(state, root, gamma, row) if graphed else self._tree(state, root, gamma)
-        if graphed and self.sampling.greedy:
-            return self._graphed_chain(state, root, gamma, rows, row)
-        return self._chain(state, root, gamma, rows, row)
+        return (self._graphed_chain if graphed else self._chain)(state, root, gamma, rows, row)
 
     @property
     def batch_refusal(self) -> str | None:
@@ -192,11 +189,16 @@ class EagleProposer(RowProposer):
         return self.head(embeds[None], features[None], positions[None], mask, cache)[0]
 
     def _graphed_chain(self, state: _HeadRow, root: torch.Tensor, gamma: int, rows: Rows, row: int) -> DraftBlock:
-        """A greedy chain as one graph (eagle_graph.py): every one of its γ tokens is drafted,
-        and those after a stop are not counted, as the eager chain does on a GPU."""
+        """A chain as one graph (eagle_graph.py): every one of its γ tokens is drafted, and those
+        after a stop are not counted, as the eager chain does on a GPU. A sampled chain's draws
+        are the eager chain's (the row's generator for the step, per position), drawn first."""
         stops = [rows.stop_below(i) for i in range(gamma)]
-        tokens, confidence, count = self.graphs.chain(row, root, state.committed, stops, self._feed, self.lm.top)
-        return DraftBlock(tokens, None, confidence, count)  # stacked into the batch (a copy) before the next replay
+        sampled = None if self.sampling.greedy else Sampled(
+            lambda hidden: self.sampling.probs(self.lm(hidden)),
+            lambda i, out: race_draws(out, rows.rngs[row](DRAFT + i, out.device)), self.lm.vocab_size)
+        tokens, probs, confidence, count = self.graphs.chain(row, root, state.committed, stops, self._feed,
+                                                             self.lm.top, sampled)
+        return DraftBlock(tokens, probs, confidence, count)  # stacked into the batch (a copy) before the next replay
 
     def _graphed_tree(self, state: _HeadRow, root: torch.Tensor, depth: int, row: int) -> DraftTree:
         """EAGLE-2's search as one graph (eagle_graph.py), its every depth searched; the kept

@@ -1,4 +1,4 @@
-"""An EAGLE head's greedy draft as one CUDA graph per (row, γ): a chain, or EAGLE-2's tree
+"""An EAGLE head's draft as one CUDA graph per (row, γ): a chain, or EAGLE-2's tree
 search (SGLang captures its draft loop the same way).
 
 Where the target's steps are graphed (`Runner.graphed`), an EAGLE or EAGLE-3 chain of γ tokens
@@ -10,14 +10,17 @@ and a chain's early-stop thresholds [γ]. Each head row is written at its slot o
 `SlotCache` and attends over every slot through a mask built on the device, so no shape depends
 on a length. The committed rows are still fed from the host (a block of any size, rarely twice
 alike); only the draft, the part repeated every step, is graphed. A tree's shape is read back
-after the replay, as the eager search reads it. Sampled chains stay eager: each row draws from
-its own host-side generator. On the CPU the same code runs without capture (graphs.py), which
-is what the tests check.
+after the replay, as the eager search reads it. A sampled chain samples inside its graph from
+race draws made before the replay (`sampling.race_draws`): each row's draws come from its own
+host-seeded generator, which a graph cannot reseed, so the draws go into a buffer the graph
+reads, the same numbers the eager chain draws. On the CPU the same code runs without capture
+(graphs.py), which is what the tests check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -25,11 +28,23 @@ from specpipe.engine.graphs import Graphs
 from specpipe.engine.static import MAX_BLOCK
 from specpipe.heads.eagle import SlotCache
 from specpipe.proposers.eagle_tree import TreeSearch
+from specpipe.sampling import race
 
 # (features [n, H], tokens [n], positions [n], cache, mask [1, n, capacity]) -> next features [n, H]
 Feed = Callable[..., torch.Tensor]
 # (features [..., H], k) -> (log-probabilities [..., k], token ids [..., k]) of the draft LM's k best
 Top = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A sampled chain's two halves: `probs` (head output [H] -> the draft's distribution [V],
+    float32, inside the graph) and `draw` ((position i, out [V]) -> out filled with position
+    i's race draws, before the replay); V = `size`."""
+
+    probs: Callable[[torch.Tensor], torch.Tensor]
+    draw: Callable[[int, torch.Tensor], torch.Tensor]
+    size: int
 
 
 class _Inputs:
@@ -40,10 +55,11 @@ class _Inputs:
         self.start = torch.zeros((), dtype=torch.long, device=root.device)  # the draft's first slot
         self.thresholds = torch.zeros(MAX_BLOCK, device=root.device)  # [MAX_BLOCK] stop below, per position
         self.stops: list[float] = []  # the thresholds last copied in (host), so unchanged ones are not copied again
+        self.draws: dict[int, torch.Tensor] = {}  # a sampled chain's race draws [γ, V], by γ
 
 
 class HeadGraphs:
-    """Greedy drafts of every row of one proposer, graphed: `cache(row)` is the row's head cache
+    """The drafts of every row of one proposer, graphed: `cache(row)` is the row's head cache
     (one per row for the proposer's life: the graphs write into it), `chain` and `tree` drafts."""
 
     def __init__(self, device: torch.device, capacity: int, top_k: int = 1):
@@ -70,18 +86,27 @@ class HeadGraphs:
         cache.crop(0)
         return cache
 
-    def chain(self, row: int, root: torch.Tensor, start: int, stops: list[float], feed: Feed,
-              top: Top) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The greedy chain of len(stops) tokens from `root` [H], its first row at slot `start`
-        of the row's cache (filled up to it) -> (tokens [γ], confidence [γ], tokens drafted before
-        a confidence fell below its position's stop []), the graph's memory: read before the next."""
+    def chain(self, row: int, root: torch.Tensor, start: int, stops: list[float], feed: Feed, top: Top,
+              sampled: Sampled | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """The chain of len(stops) tokens from `root` [H], greedy (`sampled` None) or sampled, its
+        first row at slot `start` of the row's cache (filled up to it) -> (tokens [γ], the draft's
+        distributions [γ, V] (sampled; None: greedy), confidence [γ], tokens drafted before a
+        confidence fell below its position's stop []), the graph's memory: read before the next."""
         gamma = len(stops)
         inputs = self._refill(row, root, start)
         if stops != inputs.stops[:gamma]:  # the controller's early stop: the same step after step
             inputs.thresholds[:gamma].copy_(torch.tensor(stops), non_blocking=True)
             inputs.stops = list(stops)
+        draws = None
+        if sampled is not None:
+            draws = inputs.draws.get(gamma)
+            if draws is None:
+                draws = inputs.draws[gamma] = root.new_empty(gamma, sampled.size, dtype=torch.float32)
+            for i in range(gamma):
+                sampled.draw(i, draws[i])
         cache = self._caches[row]
-        return self.graphs.run(("chain", row, gamma), lambda: self._chain(inputs, gamma, cache, feed, top))
+        compute = lambda: self._chain(inputs, gamma, cache, feed, top, sampled, draws)  # noqa: E731
+        return self.graphs.run(("chain", row, gamma, sampled is not None), compute)
 
     def tree(self, row: int, root: torch.Tensor, start: int, k: int, depth: int, feed: Feed,
              top: Top) -> tuple[torch.Tensor, ...]:
@@ -101,26 +126,31 @@ class HeadGraphs:
         inputs.start.fill_(start)
         return inputs
 
-    def _chain(self, inputs: _Inputs, gamma: int, cache: SlotCache, feed: Feed,
-               top: Top) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _chain(self, inputs: _Inputs, gamma: int, cache: SlotCache, feed: Feed, top: Top,
+               sampled: Sampled | None, draws: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """What a chain's graph captures: buffers in, no host read, every shape fixed by γ."""
         device = inputs.root.device
         hidden = inputs.root  # [H]
         alive = torch.ones((), dtype=torch.bool, device=device)
         count = torch.zeros((), dtype=torch.long, device=device)
         every = torch.arange(self.capacity, device=device)  # [capacity] the cache's slots
-        tokens, confidence = [], []
+        tokens, probs, confidence = [], [], []
         for i in range(gamma):
-            logp, ids = top(hidden, 1)
-            tokens.append(ids[0])
-            confidence.append(logp[0].exp())
+            if sampled is None:
+                logp, ids = top(hidden, 1)
+                token, top_p = ids[0], logp[0].exp()
+            else:
+                probs.append(sampled.probs(hidden))  # [V]
+                token, top_p = race(probs[-1], draws[i]), probs[-1].max()
+            tokens.append(token)
+            confidence.append(top_p)
             count += alive.long()
-            alive &= ~(confidence[-1] < inputs.thresholds[i])  # a stop: later tokens are not counted
+            alive &= ~(top_p < inputs.thresholds[i])  # a stop: later tokens are not counted
             if i + 1 < gamma:
                 slot = (inputs.start + i)[None]  # [1] this row's slot and position
                 mask = (every <= slot)[None, None]  # [1, 1, capacity] every committed row and the chain so far
-                hidden = feed(hidden[None], ids, slot, cache.at(slot), mask)[-1]
-        return torch.stack(tokens), torch.stack(confidence), count
+                hidden = feed(hidden[None], token[None], slot, cache.at(slot), mask)[-1]
+        return torch.stack(tokens), torch.stack(probs) if probs else None, torch.stack(confidence), count
 
     def _tree(self, inputs: _Inputs, k: int, depth: int, cache: SlotCache, feed: Feed,
               top: Top) -> tuple[torch.Tensor, ...]:
