@@ -341,6 +341,26 @@ def test_a_graphed_sampled_eagle_chain_draws_what_the_eager_chain_draws(head, co
     assert graphed.proposer.graphs.captures == captures
 
 
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_an_eager_draft_wider_than_the_graphs_grows_the_head_slots_and_stays_exact(head, monkeypatch):
+    """A tree deeper than the graphs take (depth ≥ 32) is searched eagerly over the same head
+    slots, every depth of it as on a GPU (the CPU's early stop is switched off here); near the
+    cache's end its rows pass them, and the slots grow (the row's graphs are captured again)
+    instead of failing: the output is plain decoding's to the cache's end."""
+    from specpipe.proposers.eagle_tree import TreeSearch
+    from test_eagle3 import target4
+
+    monkeypatch.setattr(TreeSearch, "settled", lambda self, best, nodes: torch.tensor(False))
+
+    target, make = target4(), eagle_heads(TreeShape(8, 40))[head]  # slots: the cache's 128 + 32 · 8
+    pipe = Pipeline(target, make(), GreedyVerifier(), FixedGamma(40, 1, 40),
+                    runner=make_runner(target.model, graphs="on", kernels="fast", cache_len=128))
+    want = pipe.run(REPEATING, max_new_tokens=110, speculative=False).token_ids
+    assert pipe.run(REPEATING, max_new_tokens=110).token_ids == want
+    caches = list(pipe.proposer.graphs._caches.values())
+    assert [cache.grown for cache in caches] == [1] and caches[0].capacity > 128 + 32 * 8
+
+
 def test_the_capture_hazard_watch_names_what_a_capture_refuses_and_passes_the_rest():
     """The watch the graphed computations run under sees each kind of hazard (so its silence
     below means something), and passes what graphs are made of: gathers by integer indices,

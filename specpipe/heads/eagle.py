@@ -77,18 +77,21 @@ class SlotCache:
     """A HeadCache over preallocated slots [1, kv heads, capacity, head dim] (allocated at the
     first append, in its keys' dtype): what a graphed draft chain writes into, in place, at
     slots it reads from the device (`at`). Appends from the host fill slots [length, length + n)
-    and attend over the first length + n, as HeadCache's; `crop` only moves the length back."""
+    and attend over the first length + n, as HeadCache's; `crop` only moves the length back.
+    An append from the host past the slots grows them (new buffers: `grown` counts it, and the
+    graphs that wrote into the old ones are stale); a graph's own writes never pass them."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.length = 0
+        self.grown = 0
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.length + keys.shape[2]
-        if end > self.capacity:
-            raise ValueError(f"the head's cache holds {self.capacity} rows; {end} were fed")
+        if end > self.capacity:  # an eager draft wider than the graphs take, near the cache's end
+            self._grow(end)
         self._allocate(keys, values)
         self.keys[:, :, self.length : end], self.values[:, :, self.length : end] = keys, values
         self.length = end
@@ -104,6 +107,15 @@ class SlotCache:
 
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
+
+    def _grow(self, end: int) -> None:
+        self.capacity = max(end, 2 * self.capacity)
+        if self.keys is not None:
+            kept = self.keys, self.values
+            self.keys = self.values = None
+            self._allocate(*kept)
+            self.keys[:, :, : kept[0].shape[2]], self.values[:, :, : kept[1].shape[2]] = kept
+        self.grown += 1
 
     def _allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if self.keys is None:

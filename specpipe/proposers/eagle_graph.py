@@ -69,6 +69,7 @@ class HeadGraphs:
         # a draft writes past its start: a chain γ - 1 rows, a tree k per depth, γ < MAX_BLOCK
         self.capacity = capacity + MAX_BLOCK * top_k
         self._caches: dict[int, SlotCache] = {}
+        self._grown: dict[int, int] = {}  # each row cache's growth the graphs were captured over
         self._inputs: dict[int, _Inputs] = {}
 
     @property
@@ -77,7 +78,8 @@ class HeadGraphs:
 
     @staticmethod
     def takes(gamma: int) -> bool:
-        """Whether a draft of γ (a tree's depth) fits the slots past a row's cache (wider: eager)."""
+        """Whether a draft of γ (a tree's depth) fits the slots past a row's cache (wider: eager,
+        and grows the slots where it passes them)."""
         return gamma < MAX_BLOCK
 
     def cache(self, row: int) -> SlotCache:
@@ -119,6 +121,10 @@ class HeadGraphs:
         return self.graphs.run(("tree", row, k, depth), lambda: self._tree(inputs, k, depth, cache, feed, top))
 
     def _refill(self, row: int, root: torch.Tensor, start: int) -> _Inputs:
+        grown = self._caches[row].grown
+        if self._grown.setdefault(row, grown) != grown:  # the row's slots are new buffers: capture again
+            self.graphs.clear()
+            self._grown = {row: cache.grown for row, cache in self._caches.items()}
         inputs = self._inputs.get(row)
         if inputs is None:
             inputs = self._inputs[row] = _Inputs(root)
@@ -133,7 +139,7 @@ class HeadGraphs:
         hidden = inputs.root  # [H]
         alive = torch.ones((), dtype=torch.bool, device=device)
         count = torch.zeros((), dtype=torch.long, device=device)
-        every = torch.arange(self.capacity, device=device)  # [capacity] the cache's slots
+        every = torch.arange(cache.capacity, device=device)  # [capacity] the cache's slots
         tokens, probs, confidence = [], [], []
         for i in range(gamma):
             if sampled is None:
@@ -157,7 +163,7 @@ class HeadGraphs:
         """What a tree's graph captures: the eager search's steps (`EagleProposer._tree`), its
         blocks' rows at slots start + (d - 1)·k + [0, k) and their masks over every slot."""
         root = inputs.root
-        every = torch.arange(self.capacity, device=root.device)  # [capacity] the cache's slots
+        every = torch.arange(cache.capacity, device=root.device)  # [capacity] the cache's slots
         values, ids = top(root, k)  # [k]
         search = TreeSearch(k, depth, root, values, ids)
         for d in range(1, depth):
