@@ -1,0 +1,124 @@
+"""`device=cuda` on a simulated CUDA device (tests/cuda_sim.py): the GPU code paths run here.
+
+A GPU refuses an operation that mixes host and device tensors, and such a bug shows only on a
+GPU (the first GPU run of this project crashed on one). The simulation runs the code's GPU
+branches on the CPU, with every tensor tagged by where a GPU would hold it, and records each
+operation a GPU would refuse. Every proposer, verifier and step (eager and static) runs here
+with `device=cuda`, the shipped recipes too, and none is refused; each greedy output is the
+pipeline's own plain output (a float64 tiny model keeps exact in every step).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPT, tiny_model, tiny_target
+from cuda_sim import on_device, simulated_cuda
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.engine import make_runner
+from specpipe.pipeline import Pipeline
+from specpipe.proposers.eagle import TreeShape
+from specpipe.proposers.medusa import MedusaProposer
+from specpipe.proposers.model_drafter import ModelDrafter
+from specpipe.proposers.ngram import NgramProposer
+from specpipe.proposers.suffix import RequestCache, SuffixProposer
+from specpipe.sampling import SamplingParams
+from specpipe.verifiers.greedy import GreedyVerifier
+from specpipe.verifiers.rejection import RejectionVerifier
+from specpipe.verifiers.typical import TypicalVerifier
+from test_medusa import random_heads
+from test_static import GREEDY, REPEATING, eagle_heads
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)
+PROMPTS = [REPEATING, PROMPT, [3, 60, 22]]
+
+
+def test_the_simulation_refuses_what_a_gpu_refuses_and_passes_what_it_takes():
+    with simulated_cuda() as refused:
+        device, host = torch.zeros(3, device="cuda"), torch.arange(3)
+        assert device.device == torch.device("cuda", 0) and host.device.type == "cpu" and torch.cuda.is_available()
+        assert torch.empty(2, device="meta").device.type == "meta"  # (transformers builds models on meta first)
+        moved = torch.nn.Linear(3, 2).to("cuda")
+        assert on_device(moved.weight) and on_device(moved(device)) and not on_device(host)
+        takes = [device[host], device * torch.tensor(2.0), device.cpu() + host, host.to(device.device) + device,
+                 torch.zeros(2, device=device.device) + 1, device.new_zeros(2).copy_(host[:2])]
+        assert [on_device(t) for t in takes] == [True, True, False, True, True, True]
+        generator = torch.Generator(device.device)
+        assert generator.device.type == "cuda"
+        torch.empty_like(device).exponential_(1, generator=generator.manual_seed(0))
+        assert refused == []
+        device + host
+        host[device.long()]
+        torch.empty_like(device).exponential_(1, generator=torch.Generator().manual_seed(0))
+        torch.cat([device, torch.tensor(1.0)[None]])
+    assert [why.split(": ", 1)[1] for why in refused] == [
+        "mixes host tensors [(3,)] with device tensors", "indexes a host tensor by device indices",
+        "draws into a device tensor from a host generator", "mixes host tensors [(1,)] with device tensors"]
+
+
+def cases():
+    """(name, target, proposer maker, verifier maker, sampling, runner options) of every proposer kind."""
+    from test_eagle3 import target4
+
+    target, head_target = tiny_target(seed=0), target4()
+    yield "ngram", target, lambda _: NgramProposer(), GreedyVerifier, GREEDY, {}
+    yield "suffix", target, lambda _: SuffixProposer(RequestCache(8, 16, 4096)), GreedyVerifier, GREEDY, {}
+    yield "draft", target, lambda graphs: ModelDrafter(tiny_model(seed=0), GREEDY, device="cuda", graphs=graphs), \
+        GreedyVerifier, GREEDY, {}
+    yield "draft-sampled", target, lambda graphs: ModelDrafter(tiny_model(seed=0), SAMPLED, device="cuda", graphs=graphs), \
+        lambda: RejectionVerifier(SAMPLED), SAMPLED, {}
+    yield "medusa", target, lambda _: MedusaProposer(random_heads(seed=1), GREEDY), GreedyVerifier, GREEDY, {}
+    yield "medusa-typical", target, lambda _: MedusaProposer(random_heads(seed=1), SAMPLED), \
+        lambda: TypicalVerifier(SAMPLED), SAMPLED, {}
+    for name, make in eagle_heads().items():
+        yield name, head_target, lambda _, make=make: make(), GreedyVerifier, GREEDY, {}
+    for name, make in eagle_heads(sampling=SAMPLED).items():
+        yield f"{name}-sampled", head_target, lambda _, make=make: make(), lambda: RejectionVerifier(SAMPLED), \
+            SAMPLED, {}
+    for name, make in eagle_heads(TreeShape(3, 8)).items():
+        yield f"{name}-tree", head_target, lambda _, make=make: make(), GreedyVerifier, GREEDY, {"kernels": "fast"}
+
+
+CASES = {case[0]: case for case in cases()}
+
+
+@pytest.mark.parametrize("graphs", ["off", "on"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_proposer_runs_on_a_simulated_gpu_without_mixing_host_and_device(name, graphs):
+    """One sequence and a batch, eager and static steps (graphs: the static step's code, run
+    eagerly here): no operation a GPU would refuse, every tensor of the step on the device, and
+    greedy output equal to the pipeline's plain output."""
+    _, target, proposer, verifier, sampling, options = CASES[name]
+    with simulated_cuda() as refused:
+        pipe = Pipeline(target, proposer(graphs), verifier(), FixedGamma(3), sampling=sampling,
+                        runner=make_runner(target.model, device="cuda", graphs=graphs, **options))
+        assert on_device(pipe.runner.cache.keys[0]) and pipe.runner.step == ("eager" if graphs == "off" else
+                                                                            f"static {options.get('kernels', 'exact')}")
+        runs = [pipe.run(p, max_new_tokens=16, seed=1) for p in PROMPTS]
+        batch = [o.token_ids for o in pipe.generate_batch(PROMPTS, max_new_tokens=16, seed=1)] \
+            if pipe.batch_refusal() is None else None
+        plain = [pipe.run(p, max_new_tokens=16, seed=1, speculative=False).token_ids for p in PROMPTS]
+    assert refused == []
+    assert sum(sum(run.stats.drafted_at) for run in runs) > 0  # the drafts ran
+    if sampling.greedy:
+        assert [run.token_ids for run in runs] == plain
+    assert batch in (None, [run.token_ids for run in runs])
+
+
+@pytest.mark.slow  # the real SmolLM2 (zoo)
+@pytest.mark.parametrize("recipe", ["", "/eagle.yaml", "/eagle3.yaml", "/medusa.yaml"])
+def test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_device(recipe):
+    """The recipes as `gpu_check` runs them (graphs=auto: the static step and graphed drafts on
+    a GPU), speculation forced on (fixed γ, no guard) so every draft path runs: nothing a GPU
+    would refuse, and their greedy outputs are plain's (the static step's `exact`)."""
+    from specpipe.config import compose
+
+    prompt = "Write a Python function that returns the sum of a list of numbers."
+    with simulated_cuda() as refused:
+        pipe = Pipeline.from_config(compose(["device=cuda", f"recipe=recipes/smollm2-135m{recipe}",
+                                             "controller=fixed", "gamma=3", "guard=false"]))
+        run = pipe.run(prompt, max_new_tokens=24)
+        plain = pipe.run(prompt, max_new_tokens=24, speculative=False)
+    assert refused == [] and pipe.runner.step == "static exact"
+    assert sum(run.stats.accepted_at) > 0 and run.token_ids == plain.token_ids  # drafts ran and were kept
