@@ -213,3 +213,23 @@ def simulated_cuda() -> Iterator[list[str]]:
             stack.enter_context(patch)
         stack.enter_context(_Simulation(refused))
         yield refused
+
+
+_RUNNING: list = []
+
+
+def start(report: str) -> None:
+    """The simulation for the rest of this process (a `sitecustomize` starts it in every Python
+    process a script launches, to rehearse benchmarks/gpu_check.sh on the CPU); what a GPU would
+    refuse is appended to the file `report` at exit."""
+    import atexit
+
+    running = simulated_cuda()
+    refused = running.__enter__()
+    _RUNNING.append(running)  # held: a context manager collected would end the simulation
+
+    def write() -> None:
+        with open(report, "a") as out:
+            out.writelines(f"{why}\n" for why in refused)
+
+    atexit.register(write)
