@@ -16,7 +16,8 @@
 #   5. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
 #      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3");
 #   6. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
-#   7. reads back to the host per step; ngram with eager steps and with kernels=fast;
+#   7. reads back to the host and kernel launches outside graphs per step; ngram with eager steps
+#      and with kernels=fast;
 #   8. the aims of the GPU engine, met or not (benchmarks/gpu_report.py --aims).
 # Each result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files
 # (logs and results.json files are packed into more.tar.gz).
@@ -92,7 +93,7 @@ for c in 1 8 32; do
 done
 echo >> "$REPORT"
 
-echo "## Reads back to the host per step (real SmolLM2, $DEVICE)" >> "$REPORT"; started
+echo "## Reads back to the host, and launches outside graphs, per step (real SmolLM2, $DEVICE)" >> "$REPORT"; started
 within 60 python benchmarks/step_reads.py --device "$DEVICE" --model smollm2-135m --tokens 48 \
     --strategy "recipe=recipes/smollm2-135m" --strategy "proposer=ngram gamma=4" \
     --strategy "recipe=recipes/smollm2-135m/eagle3.yaml" \

@@ -390,7 +390,7 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
     captures is an error on a GPU, and a replay would not repeat it), index by a boolean mask,
     draw random numbers or make tensors from host data: every graphed computation (the target's
     static step in both block policies, a draft model's, Medusa's heads, EAGLE and EAGLE-3
-    chains, greedy and sampled, and tree searches) runs here under the host-read counter and the capture-hazard
+    heads' feeds of committed rows, chains, greedy and sampled, and tree searches) runs here under the host-read counter and the capture-hazard
     watch (`decode.syncs.capture_hazards`), and neither sees anything."""
     from specpipe.engine.graphs import Graphs
     from specpipe.verifiers.rejection import RejectionVerifier
@@ -432,7 +432,8 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
         for prompt in prompts:
             tree.run(prompt, max_new_tokens=12)
     assert {kind: (len(counts) > 5, set(counts)) for kind, counts in reads.items()} == {
-        "static step": (True, {0}), "medusa": (True, {0}), "chain": (True, {0}), "tree": (True, {0})}
+        "static step": (True, {0}), "medusa": (True, {0}), "feed": (True, {0}), "chain": (True, {0}),
+        "tree": (True, {0})}
     assert sorted(set(hazards)) == []
 
 
@@ -483,6 +484,43 @@ def test_a_static_step_reads_the_host_once(kernels, device):
     prompts = [REPEATING, PROMPT, [3, 60, 22]]
     counts = reads_per_step(Decoder(pipe, len(prompts)), [Request(p, 12) for p in prompts])
     assert len(counts) > 2 and max(counts) == 1, counts
+
+
+def test_a_graphed_step_launches_a_few_operations_beside_its_graph():
+    """What a step costs the host on a GPU beyond its graphs: a plain graphed step is its graph
+    and a few launches (the inputs' copies, the argmax, the verdict's copy), against one per
+    operation of every layer when eager; an ngram step adds its draft's verify. A change that
+    adds work to every step outside the graphs fails here, on the CPU."""
+    from specpipe.decode.syncs import per_step
+
+    target = tiny_target(seed=0)
+    counts = {}
+    for name, proposer, controller in (("plain", None, None), ("ngram", NgramProposer(), FixedGamma(3))):
+        for graphs in ("off", "on"):
+            pipe = Pipeline(target, proposer, GreedyVerifier(), controller,
+                            runner=make_runner(target.model, graphs=graphs))
+            steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 12)])
+            counts[name, graphs] = max(launches for _, launches in steps[1:])  # the first fills the cache
+    assert counts["plain", "on"] <= 8 and counts["ngram", "on"] <= 25, counts
+    assert counts["plain", "off"] > 6 * counts["plain", "on"], counts  # 2 layers eager: ~60 launches
+
+
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_a_graphed_eagle_step_feeds_and_drafts_in_graphs(head):
+    """An EAGLE or EAGLE-3 step with the target's steps graphed: the head's feed of the rows the
+    last verdict kept, its draft and the target's verify are three graphs, and the step launches
+    few operations beside them (the verdict, the rows' features, the copies in), where the
+    eager head alone launches one per operation of its layer at every feed and draft token."""
+    from specpipe.decode.syncs import per_step
+    from test_eagle3 import target4
+
+    target, make = target4(), eagle_heads()[head]
+    counts = {}
+    for graphs in ("off", "on"):
+        pipe = Pipeline(target, make(), GreedyVerifier(), FixedGamma(3), runner=make_runner(target.model, graphs=graphs))
+        steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 16)])
+        counts[graphs] = sorted(launches for _, launches in steps[1:-1])[-1]  # the first fills, the last is plain
+    assert counts["on"] <= 45 and counts["off"] > 4 * counts["on"], counts
 
 
 def test_exact_static_plans_the_widest_block_and_takes_chains_only():

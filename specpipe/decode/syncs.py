@@ -11,6 +11,10 @@ torch dispatches (a `TorchDispatchMode`) and names those a capturing stream refu
 would repeat wrongly, which no Python-level count sees: a value read inside an operation (a
 boolean mask's indexing, `nonzero`, `unique`), a random draw (a graph replays the captured
 generator's state), a tensor made from host data (its values fixed at capture).
+
+`launches` counts, the same way, the operations that would each launch a kernel on a GPU,
+where a graphed computation is one launch (its replay): what a step costs the host beyond its
+graphs, which on a GPU is ~5-10 µs an operation.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from specpipe.engine.graphs import Graphs
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
@@ -95,15 +101,62 @@ def _no_dropout(func, args, kwargs) -> bool:
     return (args[at] if at < len(args) else kwargs.get("dropout_p", 0.0)) == 0.0
 
 
+# operations that launch no kernel: allocations, metadata, and the host read (`host_reads`' count)
+_NO_KERNEL = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
+              "aten::lift_fresh", "aten::detach", "aten::detach_", "aten::alias", "aten::set_", "aten::resize_",
+              "aten::_local_scalar_dense", "aten::item"}
+
+
+@contextlib.contextmanager
+def launches() -> Iterator[list[str]]:
+    """Every operation the block dispatches that would be a kernel launch on a GPU, by name
+    (views, allocations and metadata aside); each graphed computation (`Graphs.run`) counts as
+    one launch, "graph", whether it is replayed (a GPU) or computed (the CPU)."""
+    seen: list[str] = []
+    watch = _Launches(seen)
+    run = Graphs.run
+
+    def replayed(graphs, key, compute):
+        seen.append("graph")
+        watch.paused = True
+        try:
+            return run(graphs, key, compute)
+        finally:
+            watch.paused = False
+
+    Graphs.run = replayed
+    try:
+        with watch:
+            yield seen
+    finally:
+        Graphs.run = run
+
+
+class _Launches(TorchDispatchMode):
+    def __init__(self, seen: list[str]):
+        super().__init__()
+        self.seen, self.paused = seen, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and not func.is_view and func._schema.name not in _NO_KERNEL:
+            self.seen.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
 def reads_per_step(decoder, requests) -> list[int]:
     """Run `requests` through a `decode.loop.Decoder`, counting the host reads of each step."""
-    counts: list[int] = []
+    return [reads for reads, _ in per_step(decoder, requests)]
+
+
+def per_step(decoder, requests) -> list[tuple[int, int]]:
+    """Run `requests` through a `decode.loop.Decoder`: each step's host reads and launches."""
+    counts: list[tuple[int, int]] = []
     step = decoder._step
 
     def counted(busy):
-        with host_reads() as seen:
+        with host_reads() as seen, launches() as launched:
             events = list(step(busy))
-        counts.append(len(seen))
+        counts.append((len(seen), len(launched)))
         return iter(events)
 
     decoder._step = counted

@@ -105,6 +105,10 @@ class SlotCache:
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    def filled(self, length: int) -> None:
+        """The rows up to `length` were written at their slots (`at`): committed rows, kept."""
+        self.length = length
+
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
 
@@ -130,6 +134,7 @@ class _Slots:
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cache = self.cache
+        cache._allocate(keys, values)  # a row's first rows may come through a graph (the warm-up allocates)
         cache.keys.index_copy_(2, self.slots, keys)
         cache.values.index_copy_(2, self.slots, values)
         return cache.keys, cache.values

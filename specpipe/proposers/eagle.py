@@ -138,7 +138,10 @@ class EagleProposer(RowProposer):
         if state.pending is None:
             return None  # a one-token prompt: no feature yet
         features, tokens = state.pending
-        root = self._feed(features, tokens, _span(state.committed, len(tokens), features.device), state.cache)[-1]
+        if self.graphs is not None and self.graphs.feeds(len(tokens)):
+            root = self.graphs.feed(row, features, tokens, state.committed, self._feed)
+        else:
+            root = self._feed(features, tokens, _span(state.committed, len(tokens), features.device), state.cache)[-1]
         state.committed += len(tokens)  # the guess of the last committed token's feature is `root`
         state.pending = None
         graphed = self.graphs is not None and self.graphs.takes(gamma)

@@ -1,5 +1,6 @@
-"""An EAGLE head's draft as one CUDA graph per (row, γ): a chain, or EAGLE-2's tree
-search (SGLang captures its draft loop the same way).
+"""An EAGLE head's step as CUDA graphs: the feed of the rows a verdict kept, one graph per
+(row, rows kept), then the draft, one per (row, γ): a chain, or EAGLE-2's tree search (SGLang
+captures its draft loop the same way).
 
 Where the target's steps are graphed (`Runner.graphed`), an EAGLE or EAGLE-3 chain of γ tokens
 is γ head forwards and γ top-1s of the draft LM, a tree of depth γ as many block forwards and
@@ -8,8 +9,9 @@ computes. `HeadGraphs` runs a whole draft as one graph over persistent buffers: 
 [H] (the guess of the last committed token's feature), the draft's first slot (a device scalar)
 and a chain's early-stop thresholds [γ]. Each head row is written at its slot of the row's
 `SlotCache` and attends over every slot through a mask built on the device, so no shape depends
-on a length. The committed rows are still fed from the host (a block of any size, rarely twice
-alike); only the draft, the part repeated every step, is graphed. A tree's shape is read back
+on a length. The feed before it writes the committed rows the same way, from buffers of
+`FEED_MAX` rows (its graph's key is how many a verdict kept: at most γ + 1; a longer backlog, a
+prompt's, is fed eagerly). A tree's shape is read back
 after the replay, as the eager search reads it. A sampled chain samples inside its graph from
 race draws made before the replay (`sampling.race_draws`): each row's draws come from its own
 host-seeded generator, which a graph cannot reseed, so the draws go into a buffer the graph
@@ -30,6 +32,8 @@ from specpipe.heads.eagle import SlotCache
 from specpipe.proposers.eagle_tree import TreeSearch
 from specpipe.sampling import race
 
+FEED_MAX = 16  # committed rows a graphed feed takes (more, a prompt's or a long pause's: fed eagerly)
+
 # (features [n, H], tokens [n], positions [n], cache, mask [1, n, capacity]) -> next features [n, H]
 Feed = Callable[..., torch.Tensor]
 # (features [..., H], k) -> (log-probabilities [..., k], token ids [..., k]) of the draft LM's k best
@@ -48,14 +52,17 @@ class Sampled:
 
 
 class _Inputs:
-    """One row's persistent inputs, refilled in place before each draft."""
+    """One row's persistent inputs, refilled in place before each feed and draft."""
 
-    def __init__(self, root: torch.Tensor):
-        self.root = torch.zeros_like(root)  # [H]
-        self.start = torch.zeros((), dtype=torch.long, device=root.device)  # the draft's first slot
-        self.thresholds = torch.zeros(MAX_BLOCK, device=root.device)  # [MAX_BLOCK] stop below, per position
+    def __init__(self, device: torch.device):
+        self.root: torch.Tensor | None = None  # [H] the draft's root, in the head's dtype (at the first draft)
+        self.start = torch.zeros((), dtype=torch.long, device=device)  # the draft's first slot
+        self.thresholds = torch.zeros(MAX_BLOCK, device=device)  # [MAX_BLOCK] stop below, per position
         self.stops: list[float] = []  # the thresholds last copied in (host), so unchanged ones are not copied again
         self.draws: dict[int, torch.Tensor] = {}  # a sampled chain's race draws [γ, V], by γ
+        self.features: torch.Tensor | None = None  # [FEED_MAX, H] committed rows to feed (at the first feed)
+        self.tokens = torch.zeros(FEED_MAX, dtype=torch.long, device=device)  # [FEED_MAX] their tokens
+        self.fed = torch.zeros((), dtype=torch.long, device=device)  # the first one's slot
 
 
 class HeadGraphs:
@@ -75,6 +82,28 @@ class HeadGraphs:
     @property
     def captures(self) -> int:
         return self.graphs.captures
+
+    @staticmethod
+    def feeds(rows: int) -> bool:
+        """Whether `rows` committed rows are fed as a graph (more: eagerly)."""
+        return rows <= FEED_MAX
+
+    def feed(self, row: int, features: torch.Tensor, tokens: torch.Tensor, start: int, feed: Feed) -> torch.Tensor:
+        """The committed rows (features [n, H], tokens [n]) fed to the row's head at slots start,
+        start + 1, ... (the cache's length moves past them) -> the head's guess of the feature
+        after the last [H], the draft's root (the graph's memory: read before the next feed).
+        After a verdict the rows are the tokens it kept, so a row has a graph per count kept."""
+        n = len(tokens)
+        inputs = self._inputs_of(row)
+        if inputs.features is None:
+            inputs.features = features.new_zeros(FEED_MAX, features.shape[-1])
+        inputs.features[:n].copy_(features)
+        inputs.tokens[:n].copy_(tokens)
+        inputs.fed.fill_(start)
+        cache = self._caches[row]
+        root = self.graphs.run(("feed", row, n), lambda: self._feed(inputs, n, cache, feed))
+        cache.filled(start + n)
+        return root
 
     @staticmethod
     def takes(gamma: int) -> bool:
@@ -120,17 +149,32 @@ class HeadGraphs:
         cache = self._caches[row]
         return self.graphs.run(("tree", row, k, depth), lambda: self._tree(inputs, k, depth, cache, feed, top))
 
-    def _refill(self, row: int, root: torch.Tensor, start: int) -> _Inputs:
+    def _inputs_of(self, row: int) -> _Inputs:
         grown = self._caches[row].grown
         if self._grown.setdefault(row, grown) != grown:  # the row's slots are new buffers: capture again
             self.graphs.clear()
             self._grown = {row: cache.grown for row, cache in self._caches.items()}
-        inputs = self._inputs.get(row)
-        if inputs is None:
-            inputs = self._inputs[row] = _Inputs(root)
+        if row not in self._inputs:
+            self._inputs[row] = _Inputs(self.graphs.device)
+        return self._inputs[row]
+
+    def _refill(self, row: int, root: torch.Tensor, start: int) -> _Inputs:
+        inputs = self._inputs_of(row)
+        if inputs.root is None:
+            inputs.root = torch.zeros_like(root)
         inputs.root.copy_(root)
         inputs.start.fill_(start)
         return inputs
+
+    @staticmethod
+    def _feed(inputs: _Inputs, n: int, cache: SlotCache, feed: Feed) -> torch.Tensor:
+        """What a feed's graph captures: n rows at slots fed + [0, n), each attending over the
+        cache's rows before it and itself."""
+        device = inputs.tokens.device
+        every = torch.arange(cache.capacity, device=device)  # [capacity] the cache's slots
+        slots = inputs.fed + torch.arange(n, device=device)  # [n] the rows' slots and positions
+        mask = (every[None] <= slots[:, None])[None]  # [1, n, capacity]
+        return feed(inputs.features[:n], inputs.tokens[:n], slots, cache.at(slots), mask)[-1]
 
     def _chain(self, inputs: _Inputs, gamma: int, cache: SlotCache, feed: Feed, top: Top,
                sampled: Sampled | None, draws: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
