@@ -66,7 +66,8 @@ def cases():
     yield "suffix", target, lambda _: SuffixProposer(RequestCache(8, 16, 4096)), GreedyVerifier, GREEDY, {}
     yield "draft", target, lambda graphs: ModelDrafter(tiny_model(seed=0), GREEDY, device="cuda", graphs=graphs), \
         GreedyVerifier, GREEDY, {}
-    yield "draft-sampled", target, lambda graphs: ModelDrafter(tiny_model(seed=0), SAMPLED, device="cuda", graphs=graphs), \
+    yield "draft-sampled", target, \
+        lambda graphs: ModelDrafter(tiny_model(seed=0), SAMPLED, device="cuda", graphs=graphs), \
         lambda: RejectionVerifier(SAMPLED), SAMPLED, {}
     yield "medusa", target, lambda _: MedusaProposer(random_heads(seed=1), GREEDY), GreedyVerifier, GREEDY, {}
     yield "medusa-typical", target, lambda _: MedusaProposer(random_heads(seed=1), SAMPLED), \

@@ -390,8 +390,9 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
     captures is an error on a GPU, and a replay would not repeat it), index by a boolean mask,
     draw random numbers or make tensors from host data: every graphed computation (the target's
     static step in both block policies, a draft model's, Medusa's heads, EAGLE and EAGLE-3
-    heads' feeds of committed rows, chains, greedy and sampled, and tree searches) runs here under the host-read counter and the capture-hazard
-    watch (`decode.syncs.capture_hazards`), and neither sees anything."""
+    heads' feeds of committed rows, chains, greedy and sampled, and tree searches) runs here
+    under the host-read counter and the capture-hazard watch (`decode.syncs.capture_hazards`),
+    and neither sees anything."""
     from specpipe.engine.graphs import Graphs
     from specpipe.verifiers.rejection import RejectionVerifier
     from test_eagle3 import target4
@@ -517,7 +518,8 @@ def test_a_graphed_eagle_step_feeds_and_drafts_in_graphs(head):
     target, make = target4(), eagle_heads()[head]
     counts = {}
     for graphs in ("off", "on"):
-        pipe = Pipeline(target, make(), GreedyVerifier(), FixedGamma(3), runner=make_runner(target.model, graphs=graphs))
+        pipe = Pipeline(target, make(), GreedyVerifier(), FixedGamma(3),
+                        runner=make_runner(target.model, graphs=graphs))
         steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 16)])
         counts[graphs] = sorted(launches for _, launches in steps[1:-1])[-1]  # the first fills, the last is plain
     assert counts["on"] <= 45 and counts["off"] > 4 * counts["on"], counts

@@ -11,12 +11,12 @@ and a chain's early-stop thresholds [γ]. Each head row is written at its slot o
 `SlotCache` and attends over every slot through a mask built on the device, so no shape depends
 on a length. The feed before it writes the committed rows the same way, from buffers of
 `FEED_MAX` rows (its graph's key is how many a verdict kept: at most γ + 1; a longer backlog, a
-prompt's, is fed eagerly). A tree's shape is read back
-after the replay, as the eager search reads it. A sampled chain samples inside its graph from
-race draws made before the replay (`sampling.race_draws`): each row's draws come from its own
-host-seeded generator, which a graph cannot reseed, so the draws go into a buffer the graph
-reads, the same numbers the eager chain draws. On the CPU the same code runs without capture
-(graphs.py), which is what the tests check.
+prompt's, is fed eagerly). A tree's shape is read back after the replay, as the eager search
+reads it. A sampled chain samples inside its graph from race draws made before the replay
+(`sampling.race_draws`): each row's draws come from its own host-seeded generator, which a
+graph cannot reseed, so the draws go into a buffer the graph reads, the same numbers the eager
+chain draws. On the CPU the same code runs without capture (graphs.py), which is what the tests
+check.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ class _Inputs:
 
 
 class HeadGraphs:
-    """The drafts of every row of one proposer, graphed: `cache(row)` is the row's head cache
-    (one per row for the proposer's life: the graphs write into it), `chain` and `tree` drafts."""
+    """The feeds and drafts of every row of one proposer, graphed: `cache(row)` is the row's
+    head cache (one per row for the proposer's life: the graphs write into it), `feed` the rows
+    a verdict kept, `chain` and `tree` drafts."""
 
     def __init__(self, device: torch.device, capacity: int, top_k: int = 1):
         """capacity: the most positions a row reaches (the target's cache); top_k: a tree's
