@@ -139,6 +139,27 @@ def test_an_eagle_tree_step_reads_its_shape_once(device):
     assert pipe.run(REPEATING, max_new_tokens=12).stats.drafted > 0
 
 
+def test_a_greedy_chain_verdict_from_the_argmax_is_the_general_chain_verdict():
+    """The greedy verifier builds a chain's ids from the argmax alone (fewer launches): for
+    ragged rows whose drafts match the argmax for 0 to all of their columns, its verdict is the
+    one the general chain verdict builds from the kept tokens and the next one."""
+    from specpipe.verifiers.base import chain_verdict, drafted, leading
+
+    torch.manual_seed(0)
+    top = torch.randint(0, 9, (5, 5))  # [B, W + 1] the target's argmax
+    tokens = top[:, :4].clone()
+    for row, wrong in enumerate([0, 1, 3, None, 2]):  # where each row's draft first differs
+        if wrong is not None:
+            tokens[row, wrong] = (top[row, wrong] + 1) % 9
+    draft = DraftBatch(tokens, torch.tensor([4, 4, 4, 4, 1]), (4, 4, 4, 4, 1))
+    logits = torch.nn.functional.one_hot(top, 9).float()
+    verdict = GreedyVerifier().verify(draft, logits, [])
+    num_accepted = leading((top[:, :4] == tokens) & drafted(draft))
+    general = chain_verdict(draft, num_accepted, top.gather(1, num_accepted[:, None])[:, 0])
+    assert verdict.num_accepted.tolist() == [0, 1, 3, 4, 1]
+    assert torch.equal(verdict.ids, general.ids) and torch.equal(verdict.num_draft, general.num_draft)
+
+
 def test_a_plain_steps_verdict_is_the_chain_verdict_without_its_kernels():
     """A step without a draft takes the greedy verifier's short path (the argmax alone): the
     verdict, and its host copy, are what the general chain verdict builds."""
