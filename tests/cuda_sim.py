@@ -7,7 +7,8 @@ so the code takes its GPU branches (pinned copies, CUDA events, device-side gene
 made without a device stay host tensors, as torch makes them. What a GPU refuses is recorded:
 an operation that mixes host tensors with device tensors (a host tensor of one element or
 more; torch lets a 0-dim host tensor in as a scalar, except where it is concatenated), a
-device tensor indexing a host one, a host generator drawing into a device tensor. What the
+device tensor indexing a host one, a host generator drawing into a device tensor, a CPU-only
+kernel (fbgemm's, oneDNN's) given device tensors. What the
 simulation cannot check: kernels, streams and graph capture itself (`Graphs` runs its
 computations eagerly here; tests/test_static.py checks what a capture refuses).
 """
@@ -28,11 +29,12 @@ CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 TAG = "_simulated_cuda"
 
-# Operations that may move data between devices or take host tensors beside device ones.
+# Operations that may move data between devices, take host tensors beside device ones, or read values back.
 MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.copy_, torch.Tensor.__setitem__,
          torch.Tensor.pin_memory, torch.Tensor.is_pinned, torch.Tensor.tolist, torch.Tensor.item,
          torch.Tensor.numpy}
 JOINS = {torch.cat, torch.stack, torch.concat, torch.hstack, torch.vstack}
+CPU_ONLY = ("quantized", "mkldnn", "onednn")  # operator namespaces whose kernels are the CPU's (fbgemm, oneDNN)
 DEVICE = torch.Tensor.device  # its getter is what `tensor.device` dispatches
 
 
@@ -81,6 +83,8 @@ class _Simulation(TorchFunctionMode):
             return
         if device and host:
             self._refuse(func, f"mixes host tensors {[tuple(t.shape) for t in host]} with device tensors")
+        if device and _namespace(func) in CPU_ONLY:
+            self._refuse(func, "a CPU-only kernel on device tensors")
         if generator is not None and device and generator.device.type != "cuda":
             self._refuse(func, "draws into a device tensor from a host generator")
 
@@ -110,6 +114,13 @@ class _Simulation(TorchFunctionMode):
         if func is torch.Tensor.to and on_device(t) and isinstance(out, torch.Tensor):
             _tag(out)  # a dtype change stays on the device
         return out
+
+
+def _namespace(func) -> str:
+    """A `torch.ops.<namespace>.<op>` call's namespace ("" for other functions)."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func.namespace
+    return getattr(func, "_qualified_op_name", "").split("::")[0]
 
 
 def _device_like(a) -> bool:
@@ -170,9 +181,6 @@ class _Generator(_REAL_GENERATOR):
 
     def __new__(cls, device=None):
         return _DeviceGenerator() if _is_cuda(device) else _REAL_GENERATOR(*([] if device is None else [device]))
-
-
-_REAL_GENERATOR = torch.Generator
 
 
 def _eager_graphs(init):

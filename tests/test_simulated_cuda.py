@@ -1,7 +1,8 @@
 """`device=cuda` on a simulated CUDA device (tests/cuda_sim.py): the GPU code paths run here.
 
-A GPU refuses an operation that mixes host and device tensors, and such a bug shows only on a
-GPU (the first GPU run of this project crashed on one). The simulation runs the code's GPU
+A GPU refuses an operation that mixes host and device tensors or runs a CPU-only kernel, and
+such a bug shows only on a GPU (the first GPU run of this project crashed on fbgemm's fp16
+packing of a head's LM-head rows). The simulation runs the code's GPU
 branches on the CPU, with every tensor tagged by where a GPU would hold it, and records each
 operation a GPU would refuse. Every proposer, verifier and step (eager and static) runs here
 with `device=cuda`, the shipped recipes too, and none is refused; each greedy output is the
@@ -52,9 +53,11 @@ def test_the_simulation_refuses_what_a_gpu_refuses_and_passes_what_it_takes():
         host[device.long()]
         torch.empty_like(device).exponential_(1, generator=torch.Generator().manual_seed(0))
         torch.cat([device, torch.tensor(1.0)[None]])
+        torch.ops.quantized.linear_prepack_fp16(moved.weight, None)
     assert [why.split(": ", 1)[1] for why in refused] == [
         "mixes host tensors [(3,)] with device tensors", "indexes a host tensor by device indices",
-        "draws into a device tensor from a host generator", "mixes host tensors [(1,)] with device tensors"]
+        "draws into a device tensor from a host generator", "mixes host tensors [(1,)] with device tensors",
+        "a CPU-only kernel on device tensors"]
 
 
 def cases():
