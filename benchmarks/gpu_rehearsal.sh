@@ -2,9 +2,10 @@
 # benchmarks/gpu_check.sh rehearsed on the CPU, on a simulated CUDA device (tests/cuda_sim.py):
 # every part takes its device=cuda branches, and each operation a GPU would refuse (host and
 # device tensors mixed, a host tensor indexed by device indices, a host generator drawing into a
-# device tensor) is counted at the end. Run it before spending GPU time on a change. It cannot
-# show timings, kernels or graph capture (graphed computations run eagerly), the profiler's CUDA
-# activity (step_profile.py is cut), or host reads per step (the simulation counts each twice).
+# device tensor, a CPU-only kernel) is counted at the end. Run it before spending GPU time on a
+# change. It cannot show timings, kernels or graph capture (graphed computations run eagerly),
+# the profiler's CUDA activity (step_profile.py is cut), or host reads per step (the simulation
+# counts each twice).
 #   OUT=gpu-rehearsal bash benchmarks/gpu_rehearsal.sh      (TOKENS=16 and BUDGET=1500 by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
