@@ -501,9 +501,29 @@ def test_a_graphed_step_launches_a_few_operations_beside_its_graph():
             pipe = Pipeline(target, proposer, GreedyVerifier(), controller,
                             runner=make_runner(target.model, graphs=graphs))
             steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 12)])
-            counts[name, graphs] = max(launches for _, launches in steps[1:])  # the first fills the cache
+            counts[name, graphs] = max(count.launches for count in steps[1:])  # the first fills the cache
     assert counts["plain", "on"] <= 8 and counts["ngram", "on"] <= 25, counts
     assert counts["plain", "off"] > 6 * counts["plain", "on"], counts  # 2 layers eager: ~60 launches
+
+
+def test_a_graphed_step_runs_nineteen_kernels_a_layer():
+    """What a replay costs the device: on a small model each kernel is ~1.3-2.8 µs on a GPU
+    however it is launched, so the static step's operations a layer bound its speed. In bf16
+    (a GPU's precision) a layer is 19: two norms, four matmuls, rotary as four (in the
+    activations' dtype, no casts), two cache writes, the queries' and the output's regrouping,
+    attention, the gate's two, two residual adds. A change that adds one to every layer fails
+    here; the 2-layer and 4-layer steps differ by exactly two layers' worth."""
+    from specpipe.decode.syncs import per_step
+
+    inside = {}
+    for layers in (2, 4):
+        model = tiny_model(0, layers=layers)
+        pipe = Pipeline(tiny_target(), NgramProposer(), GreedyVerifier(), FixedGamma(4),
+                        runner=make_runner(model, precision="bf16", graphs="on"))
+        steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 6)])  # exact: every step a 5-token block
+        inside[layers] = max(count.inside for count in steps[1:])  # the first fills the cache
+    assert inside[4] - inside[2] == 2 * 19, inside
+    assert inside[2] - 2 * 19 <= 25, inside  # the step's own: mask, positions, embedding, head
 
 
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])
@@ -521,7 +541,7 @@ def test_a_graphed_eagle_step_feeds_and_drafts_in_graphs(head):
         pipe = Pipeline(target, make(), GreedyVerifier(), FixedGamma(3),
                         runner=make_runner(target.model, graphs=graphs))
         steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 16)])
-        counts[graphs] = sorted(launches for _, launches in steps[1:-1])[-1]  # the first fills, the last is plain
+        counts[graphs] = sorted(count.launches for count in steps[1:-1])[-1]  # the first fills, the last is plain
     assert counts["on"] <= 45 and counts["off"] > 4 * counts["on"], counts
 
 

@@ -20,7 +20,7 @@ graphs, which on a GPU is ~5-10 µs an operation.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -103,26 +103,30 @@ def _no_dropout(func, args, kwargs) -> bool:
 
 # operations that launch no kernel: allocations, metadata, and the host read (`host_reads`' count)
 _NO_KERNEL = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
-              "aten::lift_fresh", "aten::detach", "aten::detach_", "aten::alias", "aten::set_", "aten::resize_",
-              "aten::_local_scalar_dense", "aten::item"}
+              "aten::lift_fresh", "aten::_unsafe_view", "aten::detach", "aten::detach_", "aten::alias", "aten::set_",
+              "aten::resize_", "aten::_local_scalar_dense", "aten::item"}
 
 
 @contextlib.contextmanager
-def launches() -> Iterator[list[str]]:
+def launches(inside: list[str] | None = None) -> Iterator[list[str]]:
     """Every operation the block dispatches that would be a kernel launch on a GPU, by name
     (views, allocations and metadata aside); each graphed computation (`Graphs.run`) counts as
-    one launch, "graph", whether it is replayed (a GPU) or computed (the CPU)."""
+    one launch, "graph", whether it is replayed (a GPU) or computed (the CPU). `inside`, if
+    given, gets the operations computed inside the graphs: the kernels each replay runs (on the
+    CPU only, where the computations run; a GPU's replay dispatches nothing)."""
     seen: list[str] = []
     watch = _Launches(seen)
     run = Graphs.run
 
     def replayed(graphs, key, compute):
-        seen.append("graph")
-        watch.paused = True
+        outer = watch.into
+        if outer is seen:  # a graph run inside another graph's computation is a part of it
+            seen.append("graph")
+            watch.into = inside
         try:
             return run(graphs, key, compute)
         finally:
-            watch.paused = False
+            watch.into = outer
 
     Graphs.run = replayed
     try:
@@ -135,28 +139,49 @@ def launches() -> Iterator[list[str]]:
 class _Launches(TorchDispatchMode):
     def __init__(self, seen: list[str]):
         super().__init__()
-        self.seen, self.paused = seen, False
+        self.into: list[str] | None = seen  # where an operation is counted (None: not counted)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.paused and not func.is_view and func._schema.name not in _NO_KERNEL:
-            self.seen.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.into is not None and func._schema.name not in _NO_KERNEL and not _aliases(func, args, out):
+            self.into.append(func._schema.name)
+        return out
+
+
+def _aliases(func, args, out) -> bool:
+    """Whether `func` returned a view of its input (no kernel). Under `inference_mode` the mode
+    sees composite ops whole (`to`, `reshape`, `contiguous`): their schema says "may alias", yet
+    they copy whenever the input's dtype or layout asks for it, so the output decides."""
+    if not func.is_view:
+        return False
+    first, result = args[0] if args else None, out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(first, torch.Tensor) or not isinstance(result, torch.Tensor):
+        return True
+    return result.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+
+
+class StepCount(NamedTuple):
+    reads: int  # reads back to the host
+    launches: int  # kernel launches outside graphs (a graph's replay is one)
+    inside: int  # operations computed inside the step's graphs (on the CPU; 0 where replayed)
 
 
 def reads_per_step(decoder, requests) -> list[int]:
     """Run `requests` through a `decode.loop.Decoder`, counting the host reads of each step."""
-    return [reads for reads, _ in per_step(decoder, requests)]
+    return [count.reads for count in per_step(decoder, requests)]
 
 
-def per_step(decoder, requests) -> list[tuple[int, int]]:
-    """Run `requests` through a `decode.loop.Decoder`: each step's host reads and launches."""
-    counts: list[tuple[int, int]] = []
+def per_step(decoder, requests) -> list[StepCount]:
+    """Run `requests` through a `decode.loop.Decoder`: each step's host reads, launches outside
+    graphs and operations inside them."""
+    counts: list[StepCount] = []
     step = decoder._step
 
     def counted(busy):
-        with host_reads() as seen, launches() as launched:
+        inside: list[str] = []
+        with host_reads() as seen, launches(inside) as launched:
             events = list(step(busy))
-        counts.append((len(seen), len(launched)))
+        counts.append(StepCount(len(seen), len(launched), len(inside)))
         return iter(events)
 
     decoder._step = counted

@@ -132,7 +132,7 @@ class NativeLM:
         self.norm = decoder.norm.weight.detach().to(self.dtype)
         head = model.get_output_embeddings()
         self.head = linear_kernel(dense_weight(head, _float(head)), None, mode, self.dtype)
-        self.cos, self.sin = _rope_tables(decoder.rotary_emb, max_len, self.head_dim, base)  # [max_len, D]
+        self.cos, self.sin = _rope_tables(decoder.rotary_emb, max_len, self.head_dim, base, self.dtype)  # [max_len, D]
         self.max_len = max_len
         if self.device.type != "cpu":
             self._to_device()
@@ -203,7 +203,7 @@ class NativeLM:
             h = F.rms_norm(x, (self.hidden_size,), layer.norm1, self.eps)
             qkv = layer.wqkv.matmul(h)  # [T, (heads + 2 kv heads) * D]
             qk = _rotate(qkv[:, : q_width + kv_width].view(batch * n, self.heads + self.kv_heads, self.head_dim),
-                         cos, sin).to(self.dtype)  # [T, heads + kv heads, D]
+                         cos, sin)  # [T, heads + kv heads, D]
             k_cache, v_cache = keys[index], values[index]  # [B, kv heads, capacity, D]
             k = qk[:, self.heads :].view(batch, n, self.kv_heads, self.head_dim)
             v = qkv[:, q_width + kv_width :].view(batch, n, self.kv_heads, self.head_dim)
@@ -307,18 +307,27 @@ def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form, in the tables' dtype: float32 or wider) of x [T, heads, D]."""
-    x = x.to(cos.dtype)
+    """Rotary embedding (rotate-half form) of x [T, heads, D] -> [T, heads, D] in x's dtype,
+    computed in the tables' (`_rope_tables`). `sin` is signed: its first half negated, so
+    rotate-half's `cat([-x2, x1]) * sin` is `cat([x2, x1]) * sin` here, the same bits (a sign
+    flip is exact) one kernel fewer a layer."""
     x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    return (x.to(cos.dtype) * cos + torch.cat([x2, x1], -1).to(cos.dtype) * sin).to(x.dtype)
 
 
-def _rope_tables(rotary: torch.nn.Module, length: int, head_dim: int,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(rotary: torch.nn.Module, length: int, head_dim: int, dtype: torch.dtype,
+                 activations: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, signed sin [length, D] (see `_rotate`), in the activations' dtype where it is a half
+    precision, as transformers applies rotary (its tables computed in float32, then rounded to
+    the activations' dtype): on bf16 the rotation is then two casts a layer cheaper and the same
+    arithmetic as transformers' own bf16 forward. Wider activations get float32 or wider tables."""
     dtype = torch.promote_types(dtype, torch.float32)
     with torch.no_grad():  # [1, length, D], the model's attention scaling included
         cos, sin = rotary(torch.zeros(1, 1, head_dim, dtype=dtype), torch.arange(length)[None])
-    return cos[0].to(dtype), sin[0].to(dtype)
+    cos, sin = cos[0], sin[0].clone()
+    sin[:, : head_dim // 2] *= -1
+    table = activations if activations in (torch.bfloat16, torch.float16) else dtype
+    return cos.to(table), sin.to(table)
 
 
 def _float(module: torch.nn.Module) -> torch.dtype:
