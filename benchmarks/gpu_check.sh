@@ -11,6 +11,7 @@
 #   3. the engine table on random-weight shapes (SmolLM2-135M, Qwen2.5-Coder 0.5B and 1.5B:
 #      the draft pair's costs): ms per forward at k = 1, 2, 5, 9, 16 and plain tok/s, eager,
 #      static exact, static fast;
+#      then the SmolLM2 shape with its decoder stack compiled (torch.compile) inside the graphs;
 #   4. the torch profiler over one generation (plain eager, plain graphed, the recipe, EAGLE-3):
 #      device busy and idle time, kernels, graph launches and copies a step;
 #   5. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
@@ -69,6 +70,18 @@ within 120 python benchmarks/engine.py --device "$DEVICE" --random-weights \
     --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
     --configs native:bf16 native:bf16+graphs@5 native:bf16+graphs+fast@16 --prompts 1 --tokens 64 \
     --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
+echo >> "$REPORT"; packed
+
+# inductor fuses a layer's pointwise work (norms, rotary, the gate, residual adds) into the
+# matmuls' neighbours: ~10 kernels a layer where the eager stack launches 17-19 (its first
+# call compiles, within each row's first-call time; both calls share the on-disk cache)
+echo "## Engine, decoder stack compiled inside the graphs (SmolLM2-135M shape, random weights)" >> "$REPORT"
+started
+for config in native:bf16+compile+graphs@5 native:bf16+compile+graphs+fast@16; do
+  within 100 python benchmarks/engine.py --device "$DEVICE" --random-weights --models smollm2-135m \
+      --configs "$config" --prompts 1 --tokens 64 --out "$MORE/engine-${config//[^a-z0-9]/-}.json" \
+      2>> "$MORE/engine.log" | tail -n +3 >> "$REPORT"
+done
 echo >> "$REPORT"; packed
 
 echo "## Where a step's time goes (real SmolLM2, torch profiler)" >> "$REPORT"; started
