@@ -6,7 +6,11 @@ graph, so what this measures on the CPU is what a GPU step pays beside its kerne
     python benchmarks/host_overhead.py --tokens 200 --repeats 7
 
 Prints, for eager steps (`graphs=off`) and static steps (`graphs=on`), the best and median ms
-a step over the repeats, and the eager forward alone. One thread; run it alone on the machine.
+a step over the repeats, and the eager forward alone. Then, for graphed steps of plain, ngram
+and suffix decoding (γ 4, a repeating prompt), the host ms a step outside the graphed
+computations (the step's wall time less the time inside `Graphs.run`): on a GPU the device
+waits for much of it between a step's read of the verdict and the next step's replay, the
+proposer's search included. One thread; run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -19,9 +23,13 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specpipe.controllers.fixed import FixedGamma
 from specpipe.engine import make_runner
+from specpipe.engine.graphs import Graphs
 from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline
+from specpipe.proposers.ngram import NgramProposer
+from specpipe.proposers.suffix import build as suffix
 from specpipe.verifiers.greedy import GreedyVerifier
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -62,6 +70,38 @@ def main() -> None:
         runner.forward(block)
         runner.commit([1])
     print(f"the eager forward alone: {(time.perf_counter() - started) / args.tokens * 1000:.3f} ms")
+    for name, proposer in (("plain", None), ("ngram", NgramProposer()), ("suffix", suffix(context=None))):
+        best, median, steps = outside_graphs(target, proposer, args)
+        print(f"{name}, graphs=on: {best:.3f} ms a step outside graphs (median {median:.3f}, {steps} steps)")
+
+
+def outside_graphs(target: LoadedModel, proposer, args) -> tuple[float, float, int]:
+    """(best, median) host ms a step outside `Graphs.run` over the repeats, and the steps."""
+    inside = [0.0]
+    run = Graphs.run
+
+    def timed(graphs, key, compute):
+        started = time.perf_counter()
+        try:
+            return run(graphs, key, compute)
+        finally:
+            inside[0] += time.perf_counter() - started
+
+    pipe = Pipeline(target, proposer, GreedyVerifier(), FixedGamma(4) if proposer else None,
+                    runner=make_runner(target.model, graphs="on"))
+    prompt = PROMPT * 4  # repeats: the proposers find matches
+    Graphs.run = timed
+    try:
+        pipe.run(prompt, max_new_tokens=50)  # warm-up
+        per_step = []
+        for _ in range(args.repeats):
+            inside[0] = 0.0
+            started = time.perf_counter()
+            stats = pipe.run(prompt, max_new_tokens=args.tokens).stats
+            per_step.append((time.perf_counter() - started - inside[0]) / stats.steps * 1000)
+    finally:
+        Graphs.run = run
+    return min(per_step), statistics.median(per_step), stats.steps
 
 
 if __name__ == "__main__":

@@ -100,6 +100,74 @@ def test_a_long_match_earns_a_long_draft():
     assert suffix.propose_row(0, one_row(short), 16).tokens.tolist() == [4, 5]  # match 2 -> 2 tokens
 
 
+def exhaustive(suffix, row: int, committed: list[int], gamma: int, branch: bool) -> tuple[list[int], list[int]]:
+    """The search by its definition, for `propose_row` to match: every match length of both
+    trees (walked from the root), each grown best first from a heap, the highest score kept
+    (ties: the local tree's, then the longer match's)."""
+    import heapq
+    import itertools
+
+    def heap_grow(tree, node, limit):
+        tokens, parents, score, frontier, tie = [], [], 0.0, [], itertools.count()
+
+        def offer(at, reach, index):
+            children, total = tree.children[at], tree.count[at]
+            ranked = sorted(children.items(), key=lambda item: -tree.count[item[1]])  # stable: first seen wins ties
+            for token, child in ranked if branch else ranked[:1]:
+                prob = reach * tree.count[child] / total
+                if prob >= suffix.min_prob:
+                    heapq.heappush(frontier, (-prob, next(tie), token, child, index))
+
+        offer(node, 1.0, -1)
+        while frontier and len(tokens) < limit:
+            prob, _, token, child, parent = heapq.heappop(frontier)
+            tokens.append(token)
+            parents.append(parent)
+            score -= prob
+            offer(child, -prob, len(tokens) - 1)
+        return tokens, parents, score
+
+    context = committed[-suffix.cache.tree.depth:]
+    best, source = ([], [], 0.0), None
+    for tree in (suffix.local[row].tree, suffix.cache.tree):
+        for node, length in tree.matches(context):
+            limit = min(gamma, int(length * suffix.factor + suffix.offset + 1e-6))
+            grown = heap_grow(tree, node, limit)
+            if grown[2] > best[2] or (grown[2] == best[2] and source is tree):
+                best, source = grown, tree
+    return best[0], best[1]
+
+
+@pytest.mark.parametrize("branch", [True, False])
+@pytest.mark.parametrize("options", [{}, {"max_spec_factor": 0.5, "max_spec_offset": 1.0}, {"min_token_prob": 0.0},
+                                     {"max_spec_factor": 0.0, "max_spec_offset": 3.0}])
+def test_the_search_drafts_what_trying_every_match_drafts(options, branch):
+    """The search tries the longest match first and stops where no shorter match could score
+    more (a draft scores at most its length), reads the local tree's matches off its open
+    suffixes, and grows a chain without a heap: the drafts are the exhaustive search's, over
+    texts that repeat at every scale and a global tree of earlier requests."""
+    generator = torch.Generator().manual_seed(0)
+    suffix = proposer(max_depth=8, **options)
+    steps = trees = 0
+    for request in range(6):
+        motif = torch.randint(2, 9, (int(torch.randint(2, 7, (1,), generator=generator)),), generator=generator)
+        text = torch.randint(2, 9, (5,), generator=generator).tolist()
+        suffix.prefill(0, text, None)
+        for _ in range(60):  # the motif, or a random token now and then
+            noisy = torch.rand(1, generator=generator).item() < 0.2
+            text.append(int(torch.randint(2, 9, (1,), generator=generator)) if noisy else int(motif[len(text) % len(motif)]))
+            for gamma in (1, 4, 12):
+                draft = suffix.propose_row(0, one_row(text, trees=branch), gamma)
+                tokens, parents = exhaustive(suffix, 0, text, gamma, branch)
+                chain = None if draft is None else list(range(-1, len(draft.tokens) - 1))
+                got = ([], []) if draft is None else (draft.tokens.tolist(), list(getattr(draft, "parents", chain)))
+                assert got == (tokens, parents), (request, len(text), gamma)
+                steps += bool(tokens)
+                trees += isinstance(draft, DraftTree)
+        suffix.release(0, text)
+    assert steps > 500 and (trees > 50) == branch, (steps, trees)  # most steps draft, many of them trees
+
+
 VERIFIERS = {"greedy": GreedyVerifier, "typical": lambda: TypicalVerifier(GREEDY),
              "rejection": lambda: RejectionVerifier(GREEDY)}  # rejection: chains (the proposer is told)
 

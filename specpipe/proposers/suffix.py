@@ -137,6 +137,8 @@ def grow(tree: SuffixTree, node: int, limit: int, min_prob: float, branch: bool)
     parent's times count(child) / count(parent), so occurrences that end the text count against
     every continuation), none below `min_prob`. Without `branch`, a chain: only the most frequent
     child at each node (ties: the first seen)."""
+    if not branch:
+        return _chain(tree, node, limit, min_prob)
     tokens, parents, score, tie = [], [], 0.0, itertools.count()
     frontier: list = []  # heap of (-probability, tie, token, node, parent index)
 
@@ -163,6 +165,25 @@ def grow(tree: SuffixTree, node: int, limit: int, min_prob: float, branch: bool)
         score -= prob
         offer(child, -prob, len(tokens) - 1)
     return Speculation(tokens, parents, score, node)
+
+
+def _chain(tree: SuffixTree, node: int, limit: int, min_prob: float) -> Speculation:
+    """`grow` without branching: its frontier never holds more than one node, so a walk down the
+    most frequent child does the same arithmetic (in the same order) without the heap."""
+    children, count = tree.children, tree.count
+    tokens, score, reach, at = [], 0.0, 1.0, node
+    while len(tokens) < limit and children[at]:
+        if len(children[at]) == 1:  # a long match's usual case
+            (token, child), = children[at].items()
+        else:
+            token, child = max(children[at].items(), key=lambda item: count[item[1]])
+        prob = reach * count[child] / count[at]
+        if prob < min_prob:
+            break
+        tokens.append(token)
+        score += prob
+        reach, at = prob, child
+    return Speculation(tokens, list(range(-1, len(tokens) - 1)), score, node)
 
 
 class RequestCache:
@@ -234,12 +255,17 @@ class SuffixProposer(RowProposer):
         local.open = local.tree.extend(local.open, committed[local.seen:])  # what was committed since
         local.seen = len(committed)
         context = committed[-local.tree.depth:]
+        # the local tree holds every suffix of the text: its open suffixes are its matches
+        own = [(local.open[length], length) for length in range(1, len(context))]
         best, source = NOTHING, None
-        for tree in (local.tree, self.cache.tree):  # the local tree first: it wins ties
-            for node, length in tree.matches(context):  # every match length; ties: the longer
+        for tree, found in ((local.tree, own), (self.cache.tree, list(self.cache.tree.matches(context)))):
+            for node, length in reversed(found):  # every match length, the longest first: it wins ties
+                # (and the local tree's draft wins a tie with the global one's: it comes first)
                 limit = min(gamma, int(length * self.factor + self.offset + 1e-6))
+                if limit <= best.score:  # a draft scores at most its length, and shorter matches earn no longer
+                    break
                 speculation = grow(tree, node, limit, self.min_prob, self.trees and rows.trees)
-                if speculation.score > best.score or (speculation.score == best.score and source is tree):
+                if speculation.score > best.score:
                     best, source = speculation, tree
         if source is self.cache.tree:
             self.cache.touch(self.cache.tree.last[best.node])
