@@ -290,8 +290,8 @@ class CountingLookup(NgramProposer):
 
     found = 0
 
-    def lookup(self, committed, gamma):
-        block = super().lookup(committed, gamma)
+    def lookup(self, committed, gamma, row=None):
+        block = super().lookup(committed, gamma, row)
         self.found += block is not None
         return block
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from conftest import PROMPT, tiny_model, tiny_target
 from specpipe.controllers.band import BandGamma
@@ -120,6 +121,27 @@ def test_ngram_drafts_from_the_context():
     got = pipe.run(REPEATING, max_new_tokens=30)
     assert got.token_ids == plain(target, REPEATING, 30).token_ids
     assert got.stats.drafted > 0  # it found matches and the target verified them
+
+
+@pytest.mark.parametrize("sizes", [(1, 3), (2, 4), (3, 3)])
+def test_ngram_index_drafts_what_the_scan_drafts(sizes):
+    """A row's n-gram index, grown by each step's new tokens (several at once, as a verdict
+    keeps them), drafts at every step what scanning the whole text drafts."""
+    generator = torch.Generator().manual_seed(1)
+    lookup = NgramProposer(ngram_min=sizes[0], ngram_max=sizes[1])
+    drafted = 0
+    for _ in range(4):  # requests in the same row
+        text = torch.randint(2, 7, (3,), generator=generator).tolist()
+        lookup.prefill(0, text)
+        while len(text) < 150:
+            for gamma in (1, 4):
+                indexed, scanned = lookup.lookup(text, gamma, row=0), lookup.lookup(text, gamma)
+                assert (indexed is None) == (scanned is None) and (
+                    indexed is None or indexed.tokens.tolist() == scanned.tokens.tolist()), len(text)
+                drafted += indexed is not None
+            text += torch.randint(2, 7, (int(torch.randint(1, 4, (1,), generator=generator)),),
+                                  generator=generator).tolist()
+    assert drafted > 200  # of ~600 lookups: most find a match
 
 
 CONTROLLERS = {

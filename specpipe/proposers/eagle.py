@@ -113,6 +113,8 @@ class EagleProposer(RowProposer):
         if out is not None:
             pending = (self._features(out, 0), torch.tensor(prompt[1:], dtype=torch.long).to(out.logits.device))
         self.rows[row] = _HeadRow(pending, None if self.graphs is None else self.graphs.cache(row))
+        if self.lookup is not None:
+            self.lookup.prefill(row, prompt)
 
     @torch.inference_mode()
     def fill(self, rows: Rows, gammas: list[int]) -> None:
@@ -131,7 +133,7 @@ class EagleProposer(RowProposer):
     @torch.inference_mode()
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
         if self.lookup is not None:
-            copied = self.lookup.lookup(rows.tokens[row], gamma)
+            copied = self.lookup.lookup(rows.tokens[row], gamma, row)
             if copied is not None:
                 return copied  # the head's pending rows wait for its next draft
         state = self.rows[row]

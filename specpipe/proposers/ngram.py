@@ -26,19 +26,58 @@ class NgramProposer(RowProposer):
             )
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        self.index: dict[int, _Index] = {}  # per row: its text's n-grams, kept up to date step by step
+
+    def prefill(self, row: int, prompt: list[int], out=None) -> None:
+        self.index[row] = _Index(range(self.ngram_min, self.ngram_max + 1))
+
+    def release(self, row: int, tokens: list[int]) -> None:
+        self.index.pop(row, None)
 
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | None:
-        return self.lookup(rows.tokens[row], gamma)
+        return self.lookup(rows.tokens[row], gamma, row)
 
-    def lookup(self, committed: list[int], gamma: int) -> DraftBlock | None:
+    def lookup(self, committed: list[int], gamma: int, row: int | None = None) -> DraftBlock | None:
         """What followed the latest earlier occurrence of the text's last n tokens (n from
-        ngram_max down), at most γ tokens; None where nothing matches. Host work only."""
+        ngram_max down), at most γ tokens; None where nothing matches. Host work only. With the
+        `row` of a request this proposer was told of (`prefill`), from the row's index of its
+        n-grams (each step adds its new tokens' n-grams: constant work however long the text),
+        else by scanning the text."""
+        index = self.index.get(row) if row is not None else None
+        if index is not None:
+            start, n = index.find(committed)
+            return None if start is None else DraftBlock(torch.tensor(committed[start + n : start + n + gamma]))
         tokens = np.asarray(committed, dtype=np.int64)  # [L]
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             start = _last_match(tokens, n)
             if start is not None:
                 return DraftBlock(torch.from_numpy(tokens[start + n : start + n + gamma].copy()))
         return None
+
+
+class _Index:
+    """The latest start of every n-gram of a text that has a successor (n in `sizes`), as the
+    text grows: what `_last_match` finds by a scan, without one."""
+
+    def __init__(self, sizes: range):
+        self.sizes = sizes
+        self.latest: dict[tuple[int, ...], int] = {}
+        self.seen = 0  # tokens of the text indexed
+
+    def find(self, tokens: list[int]) -> tuple[int | None, int]:
+        """(start, n) of the latest earlier occurrence of the text's last n tokens, the longest
+        n first; (None, 0) where none has."""
+        for end in range(self.seen + 1, len(tokens)):  # tokens[end] follows the n-grams ending before it
+            for n in self.sizes:
+                if end >= n:
+                    self.latest[tuple(tokens[end - n : end])] = end - n
+        self.seen = max(self.seen, len(tokens) - 1)
+        for n in reversed(self.sizes):
+            if n < len(tokens):
+                start = self.latest.get(tuple(tokens[-n:]))
+                if start is not None:
+                    return start, n
+        return None, 0
 
 
 def _last_match(tokens: np.ndarray, n: int) -> int | None:
