@@ -8,9 +8,10 @@ graph, so what this measures on the CPU is what a GPU step pays beside its kerne
 Prints, for eager steps (`graphs=off`) and static steps (`graphs=on`), the best and median ms
 a step over the repeats, and the eager forward alone. Then, for graphed steps of plain, ngram
 and suffix decoding (γ 4, a repeating prompt), the host ms a step outside the graphed
-computations (the step's wall time less the time inside `Graphs.run`): on a GPU the device
-waits for much of it between a step's read of the verdict and the next step's replay, the
-proposer's search included. One thread; run it alone on the machine.
+computations (the step's wall time less the time inside `Graphs.run`), and the median span
+from a step's read of its verdict to the next step's first replay: on a GPU the device waits
+through that span (the commit, the tokens' emission, the proposer's search, the buffers'
+fill). One thread; run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.proposers.suffix import build as suffix
+from specpipe.types import Verdict
 from specpipe.verifiers.greedy import GreedyVerifier
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -71,37 +73,48 @@ def main() -> None:
         runner.commit([1])
     print(f"the eager forward alone: {(time.perf_counter() - started) / args.tokens * 1000:.3f} ms")
     for name, proposer in (("plain", None), ("ngram", NgramProposer()), ("suffix", suffix(context=None))):
-        best, median, steps = outside_graphs(target, proposer, args)
-        print(f"{name}, graphs=on: {best:.3f} ms a step outside graphs (median {median:.3f}, {steps} steps)")
+        best, median, steps, span = outside_graphs(target, proposer, args)
+        print(f"{name}, graphs=on: {best:.3f} ms a step outside graphs (median {median:.3f}, {steps} steps); "
+              f"{span:.3f} ms from the verdict's read to the next replay (median)")
 
 
-def outside_graphs(target: LoadedModel, proposer, args) -> tuple[float, float, int]:
-    """(best, median) host ms a step outside `Graphs.run` over the repeats, and the steps."""
-    inside = [0.0]
-    run = Graphs.run
+def outside_graphs(target: LoadedModel, proposer, args) -> tuple[float, float, int, float]:
+    """(best, median) host ms a step outside `Graphs.run` over the repeats, the steps, and the
+    median ms from a verdict's read (`Verdict.to_host`) to the next `Graphs.run`."""
+    inside, read, spans = [0.0], [None], []
+    run, to_host = Graphs.run, Verdict.to_host
 
     def timed(graphs, key, compute):
         started = time.perf_counter()
+        if read[0] is not None:
+            spans.append(started - read[0])
+            read[0] = None
         try:
             return run(graphs, key, compute)
         finally:
             inside[0] += time.perf_counter() - started
 
+    def reading(verdict):
+        host = to_host(verdict)
+        read[0] = time.perf_counter()
+        return host
+
     pipe = Pipeline(target, proposer, GreedyVerifier(), FixedGamma(4) if proposer else None,
                     runner=make_runner(target.model, graphs="on"))
     prompt = PROMPT * 4  # repeats: the proposers find matches
-    Graphs.run = timed
+    Graphs.run, Verdict.to_host = timed, reading
     try:
         pipe.run(prompt, max_new_tokens=50)  # warm-up
         per_step = []
+        spans.clear()
         for _ in range(args.repeats):
-            inside[0] = 0.0
+            inside[0], read[0] = 0.0, None
             started = time.perf_counter()
             stats = pipe.run(prompt, max_new_tokens=args.tokens).stats
             per_step.append((time.perf_counter() - started - inside[0]) / stats.steps * 1000)
     finally:
-        Graphs.run = run
-    return min(per_step), statistics.median(per_step), stats.steps
+        Graphs.run, Verdict.to_host = run, to_host
+    return min(per_step), statistics.median(per_step), stats.steps, statistics.median(spans) * 1000
 
 
 if __name__ == "__main__":
