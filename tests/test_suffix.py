@@ -102,29 +102,27 @@ def test_a_long_match_earns_a_long_draft():
 
 def exhaustive(suffix, row: int, committed: list[int], gamma: int, branch: bool) -> tuple[list[int], list[int]]:
     """The search by its definition, for `propose_row` to match: every match length of both
-    trees (walked from the root), each grown best first from a heap, the highest score kept
+    trees (walked from the root), each grown most probable first, the highest score kept
     (ties: the local tree's, then the longer match's)."""
-    import heapq
-    import itertools
-
-    def heap_grow(tree, node, limit):
-        tokens, parents, score, frontier, tie = [], [], 0.0, [], itertools.count()
+    def by_definition(tree, node, limit):  # the most probable offered continuation next, over and over
+        tokens, parents, score, offered = [], [], 0.0, []  # offered: (probability, order, token, node, parent)
+        order = iter(range(10**9))
 
         def offer(at, reach, index):
-            children, total = tree.children[at], tree.count[at]
-            ranked = sorted(children.items(), key=lambda item: -tree.count[item[1]])  # stable: first seen wins ties
+            ranked = sorted(tree.children[at].items(), key=lambda item: -tree.count[item[1]])  # stable
             for token, child in ranked if branch else ranked[:1]:
-                prob = reach * tree.count[child] / total
-                if prob >= suffix.min_prob:
-                    heapq.heappush(frontier, (-prob, next(tie), token, child, index))
+                if reach * tree.count[child] / tree.count[at] >= suffix.min_prob:
+                    offered.append((reach * tree.count[child] / tree.count[at], next(order), token, child, index))
 
         offer(node, 1.0, -1)
-        while frontier and len(tokens) < limit:
-            prob, _, token, child, parent = heapq.heappop(frontier)
+        while offered and len(tokens) < limit:
+            best_offer = max(offered, key=lambda item: (item[0], -item[1]))  # ties: the first offered
+            offered.remove(best_offer)
+            prob, _, token, child, parent = best_offer
             tokens.append(token)
             parents.append(parent)
-            score -= prob
-            offer(child, -prob, len(tokens) - 1)
+            score += prob
+            offer(child, prob, len(tokens) - 1)
         return tokens, parents, score
 
     context = committed[-suffix.cache.tree.depth:]
@@ -132,7 +130,7 @@ def exhaustive(suffix, row: int, committed: list[int], gamma: int, branch: bool)
     for tree in (suffix.local[row].tree, suffix.cache.tree):
         for node, length in tree.matches(context):
             limit = min(gamma, int(length * suffix.factor + suffix.offset + 1e-6))
-            grown = heap_grow(tree, node, limit)
+            grown = by_definition(tree, node, limit)
             if grown[2] > best[2] or (grown[2] == best[2] and source is tree):
                 best, source = grown, tree
     return best[0], best[1]

@@ -62,7 +62,7 @@ class _Index:
     def __init__(self, sizes: range):
         self.sizes = sizes
         self.latest: dict[tuple[int, ...], int] = {}
-        self.seen = 0  # tokens of the text indexed
+        self.seen = 0  # the n-grams ending before positions 1..seen are indexed (each followed by its token)
 
     def find(self, tokens: list[int]) -> tuple[int | None, int]:
         """(start, n) of the latest earlier occurrence of the text's last n tokens, the longest
