@@ -25,6 +25,7 @@ from specpipe.decode.loop import Decoder
 from specpipe.decode.syncs import capture_hazards, host_reads, reads_per_step
 from specpipe.engine import FINAL, make_runner
 from specpipe.engine.static import Shape
+from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline, Request
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
@@ -517,9 +518,9 @@ def test_a_graphed_step_runs_nineteen_kernels_a_layer():
 
     inside = {}
     for layers in (2, 4):
-        model = tiny_model(0, layers=layers)
-        pipe = Pipeline(tiny_target(), NgramProposer(), GreedyVerifier(), FixedGamma(4),
-                        runner=make_runner(model, precision="bf16", graphs="on"))
+        target = LoadedModel("tiny", tiny_model(0, layers=layers), tiny_target().tokenizer)
+        pipe = Pipeline(target, NgramProposer(), GreedyVerifier(), FixedGamma(4),
+                        runner=make_runner(target.model, precision="bf16", graphs="on"))
         steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 6)])  # exact: every step a 5-token block
         inside[layers] = max(count.inside for count in steps[1:])  # the first fills the cache
     assert inside[4] - inside[2] == 2 * 19, inside
