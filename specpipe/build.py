@@ -122,5 +122,5 @@ def build_parts(cfg: DictConfig) -> dict:
         runner = context.runner(target.model, precision, compile=context.compile, kernels=context.kernels,
                                 graphs=context.graphs)
     return dict(target=target, proposer=proposer, verifier=verifier, controller=controller,
-                sampling=context.sampling, chat=cfg.model.chat, runner=runner,
+                sampling=context.sampling, chat=cfg.model.chat, runner=runner, overlap=cfg.get("overlap", "auto"),
                 warnings=[c for c in checks if c.status == "warn"])

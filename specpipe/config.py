@@ -53,6 +53,9 @@ class DecodeConfig:
     # engine=llamacpp: exact keeps a q8_0 KV cache and the file's weight layout, fast is llama.cpp's
     # defaults (f16 KV, repacked weights). Eager native steps and engine=hf have no kernels to choose
     kernels: str = "exact"
+    # plain decoding: on (each step queued on the device before the last one's tokens are read, so the
+    # host's work between steps hides behind the device's) | off | auto (on where device=cuda)
+    overlap: str = "auto"
     batch_schedule: Any = None  # {batch size: γ} at batch > 1, like vLLM's γ per batch size (0: plain there)
     # per request, γ = 0 while speculation measures slower than plain steps (controllers/guard.py);
     # false: γ is what the controller says, every step (a pinned γ: to measure a γ as it is, or to

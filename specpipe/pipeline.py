@@ -58,9 +58,11 @@ class Pipeline:
         runner: Runner | None = None,
         engine: str = "auto",
         warnings: list | tuple = (),
+        overlap: str = "auto",
     ):
         """runner: the target's (built from `target.model` on `engine` at its own precision if None);
-        warnings: the build's compatibility warnings (`checks.Check`), for the CLI to show."""
+        warnings: the build's compatibility warnings (`checks.Check`), for the CLI to show; overlap:
+        whether plain decoding queues a step before reading the last (decode/loop.py; auto: on CUDA)."""
         self.target = target
         self.proposer = proposer
         self.verifier = verifier
@@ -74,6 +76,7 @@ class Pipeline:
         self.runner.plan(self.widest_block())
         self.eos_ids = eos_ids_of(self.runner, target.tokenizer)
         self.warnings = list(warnings)
+        self.overlap = overlap
         self.announced: set[tuple[int, ...]] = set()  # prompts whose fit was reported: not again per run
 
     def widest_block(self) -> int:

@@ -209,18 +209,42 @@ class Verdict:
 
     def to_host(self) -> list["RowVerdict"]:
         """The step's one device-to-host copy: every row's outcome as host ints."""
+        return self.copy_to_host().rows()
+
+    def copy_to_host(self) -> "HostCopy":
+        """Start `to_host`'s copy without waiting for it: the host may queue more work on the
+        device (the next step) before it reads the rows."""
         parts = [self.ids, self.num_accepted[:, None], self.num_draft[:, None]]
         if self.path is not None:
             parts.append(self.path)
         packed = torch.cat(parts, 1).double()  # int64 all: one conversion (each is a launch on a GPU)
         if self.confidence is not None:
             packed = torch.cat([packed, self.confidence.double()], 1)
-        if packed.device.type != "cpu":  # pinned and non-blocking, then wait for that copy only
+        done = None
+        if packed.device.type != "cpu":  # pinned and non-blocking; the event marks this copy's end
             host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             host.copy_(packed, non_blocking=True)
-            torch.cuda.current_stream(packed.device).synchronize()
+            done = torch.cuda.Event()
+            done.record()
             packed = host
-        return unpack_rows(packed.tolist(), self.ids.shape[1], self.path is not None, self.confidence is not None)
+        return HostCopy(packed, done, self.ids.shape[1], self.path is not None, self.confidence is not None)
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """A verdict's copy to the host, started: `rows()` waits for that copy alone (not for work
+    queued after it) and unpacks it."""
+
+    packed: torch.Tensor  # [B, columns] float64, on the host
+    done: object  # a CUDA event recorded after the copy (None on the CPU: the copy was made)
+    width: int
+    tree: bool
+    confidence: bool
+
+    def rows(self) -> list["RowVerdict"]:
+        if self.done is not None:
+            self.done.synchronize()
+        return unpack_rows(self.packed.tolist(), self.width, self.tree, self.confidence)
 
 
 def unpack_rows(rows: list[list[float]], width: int, tree: bool, confidence: bool) -> list["RowVerdict"]:

@@ -148,6 +148,26 @@ def test_smollm2_exact_speculative_output_is_plain_bit_for_bit(proposer):
     assert drafted > 0
 
 
+def test_smollm2_overlapped_plain_decoding_is_the_sequential_loop(prompts):
+    """`overlap=on` (each plain step queued before the last is read, as on a GPU) on the real
+    model's static bf16 steps: every request's tokens and text as the sequential loop gives them,
+    two at a time, rows stopping at different steps and the third request taking a freed slot."""
+    from specpipe.decode.loop import Request
+
+    runs = {}
+    for overlap in ("on", "off"):
+        pipeline = Pipeline.from_config(compose(["proposer=none", "model.quantize=bf16", "graphs=on",
+                                                 f"overlap={overlap}"]))
+        requests = [Request(pipeline.encode(prompt["messages"]), budget)
+                    for prompt, budget in zip(prompts, (20, 7, 13))]
+        out = {i: ([], "") for i in range(len(requests))}
+        for event in pipeline.serve(requests, concurrency=2, speculative=False):
+            tokens, text = out[event.index]
+            out[event.index] = (tokens + event.tokens, text + event.text)
+        runs[overlap] = out
+    assert runs["on"] == runs["off"] and [len(tokens) for tokens, _ in runs["on"].values()] == [20, 7, 13]
+
+
 def test_streamed_text_equals_the_whole_decode():
     """Incremental detokenization (a window per step) gives exactly the text of decoding it all,
     multi-byte characters split across steps included."""

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specpipe.checks.result import Check
 from specpipe.components import call_target, module_of
+from specpipe.decode.loop import OVERLAP
 from specpipe.errors import SpecpipeError
 from specpipe.limits import integer_problems, size_problems
 
@@ -44,6 +45,9 @@ def check_settings(cfg: DictConfig) -> Check:
         problems.append(f"model.chat={chat!r} must be true, false or null (null: the template when there is one)")
     if "output" in cfg and cfg.output not in OUTPUTS:
         problems.append(f"output={cfg.output} is not an output mode (use one of {', '.join(OUTPUTS)})")
+    if cfg.get("overlap", "auto") not in OVERLAP:
+        problems.append(f"overlap={cfg.overlap} is not a choice (use one of {', '.join(OVERLAP)}; auto: on where "
+                        "device=cuda)")
     if not problems:
         try:
             SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)

@@ -13,6 +13,13 @@ model's). Each step (docs/concepts.md "One step"):
   6. runner.commit / proposer.commit                 each row keeps what it accepted (host ints for shapes)
   7. controller.update, stats, stop rules, text, events (host)
 
+Plain decoding overlaps the host with the device: a plain step's input is the previous step's
+token, which is on the device already, so the loop queues step N+1 (fed from step N's verdict on
+the device) before it reads step N's verdict, and emits step N's tokens while the device runs
+N+1 (vLLM's asynchronous scheduling). A row that stops at step N has had step N+1 computed for
+nothing, which is dropped. `overlap` (auto: where the device runs asynchronously, CUDA) turns it
+on; speculative steps cannot overlap so: the proposer drafts from the tokens the host reads.
+
 Rows advance by different amounts (ragged acceptance), so a rollback is a length per row. Every
 row has its own stop rule and its own randomness (`RowRandom`, seeded by its request), so a row
 decodes exactly as its request would alone (bit for bit in the engine's exact precisions).
@@ -40,7 +47,7 @@ from specpipe.metrics import Stats
 from specpipe.proposers.base import Rows
 from specpipe.sampling import RowRandom
 from specpipe.stopping import StopRule
-from specpipe.types import DraftBatch, RowVerdict
+from specpipe.types import DraftBatch, HostCopy, RowVerdict, Verdict
 
 
 @dataclass(frozen=True)
@@ -104,12 +111,28 @@ class _Row:
     rng: RowRandom
     speculative: bool
     held: bool = False  # this step: the controller gave γ = 0 where the step's γ allowed more (the guard)
+    done: bool = False  # finished: a step queued before its last one was read is dropped for it
     out: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
 
     @property
     def budget(self) -> int:
         return self.rule.max_new_tokens - len(self.out)
+
+
+@dataclass
+class _Launched:
+    """A step queued on the device, its verdict's copy to the host started, not read yet."""
+
+    busy: list[tuple[int, _Row]]
+    rows: list[_Row | None]  # by slot: the row each batch row decoded for
+    gamma: int
+    plain: bool  # no row drafted: one token each, the rows' lengths known without the verdict
+    draft: DraftBatch
+    verdict: Verdict
+    out: object  # the target's TargetOutput
+    copy: HostCopy
+    clock: Clock
 
 
 class Decoder:
@@ -128,6 +151,8 @@ class Decoder:
             self.proposer.reserve(self.slots)
         self.hidden = pipeline.hidden if self.proposer is not None else ()
         self.limit = pipeline.context_limit()  # of one row: every row has the same slots
+        # plain decoding queues each step before reading the last (the module docstring)
+        self.overlap = self.proposer is None and overlaps(getattr(pipeline, "overlap", "auto"), self.runner.device)
         self.steps: list[BatchStep] = []
         self._started = time.perf_counter()
 
@@ -145,6 +170,7 @@ class Decoder:
         self.runner.reset()  # an interrupted earlier run may have left rows
         self._started = time.perf_counter()
         exhausted = False
+        pending: _Launched | None = None  # a plain step queued on the device, its verdict not read yet
         while True:
             while not exhausted and None in rows:
                 item = next(queue, None)
@@ -154,13 +180,33 @@ class Decoder:
                 slot = rows.index(None)  # the lowest free slot keeps the batch's rows packed
                 rows[slot] = self._admit(slot, *item)
             busy = [(slot, row) for slot, row in enumerate(rows) if row is not None]
+            if pending is not None and not self._feeds(pending, busy):
+                yield from self._emitted(self._settle(pending), rows)  # rows may finish: admit again first
+                pending = None
+                continue
             if not busy:
                 return
-            for slot, row, event in self._step(busy):
-                yield event
-                if event.finish_reason is not None:
-                    rows[slot] = None
-                    self._release(slot, row)
+            launched = self._launch(busy, pending)
+            if pending is not None:
+                yield from self._emitted(self._settle(pending), rows)
+            pending = launched if launched.plain and self.overlap else None
+            if pending is None:
+                yield from self._emitted(self._settle(launched), rows)
+
+    def _emitted(self, events, rows: list[_Row | None]) -> Iterator[RequestEvent]:
+        """A step's events, each row's slot freed once its request finished."""
+        for slot, row, event in events:
+            yield event
+            if event.finish_reason is not None:
+                rows[slot] = None
+                self._release(slot, row)
+
+    def _feeds(self, pending: _Launched, busy: list[tuple[int, _Row]]) -> bool:
+        """Whether the next step can be queued before `pending`'s verdict is read: it is plain, and
+        no row it carries over from `pending` can have run out of tokens there (pending emits one
+        a row; a row that stops on a token instead has one step dropped)."""
+        carried = [row for slot, row in busy if slot < len(pending.rows) and pending.rows[slot] is row]
+        return bool(busy) and all(row.budget >= 2 for row in carried)
 
     def _release(self, slot: int, row: _Row) -> None:
         """A free slot below a busy one rides along in every forward: its rows are emptied."""
@@ -212,9 +258,10 @@ class Decoder:
                 row.held = allowed > 0 and gammas[slot] == 0
         return max(gammas), gammas
 
-    def _step(self, busy: list[tuple[int, _Row]]) -> Iterator[tuple[int, _Row, RequestEvent]]:
-        """One step of every busy row (the module docstring's 1-7)."""
-        pipeline, runner = self.pipeline, self.runner
+    def _launch(self, busy: list[tuple[int, _Row]], pending: _Launched | None = None) -> _Launched:
+        """Steps 1-4 and the start of 5: everything queued on the device, nothing read. A plain
+        step after a `pending` one takes the rows' last tokens from its verdict, on the device."""
+        runner = self.runner
         width = busy[-1][0] + 1  # rows 0..width-1; free ones ride along
         rows = [None] * width
         for slot, row in busy:
@@ -228,21 +275,51 @@ class Decoder:
         clock.mark()
         draft = self._propose(view, rows, gammas)  # 2.
         clock.mark()
-        last = torch.tensor([row.tokens[-1] if row else 0 for row in rows]).to(runner.device, non_blocking=True)
+        last = self._last(rows, pending)
         block = last[:, None] if draft.width == 0 else torch.cat([last[:, None], draft.tokens], 1)  # [B, W + 1]
         out = runner.forward(block, tree=draft.tree, hidden=self.hidden)  # 3.
-        verdict = pipeline.verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
+        verdict = self.pipeline.verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
         clock.mark()
-        host = verdict.to_host()  # 5.
-        timing = clock.timing()
-        runner.commit([h.n_accepted + 1 if row else 0 for h, row in zip(host, rows)],  # 6.
-                      [h.path for h in host] if draft.tree is not None else None)
+        for _, row in busy:
+            row.rng.step += 1  # this step's draws are made
+        plain = draft.width == 0
+        if plain:  # one token a row: committed without the verdict, so the next step can be queued now
+            runner.commit([1 if row else 0 for row in rows])
+        return _Launched(busy, rows, gamma, plain, draft, verdict, out, verdict.copy_to_host(), clock)
+
+    def _last(self, rows: list[_Row | None], pending: _Launched | None) -> torch.Tensor:
+        """[B] each row's last token on the device: from `pending`'s verdict for the rows it
+        carries on (plain: its first column), from the host for the others."""
+        fed = [pending is not None and row is not None and slot < len(pending.rows) and pending.rows[slot] is row
+               for slot, row in enumerate(rows)]
+        host = [row.tokens[-1] if row is not None and not f else 0 for row, f in zip(rows, fed)]
+        device = self.runner.device
+        if not any(fed):
+            return torch.tensor(host).to(device, non_blocking=True)
+        carried = pending.verdict.ids[:, 0]  # [B'] the tokens pending emitted
+        if len(rows) <= len(carried) and all(f or row is None for row, f in zip(rows, fed)):
+            return carried[: len(rows)]  # no copy at all: the usual overlapped step
+        if len(rows) > len(carried):
+            carried = torch.cat([carried, carried.new_zeros(len(rows) - len(carried))])
+        picks = torch.tensor([host, fed]).to(device, non_blocking=True)  # [2, B]: one copy
+        return torch.where(picks[1].bool(), carried[: len(rows)], picks[0])
+
+    def _settle(self, launched: _Launched) -> list[tuple[int, _Row, RequestEvent]]:
+        """Steps 5-7: wait for the verdict's copy, commit, learn, emit."""
+        host = launched.copy.rows()  # 5.
+        timing = launched.clock.timing()
+        draft = launched.draft
+        if not launched.plain:
+            self.runner.commit([h.n_accepted + 1 if row else 0 for h, row in zip(host, launched.rows)],  # 6.
+                               [h.path for h in host] if draft.tree is not None else None)
         if self.proposer is not None:
-            self.proposer.commit(verdict, host, out)
-            slots = [slot for slot, row in busy if row.speculative]
+            self.proposer.commit(launched.verdict, host, launched.out)
+            slots = [slot for slot, row in launched.busy if row.speculative]
             if slots:  # every row may have opted out of speculation
-                pipeline.controller.update_rows(slots, [host[slot] for slot in slots], timing, len(busy))
-        return self._emit(busy, host, timing, gamma)  # 7.
+                self.pipeline.controller.update_rows(slots, [host[slot] for slot in slots], timing,
+                                                     len(launched.busy))
+        live = [(slot, row) for slot, row in launched.busy if not row.done]  # a row stopped before: dropped
+        return self._emit(live, host, timing, launched.gamma)  # 7.
 
     def _view(self, rows: list[_Row | None]) -> Rows:
         """What the proposer sees of the rows this step."""
@@ -258,14 +335,13 @@ class Decoder:
             draft = trimmed(draft, self.pipeline.room(rows[0].tokens))
         return draft
 
-    def _emit(self, busy, host: list[RowVerdict], timing, gamma: int) -> Iterator[tuple[int, _Row, RequestEvent]]:
+    def _emit(self, busy, host: list[RowVerdict], timing, gamma: int) -> list[tuple[int, _Row, RequestEvent]]:
         """Per row: the stop rule, stats, text and its event (all host work)."""
         emitted = 0
         events = []
         for slot, row in busy:
             verdict = host[slot]
             row.tokens.extend(verdict.emitted)
-            row.rng.step += 1
             keep, reason = row.rule.cut(row.out, verdict.emitted)
             tokens = verdict.emitted[:keep]
             row.out.extend(tokens)
@@ -276,14 +352,23 @@ class Decoder:
                 row.timing.first_token_s = now
             if reason is not None:
                 row.timing.finished_s = now
+                row.done = True
             text = row.text.push(tokens, final=reason is not None)
             events.append((slot, row, RequestEvent(row.index, tokens, text, verdict.gamma, row.stats, row.timing,
                                                    reason, row.held)))
-        self.steps.append(BatchStep(self._now(), len(busy), gamma, emitted, timing.total_s))
-        return iter(events)
+        if busy:  # (a step whose rows had all stopped before it was read emitted nothing)
+            self.steps.append(BatchStep(self._now(), len(busy), gamma, emitted, timing.total_s))
+        return events
 
 
 _IDLE = RowRandom(0)  # a free row's randomness: drawn from, never used
+OVERLAP = ("auto", "on", "off")  # `overlap=`: plain steps queued before the last is read (auto: on CUDA)
+
+
+def overlaps(overlap: str, device: torch.device) -> bool:
+    """Whether plain steps overlap the host with the device (auto: where the device runs
+    asynchronously, so the host's work between steps can hide behind the next step's kernels)."""
+    return overlap == "on" or (overlap == "auto" and torch.device(device).type == "cuda")
 
 
 def _name(index: int) -> str:

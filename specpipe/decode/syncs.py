@@ -173,21 +173,33 @@ def reads_per_step(decoder, requests) -> list[int]:
 
 def per_step(decoder, requests) -> list[StepCount]:
     """Run `requests` through a `decode.loop.Decoder`: each step's host reads, launches outside
-    graphs and operations inside them."""
-    counts: list[StepCount] = []
-    step = decoder._step
+    graphs and operations inside them, from its launch to its settling (which an overlapped
+    plain step's successor's launch comes between)."""
+    counts: dict[int, list[int]] = {}
+    steps = []  # every launched step, in order (kept alive: counts are keyed by identity)
+    launch, settle = decoder._launch, decoder._settle
 
-    def counted(busy):
+    def counting(count: list[int], call, *args):
         inside: list[str] = []
         with host_reads() as seen, launches(inside) as launched:
-            events = list(step(busy))
-        counts.append(StepCount(len(seen), len(launched), len(inside)))
-        return iter(events)
+            result = call(*args)
+        count[0] += len(seen)
+        count[1] += len(launched)
+        count[2] += len(inside)
+        return result
 
-    decoder._step = counted
+    def launched(*args):
+        count = [0, 0, 0]
+        step = counting(count, launch, *args)
+        counts[id(step)] = count
+        steps.append(step)
+        return step
+
+    decoder._launch = launched
+    decoder._settle = lambda step: counting(counts[id(step)], settle, step)
     try:
         for _ in decoder.run(requests):
             pass
     finally:
-        del decoder._step  # the bound method again
-    return counts
+        del decoder._launch, decoder._settle  # the bound methods again
+    return [StepCount(*counts[id(step)]) for step in steps]
