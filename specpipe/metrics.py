@@ -22,6 +22,7 @@ class Stats:
     prefill_s: float = 0.0
     propose_s: float = 0.0
     verify_s: float = 0.0
+    host_s: float = 0.0  # between steps (StepTiming.host_s): part of decoding's time
     drafted_at: list[int] = field(default_factory=list)  # [position] drafts made there
     accepted_at: list[int] = field(default_factory=list)  # [position] drafts accepted there
     gamma_trace: list[int] = field(default_factory=list)  # γ of each step
@@ -37,6 +38,7 @@ class Stats:
         self.emitted += emitted
         self.propose_s += timing.fill_s + timing.propose_s  # a draft cache's fill is the proposer's time
         self.verify_s += timing.verify_s
+        self.host_s += timing.host_s
         self.gamma_trace.append(verdict.gamma)
         self.step_s.append(timing.total_s)
         self.emitted_trace.append(emitted)
@@ -48,7 +50,7 @@ class Stats:
 
     @property
     def decode_s(self) -> float:
-        return self.propose_s + self.verify_s
+        return self.propose_s + self.verify_s + self.host_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,6 +90,7 @@ class Stats:
             "prefill_s": self.prefill_s,
             "propose_s": self.propose_s,
             "verify_s": self.verify_s,
+            "host_s": self.host_s,
         }
 
 

@@ -230,7 +230,7 @@ class Verdict:
         return HostCopy(packed, done, self.ids.shape[1], self.path is not None, self.confidence is not None)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class HostCopy:
     """A verdict's copy to the host, started: `rows()` waits for that copy alone (not for work
     queued after it) and unpacks it."""
@@ -295,12 +295,18 @@ class StepTiming:
     draft model's first draft of a request, or its first after a pause at γ = 0): a one-off,
     the price of starting to speculate rather than of each draft, so controllers read the
     proposal's cost from propose_s alone.
+
+    host_s: from the previous step's verification to this step's start, the host's work between
+    steps (the verdict's read, commits, stop rules, text, the consumer of the events): the device
+    waits through it, unless the step was queued before the previous one was read (overlapped
+    plain decoding), where it comes to the device's own gap. 0 for a sequence's first step.
     """
 
     propose_s: float
     verify_s: float
     fill_s: float = 0.0
+    host_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.fill_s + self.propose_s + self.verify_s
+        return self.host_s + self.fill_s + self.propose_s + self.verify_s

@@ -312,8 +312,9 @@ class ScriptedClock:
     draft tokens cost half a plain step, so speculation pays only where most are accepted."""
 
     width = 1
+    end = None  # no host time between steps
 
-    def __init__(self, device):
+    def __init__(self, device, since=None):
         pass
 
     def mark(self) -> None:

@@ -124,6 +124,26 @@ def test_a_proposers_cache_fill_is_timed_apart_from_its_drafts(proposer):
     assert got.stats.propose_s >= first.fill_s  # the fill is the proposer's time in the stats
 
 
+@pytest.mark.parametrize("overlap", ["off", "on"])
+@pytest.mark.parametrize("proposer", [None, "ngram"])
+def test_the_host_work_between_steps_counts_as_decode_time(overlap, proposer):
+    """A consumer that takes 5 ms per event: that time is the host's between steps (the device
+    would wait through it), so it is in `host_s` and tokens/s, as in a wall clock of the decode.
+    Every step but the first (and, overlapped, the second: it was queued before) carries it."""
+    import time
+
+    pipe = Pipeline(tiny_target(seed=0), NgramProposer(4, 1) if proposer else None, GreedyVerifier(),
+                    FixedGamma(3) if proposer else None, overlap=overlap)
+    started = time.perf_counter()
+    for event in pipe.generate([3, 60, 22] * 3, max_new_tokens=10, speculative=proposer is not None):
+        time.sleep(0.005)
+    wall = time.perf_counter() - started - event.stats.prefill_s
+    stats = event.stats
+    assert stats.steps >= 3 and stats.host_s >= (stats.steps - 2) * 0.005
+    assert stats.decode_s == pytest.approx(stats.propose_s + stats.verify_s + stats.host_s)
+    assert stats.decode_s <= wall
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_an_eagle_tree_step_reads_its_shape_once(device):
     """EAGLE-2's dynamic tree searches on the device and reads its shape back once (the runner's

@@ -120,7 +120,7 @@ class _Row:
         return self.rule.max_new_tokens - len(self.out)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Launched:
     """A step queued on the device, its verdict's copy to the host started, not read yet."""
 
@@ -155,6 +155,7 @@ class Decoder:
         self.overlap = self.proposer is None and overlaps(getattr(pipeline, "overlap", "auto"), self.runner.device)
         self.steps: list[BatchStep] = []
         self._started = time.perf_counter()
+        self._since = None  # the last step's end mark (its successor's host time counts from it)
 
     def memory(self) -> dict[str, int]:
         return self.pipeline.memory()
@@ -169,6 +170,7 @@ class Decoder:
         rows: list[_Row | None] = [None] * self.slots
         self.runner.reset()  # an interrupted earlier run may have left rows
         self._started = time.perf_counter()
+        self._since = None
         exhausted = False
         pending: _Launched | None = None  # a plain step queued on the device, its verdict not read yet
         while True:
@@ -181,17 +183,18 @@ class Decoder:
                 rows[slot] = self._admit(slot, *item)
             busy = [(slot, row) for slot, row in enumerate(rows) if row is not None]
             if pending is not None and not self._feeds(pending, busy):
-                yield from self._emitted(self._settle(pending), rows)  # rows may finish: admit again first
-                pending = None
+                events, pending = self._settle(pending), None
+                yield from self._emitted(events, rows)  # rows may finish: admit again first
                 continue
             if not busy:
                 return
             launched = self._launch(busy, pending)
-            if pending is not None:
-                yield from self._emitted(self._settle(pending), rows)
-            pending = launched if launched.plain and self.overlap else None
+            earlier, pending = pending, (launched if launched.plain and self.overlap else None)
+            events = self._settle(earlier) if earlier is not None else []
             if pending is None:
-                yield from self._emitted(self._settle(launched), rows)
+                events += self._settle(launched)
+            earlier = launched = None  # settled steps' tensors are freed before the next step allocates
+            yield from self._emitted(events, rows)
 
     def _emitted(self, events, rows: list[_Row | None]) -> Iterator[RequestEvent]:
         """A step's events, each row's slot freed once its request finished."""
@@ -240,6 +243,7 @@ class Decoder:
             self.proposer.prefill(slot, row.tokens, out)
             pipeline.controller.admit(slot)  # the guard's judgement of this row starts afresh
         row.stats.prefill_s = time.perf_counter() - started
+        self._since = None  # a prefill is timed apart, not as the next step's host time
         return row
 
     def _gammas(self, busy: list[tuple[int, _Row]], width: int) -> tuple[int, list[int]]:
@@ -268,7 +272,7 @@ class Decoder:
             rows[slot] = row
         gamma, gammas = self._gammas(busy, width)  # 1.
         view = self._view(rows) if any(gammas) else None
-        clock = Clock(runner.device)
+        clock = Clock(runner.device, self._since)
         clock.mark()
         if view is not None:
             self.proposer.fill(view, gammas)  # a draft model's cache catching up: timed apart
@@ -280,6 +284,7 @@ class Decoder:
         out = runner.forward(block, tree=draft.tree, hidden=self.hidden)  # 3.
         verdict = self.pipeline.verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
         clock.mark()
+        self._since = clock.end  # the next step's host time counts from here
         for _, row in busy:
             row.rng.step += 1  # this step's draws are made
         plain = draft.width == 0

@@ -13,10 +13,13 @@ from specpipe.types import StepTiming
 class Clock:
     """Marks the start of a step, the end of the proposer's cache fill, the end of its proposal
     and the end of its verification; `timing()` is read after the step's host copy, when every
-    marked kernel has finished."""
+    marked kernel has finished. `since`: the previous step's end (its `end`), so the host's work
+    between the two steps (reading, committing, emitting: the device waits through it unless a
+    step was queued ahead) counts as this step's `host_s`; None after a prefill, timed apart."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, since=None):
         self.cuda = device.type == "cuda"
+        self.since = since
         self.marks: list = []
 
     def mark(self) -> None:
@@ -27,10 +30,18 @@ class Clock:
         else:
             self.marks.append(time.perf_counter())
 
+    @property
+    def end(self):
+        """The last mark: the end of verification (what the next step's clock counts from)."""
+        return self.marks[-1]
+
     def timing(self) -> StepTiming:
         start, filled, proposed, verified = self.marks[-4:]
+        since = self.since
         if self.cuda:
             verified.synchronize()  # done already: the host copy came after it
+            host = since.elapsed_time(start) / 1e3 if since is not None else 0.0
             return StepTiming(filled.elapsed_time(proposed) / 1e3, proposed.elapsed_time(verified) / 1e3,
-                              start.elapsed_time(filled) / 1e3)
-        return StepTiming(proposed - filled, verified - proposed, filled - start)
+                              start.elapsed_time(filled) / 1e3, host)
+        return StepTiming(proposed - filled, verified - proposed, filled - start,
+                          start - since if since is not None else 0.0)
