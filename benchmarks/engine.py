@@ -8,15 +8,17 @@ A configuration is engine:precision, plus `+compile` (torch.compile), `+graphs` 
 CUDA graphs on a GPU, eager fixed shapes on the CPU; kernels=exact, every forward padded to the
 planned block `--block`, or `@N` after the configuration) or `+graphs+fast` (kernels=fast: the
 fewest rows, blocks padded to a power of two up to the plan). Without `+graphs` the eager forward
-runs on every device.
+runs on every device. `+sequential` decodes plainly with `overlap=off` (each step read before the
+next is queued; the default overlaps them on a GPU).
 
 Per model, one process, one thing at a time (never time with another heavy job running):
 - forward ms: a k-token forward (k = 1, 2, 5, 9, 16) appended to a 64-token cache, median of
   reps; "5/1" and "9/1" are the 5- and 9-token verifies' costs over a 1-token step. With
   `+graphs` a k wider than `--block` runs the eager forward (a prompt's path): marked `*`.
 - plain tok/s: `Pipeline.run(speculative=False)` over the first prompts of the dev set's code,
-  code-edit and chat categories, greedy: step time only (the figure specpipe's bench reports)
-  and wall time (the whole generate loop, stop rule and detokenization included).
+  code-edit and chat categories, greedy: the steps' time (the figure specpipe's bench reports:
+  each step and the host's work between steps) and wall time (the whole generate loop, its last
+  step's emission included).
 - llama.cpp (llama-cpp-python, 2 threads, the zoo's GGUF: Q4_1 / Q4 / Q4_K_M): decode tok/s
   over the same prompt tokens, prompt evaluation excluded.
 Writes the table to stdout and the figures to --out (JSON).
@@ -66,9 +68,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain_decode(target, runner, prompts: list[list[int]], tokens: int) -> tuple[float, float]:
+def plain_decode(target, runner, prompts: list[list[int]], tokens: int, overlap: str = "auto") -> tuple[float, float]:
     """(step tok/s, wall tok/s), both pooled over the prompts."""
-    pipe = Pipeline(target, None, GreedyVerifier(), None, runner=runner)
+    pipe = Pipeline(target, None, GreedyVerifier(), None, runner=runner, overlap=overlap)
     pipe.run(prompts[0], max_new_tokens=4, speculative=False)  # warm-up
     emitted = step_s = wall_s = 0.0
     for ids in prompts:
@@ -144,7 +146,8 @@ def measure_model(name: str, configs: list[str], args) -> list[dict]:
         first_call_s = time.perf_counter() - started
         reps = 5 if "1.5b" in name else 9
         ms = {k: forward_ms(runner, context, k, reps) for k in BLOCKS}
-        step_tps, wall_tps = plain_decode(target, runner, prompts, args.tokens)
+        step_tps, wall_tps = plain_decode(target, runner, prompts, args.tokens,
+                                          "off" if "sequential" in extras else "auto")
         memory = runner.memory()
         eager = [k for k in BLOCKS if "graphs" in extras and k > block]  # past the plan: the eager forward
         rows.append({"model": name, "config": config, "ms": ms, "verify_5_over_1": ms[5] / ms[1],
@@ -180,8 +183,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", nargs="+", default=["smollm2-135m"])
     parser.add_argument("--configs", nargs="+", default=["native:fp16", "hf:fp16"],
-                        help="engine:precision[+compile][+graphs[+fast]][@block], e.g. native:fp16+compile, "
-                             "native:bf16+graphs@5")
+                        help="engine:precision[+compile][+graphs[+fast]][+sequential][@block], e.g. "
+                             "native:fp16+compile, native:bf16+graphs@5")
     parser.add_argument("--block", type=int, default=max(BLOCKS),
                         help="+graphs: the planned block (kernels=exact pads every forward to it)")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per category (code, code-edit, chat)")

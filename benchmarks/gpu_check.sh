@@ -10,9 +10,11 @@
 #      one process each);
 #   3. the engine table on random-weight shapes (SmolLM2-135M, Qwen2.5-Coder 0.5B and 1.5B:
 #      the draft pair's costs): ms per forward at k = 1, 2, 5, 9, 16 and plain tok/s, eager,
-#      static exact, static fast;
+#      static exact, static fast (plain decoding overlapped, the GPU's default), and the SmolLM2
+#      shape's static exact steps read one by one (overlap=off);
 #      then the SmolLM2 shape with its decoder stack compiled (torch.compile) inside the graphs;
-#   4. the torch profiler over one generation (plain eager, plain graphed, the recipe, EAGLE-3):
+#   4. the torch profiler over one generation (plain eager, plain graphed read step by step and
+#      overlapped, the recipe, EAGLE-3):
 #      device busy and idle time, kernels, graph launches and copies a step;
 #   5. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
 #      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3");
@@ -44,7 +46,7 @@ started() { echo "<!-- at ${SECONDS}s -->" >> "$REPORT"; }
 
 echo "## CUDA tests (pytest -k cuda)" >> "$REPORT"; started
 within 150 python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_static.py tests/test_engine.py \
-    tests/test_step.py tests/test_lossless.py tests/test_bench.py -k cuda > "$MORE/pytest.txt" 2>&1
+    tests/test_step.py tests/test_lossless.py tests/test_bench.py tests/test_overlap.py -k cuda > "$MORE/pytest.txt" 2>&1
 { tail -3 "$MORE/pytest.txt"; echo; } >> "$REPORT"; packed
 
 SMOL="model=smollm2-135m device=$DEVICE limit=1 max_new_tokens=$TOKENS"
@@ -70,6 +72,10 @@ within 120 python benchmarks/engine.py --device "$DEVICE" --random-weights \
     --models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
     --configs native:bf16 native:bf16+graphs@5 native:bf16+graphs+fast@16 --prompts 1 --tokens 64 \
     --out "$MORE/engine.json" >> "$REPORT" 2> "$MORE/engine.log"
+# plain steps read one by one (overlap=off), against the overlapped default above
+within 60 python benchmarks/engine.py --device "$DEVICE" --random-weights --models smollm2-135m \
+    --configs native:bf16+graphs+sequential@5 --prompts 1 --tokens 64 --out "$MORE/engine-sequential.json" \
+    2>> "$MORE/engine.log" | tail -n +3 >> "$REPORT"
 echo >> "$REPORT"; packed
 
 # inductor fuses a layer's pointwise work (norms, rotary, the gate, residual adds) into the
@@ -86,7 +92,8 @@ echo >> "$REPORT"; packed
 
 echo "## Where a step's time goes (real SmolLM2, torch profiler)" >> "$REPORT"; started
 within 60 python benchmarks/step_profile.py --device "$DEVICE" --model smollm2-135m --tokens 64 \
-    --strategy "plain graphs=off" --strategy "plain" --strategy "recipe=recipes/smollm2-135m" \
+    --strategy "plain graphs=off" --strategy "plain overlap=off" --strategy "plain" \
+    --strategy "recipe=recipes/smollm2-135m" \
     --strategy "recipe=recipes/smollm2-135m/eagle3.yaml" >> "$REPORT" 2> "$MORE/step_profile.log" \
     || echo "(failed or cut: see step_profile.log in more.tar.gz)" >> "$REPORT"
 echo >> "$REPORT"; packed

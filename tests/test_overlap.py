@@ -8,6 +8,7 @@ requests, greedy and sampled, eager and static steps. Tiny float64 models, exact
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import PROMPT, tiny_target
 from specpipe.controllers.fixed import FixedGamma
@@ -22,13 +23,16 @@ from specpipe.verifiers.rejection import RejectionVerifier
 from test_batch import EOS, requests
 
 SAMPLED = SamplingParams(temperature=1.0)
+# on a GPU the overlapped step really runs ahead of the host: what these tests check there
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
 
 
-def plain(overlap: str, graphs: str = "off", sampling: SamplingParams = SamplingParams()) -> Pipeline:
+def plain(overlap: str, graphs: str = "off", sampling: SamplingParams = SamplingParams(),
+          device: str = "cpu") -> Pipeline:
     target = tiny_target(seed=0, eos=EOS)
     verifier = RejectionVerifier(sampling) if sampling.temperature else GreedyVerifier()
-    return Pipeline(target, None, verifier, None, sampling, runner=make_runner(target.model, graphs=graphs),
-                    overlap=overlap)
+    runner = make_runner(target.model, graphs=graphs, device=device)
+    return Pipeline(target, None, verifier, None, sampling, runner=runner, overlap=overlap)
 
 
 def served(pipe: Pipeline, reqs: list[Request], concurrency: int) -> list[tuple]:
@@ -45,27 +49,31 @@ def served(pipe: Pipeline, reqs: list[Request], concurrency: int) -> list[tuple]
     return [(tokens[i], text[i], reasons[i]) for i in range(len(reqs))]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("graphs", ["off", "on"])
 @pytest.mark.parametrize("stop", [(), ("w32", "w18 w49")])
-def test_overlapped_rows_decode_what_the_sequential_loop_decodes(graphs, stop):
+def test_overlapped_rows_decode_what_the_sequential_loop_decodes(graphs, stop, device):
     reqs = requests(stop)
-    sequential = served(plain("off", graphs), reqs, 1)
+    sequential = served(plain("off", graphs, device=device), reqs, 1)
     reasons = [reason for _, _, reason in sequential]
     # rows stop on a token and on their budget
     assert {"stop_string" if stop else "eos", "length"} <= set(reasons), reasons
-    overlapped = plain("on", graphs)
+    overlapped = plain("on", graphs, device=device)
     assert Decoder(overlapped, 1, speculative=False).overlap
     for concurrency in (1, 2, 3, 8):  # freed slots take new requests while a step is queued
         assert served(overlapped, reqs, concurrency) == sequential, concurrency
 
 
-def test_overlapped_sampled_rows_draw_what_the_sequential_loop_draws():
+@pytest.mark.parametrize("device", DEVICES)
+def test_overlapped_sampled_rows_draw_what_the_sequential_loop_draws(device):
     """Each row's draws are seeded by its request and step, so queuing a step early changes none."""
     reqs = [Request(PROMPT, 20, seed=s) for s in range(6)]
-    sequential = served(plain("off", sampling=SAMPLED), reqs, 3)
+    sequential = served(plain("off", sampling=SAMPLED, device=device), reqs, 3)
     assert len({tuple(tokens) for tokens, _, _ in sequential}) > 3  # different seeds, different samples
-    assert served(plain("on", sampling=SAMPLED), reqs, 3) == sequential
-    assert served(plain("on", sampling=SAMPLED), reqs, 2) == sequential
+    overlapped = plain("on", "on", SAMPLED, device)
+    assert served(overlapped, reqs, 3) == served(plain("off", "on", SAMPLED, device), reqs, 3)
+    assert served(plain("on", sampling=SAMPLED, device=device), reqs, 3) == sequential
+    assert served(plain("on", sampling=SAMPLED, device=device), reqs, 2) == sequential
 
 
 def test_each_step_is_queued_before_the_last_is_read():
