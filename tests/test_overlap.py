@@ -118,7 +118,73 @@ def test_an_overlapped_step_reads_the_host_once():
 def test_overlap_is_on_where_the_device_runs_asynchronously():
     assert overlaps("auto", "cuda") and not overlaps("auto", "cpu")
     assert overlaps("on", "cpu") and not overlaps("off", "cuda")
-    # speculative decoding drafts from the tokens the host reads: only a plain decoder overlaps
+    # a speculative step drafts from the tokens the host reads: a controller that does not know
+    # the next γ before the step in flight is read (every one but the guard's pause) never overlaps
     target = tiny_target(seed=0, eos=EOS)
     pipe = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3), overlap="on")
-    assert not Decoder(pipe, 1).overlap and Decoder(pipe, 1, speculative=False).overlap
+    decoder = Decoder(pipe, 1)
+    launch, ahead = decoder._launch, []
+    decoder._launch = lambda busy, pending=None: ahead.append(pending) or launch(busy, pending)
+    assert list(decoder.run([Request(PROMPT, 30)])) and ahead and not any(ahead)
+
+
+def test_rows_the_guard_holds_are_queued_ahead_and_decide_as_read_step_by_step(monkeypatch):
+    """Speculation that does not pay (scripted timings: a draft token costs half a plain step,
+    an unrelated draft model): the guard pauses the rows, and their held steps are queued before
+    the last is read. The guard is asked in the same order either way, so it decides the same
+    γ at every step; every row is the plain target's output. Rows stop on EOS while held, and a
+    finished row's slot takes the next request only once the step queued after its last is read
+    (the proposer's commit of that step comes before the new request's prefill)."""
+    from test_guard import ScriptedClock, scripted  # noqa: F401 (the fixture's clock)
+    from specpipe.controllers.guard import Guard
+    from specpipe.proposers.model_drafter import ModelDrafter
+    from conftest import tiny_model
+
+    monkeypatch.setattr("specpipe.decode.loop.Clock", ScriptedClock)
+    prompts = [PROMPT, [62, 54, 21], [3, 60, 22], [28, 21], [58, 44, 4], [30, 62], [12, 40]]  # EOS at 12-46
+    runs = {}
+    for overlap in ("off", "on"):
+        target = tiny_target(seed=0, eos=EOS)
+        pipe = Pipeline(target, ModelDrafter(tiny_model(seed=7, layers=1), SamplingParams()), GreedyVerifier(),
+                        Guard(FixedGamma(4)), overlap=overlap)
+        forward = pipe.runner.forward
+
+        def measured(block, forward=forward, **kwargs):
+            ScriptedClock.width = block.shape[1]
+            return forward(block, **kwargs)
+
+        pipe.runner.forward = measured
+        decoder = Decoder(pipe, 2)
+        launch, ahead = decoder._launch, []
+
+        def launched(busy, pending=None, launch=launch, ahead=ahead):
+            ahead.append(pending is not None)
+            return launch(busy, pending)
+
+        settle, admit, unread = decoder._settle, decoder._admit, []
+
+        def settled(step, settle=settle, unread=unread):
+            unread.remove(step)
+            return settle(step)
+
+        def admitted(slot, *args, admit=admit, unread=unread):
+            assert not any(step.rows[slot].done for step in unread if slot < len(step.rows) and step.rows[slot])
+            return admit(slot, *args)
+
+        def launched_(*args, launched=launched, unread=unread):
+            step = launched(*args)
+            unread.append(step)
+            return step
+
+        decoder._launch, decoder._settle, decoder._admit = launched_, settled, admitted
+        traces = {i: ([], [], 0) for i in range(len(prompts))}
+        for event in decoder.run([Request(p, 60) for p in prompts]):
+            tokens, gammas, held = traces[event.index]
+            traces[event.index] = (tokens + event.tokens, gammas + [event.gamma], held + event.held)
+        runs[overlap] = (traces, sum(ahead))
+        alone = [pipe.run(p, max_new_tokens=60, speculative=False).token_ids for p in prompts]
+        assert [traces[i][0] for i in range(len(prompts))] == alone
+        assert sum(tokens[-1] == EOS for tokens in alone) >= 4
+    assert runs["on"][0] == runs["off"][0]  # the same tokens, γ and holds at every step
+    assert runs["off"][1] == 0 and runs["on"][1] > 100, runs["on"][1]  # of 252 steps
+    assert sum(held for _, _, held in runs["on"][0].values()) > 200

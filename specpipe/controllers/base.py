@@ -68,6 +68,12 @@ class Controller:
         """`update_batch` with the batch row of each verdict (default: the rows are not needed)."""
         self.update_batch(verdicts, timing, batch)
 
+    def holds(self, slots: list[int]) -> bool:
+        """Whether the next step gives every one of these rows γ 0 whatever the step in flight
+        shows when it is read (default: not known), so the loop may queue that plain step before
+        reading the one in flight (decode/loop.py). The γ calls for it come after the update."""
+        return False
+
     def stop_below(self, position: int) -> float:
         """A drafter stops after draft token `position` where its top probability is below this
         (0.0: it never stops early). A threshold, not a yes/no, so drafters on a GPU apply it as

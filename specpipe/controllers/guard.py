@@ -181,6 +181,12 @@ class Guard(Controller):
         self._given[slot] = 0 if held else self.inner.row_gamma(slot, gamma)
         return self._given[slot]
 
+    def holds(self, slots: list[int]) -> bool:
+        """Every row paused with more than one held step to wait: the step in flight (held too)
+        takes at most one, so the next is held whatever it shows."""
+        rows = [self._rows.get(slot) for slot in slots]
+        return all(row is not None and row.paused and row.wait >= 2 for row in rows)
+
     def paused(self, slot: int) -> bool:
         """Whether the guard holds this row at γ = 0, alone or with its batch (what the live view shows)."""
         row = self._rows.get(slot)

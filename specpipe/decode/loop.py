@@ -18,7 +18,9 @@ token, which is on the device already, so the loop queues step N+1 (fed from ste
 the device) before it reads step N's verdict, and emits step N's tokens while the device runs
 N+1 (vLLM's asynchronous scheduling). A row that stops at step N has had step N+1 computed for
 nothing, which is dropped. `overlap` (auto: where the device runs asynchronously, CUDA) turns it
-on; speculative steps cannot overlap so: the proposer drafts from the tokens the host reads.
+on. A speculative step cannot be queued so (the proposer drafts from the tokens the host reads),
+but the plain steps of rows the controller holds at γ 0 whatever the step in flight shows (the
+guard's pause: `Controller.holds`) are, so a paused request runs as fast as plain decoding.
 
 Rows advance by different amounts (ragged acceptance), so a rollback is a length per row. Every
 row has its own stop rule and its own randomness (`RowRandom`, seeded by its request), so a row
@@ -151,8 +153,8 @@ class Decoder:
             self.proposer.reserve(self.slots)
         self.hidden = pipeline.hidden if self.proposer is not None else ()
         self.limit = pipeline.context_limit()  # of one row: every row has the same slots
-        # plain decoding queues each step before reading the last (the module docstring)
-        self.overlap = self.proposer is None and overlaps(getattr(pipeline, "overlap", "auto"), self.runner.device)
+        # plain steps are queued before the last is read (the module docstring)
+        self.overlap = overlaps(getattr(pipeline, "overlap", "auto"), self.runner.device)
         self.steps: list[BatchStep] = []
         self._started = time.perf_counter()
         self._since = None  # the last step's end mark (its successor's host time counts from it)
@@ -174,6 +176,11 @@ class Decoder:
         exhausted = False
         pending: _Launched | None = None  # a plain step queued on the device, its verdict not read yet
         while True:
+            if pending is not None and self.proposer is not None and any(row.done for _, row in pending.busy):
+                # a finished row's slot takes a new request only once its last step is read: the
+                # proposer's commit of that step must come before the new request's prefill
+                events, pending = self._settle(pending), None
+                yield from self._emitted(events, rows)
             while not exhausted and None in rows:
                 item = next(queue, None)
                 if item is None:
@@ -191,6 +198,8 @@ class Decoder:
             launched = self._launch(busy, pending)
             earlier, pending = pending, (launched if launched.plain and self.overlap else None)
             events = self._settle(earlier) if earlier is not None else []
+            if earlier is not None:  # the controller's calls for the queued step, after the earlier's update
+                self._gammas(launched.busy, len(launched.rows))
             if pending is None:
                 events += self._settle(launched)
             earlier = launched = None  # settled steps' tensors are freed before the next step allocates
@@ -205,11 +214,17 @@ class Decoder:
                 self._release(slot, row)
 
     def _feeds(self, pending: _Launched, busy: list[tuple[int, _Row]]) -> bool:
-        """Whether the next step can be queued before `pending`'s verdict is read: it is plain, and
-        no row it carries over from `pending` can have run out of tokens there (pending emits one
-        a row; a row that stops on a token instead has one step dropped)."""
+        """Whether the next step can be queued before `pending`'s verdict is read: no row it
+        carries over from `pending` can have run out of tokens there (pending emits one a row; a
+        row that stops on a token instead has one step dropped), and it is plain whatever
+        `pending` shows: no row speculates, or the controller holds every speculating row (the
+        guard's pause), each carried over (a new row's admission comes after the update)."""
         carried = [row for slot, row in busy if slot < len(pending.rows) and pending.rows[slot] is row]
-        return bool(busy) and all(row.budget >= 2 for row in carried)
+        if not busy or any(row.budget < 2 for row in carried):
+            return False
+        speculating = [(slot, row) for slot, row in busy if row.speculative]
+        return not speculating or (all(any(row is c for c in carried) for _, row in speculating)
+                                   and self.pipeline.controller.holds([slot for slot, _ in speculating]))
 
     def _release(self, slot: int, row: _Row) -> None:
         """A free slot below a busy one rides along in every forward: its rows are emptied."""
@@ -263,14 +278,15 @@ class Decoder:
         return max(gammas), gammas
 
     def _launch(self, busy: list[tuple[int, _Row]], pending: _Launched | None = None) -> _Launched:
-        """Steps 1-4 and the start of 5: everything queued on the device, nothing read. A plain
-        step after a `pending` one takes the rows' last tokens from its verdict, on the device."""
+        """Steps 1-4 and the start of 5: everything queued on the device, nothing read. A step
+        after a `pending` one is plain (`_feeds`): it takes the rows' last tokens from pending's
+        verdict, on the device, and the controller is asked for it once pending is read."""
         runner = self.runner
         width = busy[-1][0] + 1  # rows 0..width-1; free ones ride along
         rows = [None] * width
         for slot, row in busy:
             rows[slot] = row
-        gamma, gammas = self._gammas(busy, width)  # 1.
+        gamma, gammas = self._gammas(busy, width) if pending is None else (0, [0] * width)  # 1.
         view = self._view(rows) if any(gammas) else None
         clock = Clock(runner.device, self._since)
         clock.mark()
