@@ -9,7 +9,8 @@ model's). Each step (docs/concepts.md "One step"):
      draft = proposer.propose(rows, gammas)         DraftBatch [B, W] + num_draft [B], on the device
   3. out = runner.forward([last, *draft])            ONE forward of [B, W + 1]; logits stay on the device
   4. verdict = verifier.verify(draft, out.logits)    ids [B, W + 1] (-1 pad) + num_accepted [B], on the device
-  5. host = verdict.to_host()                        the step's ONE device-to-host copy
+  5. host = verdict.copy_to_host().rows()            the step's ONE device-to-host copy (a plain step
+                                                     queued ahead is launched between its start and its read)
   6. runner.commit / proposer.commit                 each row keeps what it accepted (host ints for shapes)
   7. controller.update, stats, stop rules, text, events (host)
 
