@@ -77,6 +77,19 @@ def test_steps_that_drafted_nothing_are_not_judged_and_measure_the_plain_cost():
     assert guard.plain_cost(1) == pytest.approx(1.5 * PLAIN_S)  # the misses are the plain samples
 
 
+def test_where_plain_steps_are_queued_ahead_a_plain_step_costs_its_own_time():
+    """With plain steps queued ahead of the host (`overlap`, a GPU's default), the host's time
+    between steps runs beside the device's, so what a pause buys is a plain step's own time; a
+    speculative step still pays its host time (its draft needs the verdict first)."""
+    for overlapped, plain_s in ((False, 1.5 * PLAIN_S), (True, PLAIN_S)):
+        guard = Guard(FixedGamma(4))
+        guard.overlapped = overlapped
+        guard.admit(0)
+        for _ in range(3):
+            guard.update_rows([0], [RowVerdict(0, 0, 0)], StepTiming(0.0, PLAIN_S, host_s=0.5 * PLAIN_S), 1)
+        assert guard.plain_cost(1) == pytest.approx(plain_s)
+
+
 def test_costs_nothing_where_speculation_pays():
     guard = Guard(FixedGamma(4))
     guard.admit(0)

@@ -126,6 +126,9 @@ def test_overlap_is_on_where_the_device_runs_asynchronously():
     launch, ahead = decoder._launch, []
     decoder._launch = lambda busy, pending=None: ahead.append(pending) or launch(busy, pending)
     assert list(decoder.run([Request(PROMPT, 30)])) and ahead and not any(ahead)
+    assert pipe.controller.overlapped  # the guard prices plain steps as queued ahead
+    pipe.overlap = "off"
+    assert not Decoder(pipe, 1).overlap and not pipe.controller.overlapped
 
 
 def test_rows_the_guard_holds_are_queued_ahead_and_decide_as_read_step_by_step(monkeypatch):
@@ -188,3 +191,39 @@ def test_rows_the_guard_holds_are_queued_ahead_and_decide_as_read_step_by_step(m
     assert runs["on"][0] == runs["off"][0]  # the same tokens, γ and holds at every step
     assert runs["off"][1] == 0 and runs["on"][1] > 100, runs["on"][1]  # of 252 steps
     assert sum(held for _, _, held in runs["on"][0].values()) > 200
+
+
+def test_a_batch_size_scheduled_plain_is_queued_ahead_and_drafts_again_below_it():
+    """`batch_schedule={2: 0}`: steps of two or more rows are plain whatever a step shows, so
+    they are queued ahead; a row alone speculates again. Every row is the plain target's."""
+    target = tiny_target(seed=0, eos=EOS)
+    controller = FixedGamma(3)
+    controller.schedule = {2: 0}
+    pipe = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), controller, overlap="on")
+    reqs = requests()
+    alone = [pipe.run(r.prompt, max_new_tokens=r.max_new_tokens, speculative=False).token_ids for r in reqs]
+    decoder = Decoder(pipe, 2)
+    launch, ahead = decoder._launch, []
+    decoder._launch = lambda busy, pending=None: ahead.append((len(busy), pending is not None)) or launch(busy, pending)
+    out = {i: [] for i in range(len(reqs))}
+    drafted = 0
+    for event in decoder.run(reqs):
+        out[event.index] += event.tokens
+        drafted += event.gamma
+    assert [out[i] for i in range(len(reqs))] == alone
+    assert sum(queued for _, queued in ahead) > 20 and all(rows == 2 for rows, queued in ahead if queued)
+    assert drafted > 0  # the last request, alone, drafts
+
+
+def test_the_guard_holds_a_batch_size_it_paused():
+    """The batch size's own pause (speculation at that size did not pay), as the guard keeps it:
+    held whatever the step in flight shows while more than one held step is left to wait."""
+    from specpipe.controllers.guard import Guard, RowGuard
+
+    guard = Guard(FixedGamma(3))
+    for slot in range(4):
+        guard.admit(slot)
+    guard._sizes[4] = RowGuard(paused=True, wait=3, size=True)
+    assert guard.holds([0, 1, 2, 3], 4) and not guard.holds([0, 1], 2)
+    guard._sizes[4].wait = 1  # the step in flight may be the last held one: the next may be a trial
+    assert not guard.holds([0, 1, 2, 3], 4)

@@ -20,6 +20,9 @@ from specpipe.types import RowVerdict, StepTiming
 
 class Controller:
     adapts = True  # γ moves within [gamma_min, gamma_max]; False: it stays the configured γ (fixed, confidence)
+    # the decode loop queues plain steps ahead of the host (decode/loop.py, `overlap`), so plain
+    # decoding costs a step's own time, without the host's time between steps (the decoder sets it)
+    overlapped = False
 
     def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8):
         check_gamma(gamma)
@@ -68,11 +71,13 @@ class Controller:
         """`update_batch` with the batch row of each verdict (default: the rows are not needed)."""
         self.update_batch(verdicts, timing, batch)
 
-    def holds(self, slots: list[int]) -> bool:
-        """Whether the next step gives every one of these rows γ 0 whatever the step in flight
-        shows when it is read (default: not known), so the loop may queue that plain step before
-        reading the one in flight (decode/loop.py). The γ calls for it come after the update."""
-        return False
+    def holds(self, slots: list[int], batch: int) -> bool:
+        """Whether the next step (of `batch` rows) gives every one of these rows γ 0 whatever the
+        step in flight shows when it is read, so the loop may queue that plain step before
+        reading the one in flight (decode/loop.py); the γ calls for it come after the update.
+        Default: where the schedule fixes γ 0 at this batch size (else it is not known)."""
+        covered = [size for size in self.schedule if size <= batch]
+        return bool(covered) and self.schedule[max(covered)] == 0
 
     def stop_below(self, position: int) -> float:
         """A drafter stops after draft token `position` where its top probability is below this

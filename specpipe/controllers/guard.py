@@ -181,11 +181,14 @@ class Guard(Controller):
         self._given[slot] = 0 if held else self.inner.row_gamma(slot, gamma)
         return self._given[slot]
 
-    def holds(self, slots: list[int]) -> bool:
-        """Every row paused with more than one held step to wait: the step in flight (held too)
-        takes at most one, so the next is held whatever it shows."""
+    def holds(self, slots: list[int], batch: int) -> bool:
+        """Every row paused with more than one held step to wait, or the batch size's verdict so
+        paused (batch > 1): the step in flight (held too) takes at most one, so the next is held
+        whatever it shows. Or the inner controller's schedule holds the batch."""
         rows = [self._rows.get(slot) for slot in slots]
-        return all(row is not None and row.paused and row.wait >= 2 for row in rows)
+        size = self._sizes.get(batch) if batch > 1 else None
+        return (all(row is not None and row.paused and row.wait >= 2 for row in rows)
+                or (size is not None and size.paused and size.wait >= 2) or self.inner.holds(slots, batch))
 
     def paused(self, slot: int) -> bool:
         """Whether the guard holds this row at γ = 0, alone or with its batch (what the live view shows)."""
@@ -203,7 +206,10 @@ class Guard(Controller):
         self._rows = {slot: row for slot, row in self._rows.items() if slot in slots}  # finished requests' rows go
         given = [self._given.get(slot, verdict.gamma) for slot, verdict in zip(slots, verdicts)]
         if not any(verdict.gamma for verdict in verdicts):  # nothing drafted (held, or a lookup that found none)
-            self._plain.setdefault(batch, deque(maxlen=5)).append((self._steps, timing.total_s))
+            # where plain decoding is queued ahead, the host's time between its steps runs beside
+            # the device's: what pausing buys is the step's own time
+            plain_s = timing.total_s - timing.host_s if self.overlapped else timing.total_s
+            self._plain.setdefault(batch, deque(maxlen=5)).append((self._steps, plain_s))
         plain = self.plain_cost(batch)
         cost = (timing.total_s - timing.fill_s) / plain if plain is not None else 0.0  # in plain steps
         drafted = [verdict.gamma for verdict, gamma in zip(verdicts, given) if gamma > 0 and verdict.gamma > 0]

@@ -21,7 +21,8 @@ N+1 (vLLM's asynchronous scheduling). A row that stops at step N has had step N+
 nothing, which is dropped. `overlap` (auto: where the device runs asynchronously, CUDA) turns it
 on. A speculative step cannot be queued so (the proposer drafts from the tokens the host reads),
 but the plain steps of rows the controller holds at γ 0 whatever the step in flight shows (the
-guard's pause: `Controller.holds`) are, so a paused request runs as fast as plain decoding.
+guard's pauses, a batch size's schedule at 0: `Controller.holds`) are, so a paused request runs
+as fast as plain decoding.
 
 Rows advance by different amounts (ragged acceptance), so a rollback is a length per row. Every
 row has its own stop rule and its own randomness (`RowRandom`, seeded by its request), so a row
@@ -156,6 +157,8 @@ class Decoder:
         self.limit = pipeline.context_limit()  # of one row: every row has the same slots
         # plain steps are queued before the last is read (the module docstring)
         self.overlap = overlaps(getattr(pipeline, "overlap", "auto"), self.runner.device)
+        if self.proposer is not None:  # the guard prices the plain steps a pause would run at what they cost
+            pipeline.controller.overlapped = self.overlap
         self.steps: list[BatchStep] = []
         self._started = time.perf_counter()
         self._since = None  # the last step's end mark (its successor's host time counts from it)
@@ -219,13 +222,14 @@ class Decoder:
         carries over from `pending` can have run out of tokens there (pending emits one a row; a
         row that stops on a token instead has one step dropped), and it is plain whatever
         `pending` shows: no row speculates, or the controller holds every speculating row (the
-        guard's pause), each carried over (a new row's admission comes after the update)."""
+        guard's pause, alone or the batch size's; a schedule's γ 0), each carried over (a new
+        row's admission comes after the update)."""
         carried = [row for slot, row in busy if slot < len(pending.rows) and pending.rows[slot] is row]
         if not busy or any(row.budget < 2 for row in carried):
             return False
         speculating = [(slot, row) for slot, row in busy if row.speculative]
         return not speculating or (all(any(row is c for c in carried) for _, row in speculating)
-                                   and self.pipeline.controller.holds([slot for slot, _ in speculating]))
+                                   and self.pipeline.controller.holds([slot for slot, _ in speculating], len(busy)))
 
     def _release(self, slot: int, row: _Row) -> None:
         """A free slot below a busy one rides along in every forward: its rows are emptied."""
