@@ -87,6 +87,7 @@ def test_sampling_with_the_rejection_verifier(model_dirs):
         (["model.quantize=int8"], ["model.quantize=int8", "fp16"]),
         (["proposer=twin", "proposer.quantize=int3"], ["int3", "none, fp16, int8"]),
         (["proposer.quantize=int8"], ["proposer.quantize", "not in struct"]),
+        (["overlap=sometimes"], ["overlap=sometimes", "auto, on, off"]),
     ],
 )
 def test_bad_input_is_one_clear_error(args, words, model_dirs):

@@ -227,3 +227,12 @@ def test_the_guard_holds_a_batch_size_it_paused():
     assert guard.holds([0, 1, 2, 3], 4) and not guard.holds([0, 1], 2)
     guard._sizes[4].wait = 1  # the step in flight may be the last held one: the next may be a trial
     assert not guard.holds([0, 1, 2, 3], 4)
+
+
+def test_an_unknown_overlap_is_refused_in_one_sentence():
+    from specpipe.checks.validate import check_settings
+    from specpipe.config import compose
+
+    assert check_settings(compose(["overlap=on"])).status == "ok"
+    check = check_settings(compose(["overlap=sometimes"]))
+    assert check.status == "refuse" and "overlap=sometimes is not a choice (use one of auto, on, off" in check.why
