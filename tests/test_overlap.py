@@ -239,3 +239,15 @@ def test_an_unknown_overlap_is_refused_in_one_sentence():
     assert check_settings(compose(["overlap=on"])).status == "ok"
     check = check_settings(compose(["overlap=sometimes"]))
     assert check.status == "refuse" and "overlap=sometimes is not a choice (use one of auto, on, off" in check.why
+
+
+def test_check_names_the_overlap_where_it_is_on():
+    from specpipe.checks.target import check_engine
+    from specpipe.config import compose
+
+    def named(overrides: list[str]) -> list[str]:
+        return [c.why for c in check_engine(compose(["proposer=ngram", *overrides]), None) if c.name == "overlap"]
+
+    assert named([]) == [] and named(["overlap=off"]) == []  # the CPU's default: steps read one by one
+    (why,) = named(["overlap=on"])
+    assert "queued on the device before the last one's tokens are read" in why and "nothing to gain" in why

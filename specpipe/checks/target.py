@@ -76,6 +76,7 @@ def check_precision(cfg: DictConfig) -> list[Check]:
 
 def check_engine(cfg: DictConfig, target_config) -> list[Check]:
     """Which engine runs the target, how its decode steps run, the guarantee they give, and the device."""
+    from specpipe.decode.loop import overlaps
     from specpipe.engine import DEVICES, ENGINES, GRAPHS, KERNELS, static_step
     from specpipe.engine.native_model import config_unsupported_reason
 
@@ -126,6 +127,12 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
                             f"graphs with kernels=exact verify chains: proposer={proposer_kind(cfg)} drafts its best "
                             "path (a tree's siblings share a position, so they cannot each run at their plain step's "
                             "block row)", "kernels=fast verifies the tree, within tolerance"))
+    if overlaps(cfg.get("overlap", "auto"), cfg.device):
+        checks.append(Check("overlap", "ok", "plain steps (plain decoding, and the steps the guard holds at γ 0) are "
+                            "queued on the device before the last one's tokens are read: the host's work between "
+                            "steps runs beside the device's" + ("" if cfg.device == "cuda" else
+                                                               " (on the CPU, which computes as it is asked, "
+                                                               "nothing to gain)")))
     if cfg.device not in DEVICES:
         checks.append(Check("device", "refuse", f"device={cfg.device} is not supported", f"use {' or '.join(DEVICES)}"))
     elif cfg.device == "cuda":
