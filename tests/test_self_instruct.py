@@ -65,6 +65,7 @@ def test_a_model_that_never_ends_its_turn_is_refused_not_looped(tmp_path):
 
 
 @pytest.mark.slow  # the real SmolLM2 (zoo)
+@pytest.mark.full  # 19 s, for CI's time budget: the steps it takes are tested on tiny models above
 def test_smollm2_writes_requests_like_a_users(tmp_path):
     from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
     from specpipe.models.quantize import quantize_model
