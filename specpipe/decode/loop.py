@@ -138,6 +138,10 @@ class _Launched:
     copy: HostCopy
     clock: Clock
 
+    def carries(self, slot: int, row: "_Row | None") -> bool:
+        """Whether `row` decoded in this step, at batch row `slot` (the next step continues it)."""
+        return row is not None and slot < len(self.rows) and self.rows[slot] is row
+
 
 class Decoder:
     def __init__(self, pipeline, slots: int, speculative: bool = True):
@@ -224,11 +228,10 @@ class Decoder:
         `pending` shows: no row speculates, or the controller holds every speculating row (the
         guard's pause, alone or the batch size's; a schedule's γ 0), each carried over (a new
         row's admission comes after the update)."""
-        carried = [row for slot, row in busy if slot < len(pending.rows) and pending.rows[slot] is row]
-        if not busy or any(row.budget < 2 for row in carried):
+        if not busy or any(row.budget < 2 for slot, row in busy if pending.carries(slot, row)):
             return False
         speculating = [(slot, row) for slot, row in busy if row.speculative]
-        return not speculating or (all(any(row is c for c in carried) for _, row in speculating)
+        return not speculating or (all(pending.carries(slot, row) for slot, row in speculating)
                                    and self.pipeline.controller.holds([slot for slot, _ in speculating], len(busy)))
 
     def _release(self, slot: int, row: _Row) -> None:
@@ -316,8 +319,7 @@ class Decoder:
     def _last(self, rows: list[_Row | None], pending: _Launched | None) -> torch.Tensor:
         """[B] each row's last token on the device: from `pending`'s verdict for the rows it
         carries on (plain: its first column), from the host for the others."""
-        fed = [pending is not None and row is not None and slot < len(pending.rows) and pending.rows[slot] is row
-               for slot, row in enumerate(rows)]
+        fed = [pending is not None and pending.carries(slot, row) for slot, row in enumerate(rows)]
         host = [row.tokens[-1] if row is not None and not f else 0 for row, f in zip(rows, fed)]
         device = self.runner.device
         if not any(fed):
