@@ -90,6 +90,54 @@ def test_where_plain_steps_are_queued_ahead_a_plain_step_costs_its_own_time():
         assert guard.plain_cost(1) == pytest.approx(plain_s)
 
 
+def lookups(guard: Guard, steps: int, hit, host: float) -> list[int]:
+    """`steps` steps of one row under a lookup proposer: a step where hit(step) drafts its γ and
+    keeps two tokens, else finds nothing; a step not queued ahead (one that drafted, or could
+    have) costs `host` plain steps of the host's time on top of its device time. Returns each
+    step's γ and whether the guard holds the next step whatever this one shows."""
+    trace = []
+    for step in range(steps):
+        gamma = guard.row_gamma(0, guard.gamma(1))
+        drafted = gamma if gamma and hit(step) else 0
+        host_s = host * PLAIN_S if gamma else 0.0  # a held step is queued before the last is read
+        guard.update_rows([0], [RowVerdict(min(drafted, 2), 0, drafted)],
+                          StepTiming(0.0, cheap(1 + drafted), host_s=host_s), 1)
+        trace.append((gamma, guard.holds([0], 1)))
+    return trace
+
+
+def test_where_plain_steps_are_queued_ahead_lookups_that_keep_missing_pause_the_request():
+    """A miss is read before the next step is queued, so where plain steps are queued ahead it
+    costs the host's time on top (here 0.3 of a plain step): a request whose lookups never find
+    anything is paused, and its held steps are then queued ahead; read step by step, a miss
+    costs what a plain step costs there and nothing is paused."""
+    guard = Guard(FixedGamma(4))
+    guard.overlapped = True
+    guard.admit(0)
+    trace = lookups(guard, 200, lambda step: False, host=0.3)
+    assert guard.plain_cost(1) == pytest.approx(PLAIN_S)  # the device's time: the host's runs beside it
+    first = next(step for step, (gamma, _) in enumerate(trace) if step and gamma == 0)
+    assert first <= 12  # lost 3 plain steps' worth (10 misses at 0.3), then paused
+    assert sum(gamma > 0 for gamma, _ in trace) <= 30  # trials ever further apart
+    assert sum(holds for _, holds in trace) >= 150  # those steps are queued ahead
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    trace = lookups(guard, 200, lambda step: False, host=0.3)
+    assert sum(gamma == 0 for gamma, _ in trace) <= 1 + 200 // guard.refresh  # the plain probes only
+    assert not guard.paused(0)
+
+
+def test_where_plain_steps_are_queued_ahead_misses_do_not_pause_lookups_that_pay():
+    """Misses cost their host time, but drafts on one step in three that keep two tokens at 1.2
+    plain steps' cost still pay for them: 6 tokens in 4.5 plain steps' time."""
+    guard = Guard(FixedGamma(4))
+    guard.overlapped = True
+    guard.admit(0)
+    trace = lookups(guard, 200, lambda step: step % 3 == 0, host=0.3)
+    assert not guard.paused(0)
+    assert sum(gamma == 0 for gamma, _ in trace) <= 1 + 200 // guard.refresh  # the plain probes only
+
+
 def test_costs_nothing_where_speculation_pays():
     guard = Guard(FixedGamma(4))
     guard.admit(0)

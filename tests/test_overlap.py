@@ -21,6 +21,7 @@ from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
+from specpipe.types import StepTiming
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from test_batch import EOS, requests
@@ -194,6 +195,59 @@ def test_rows_the_guard_holds_are_queued_ahead_and_decide_as_read_step_by_step(m
     assert runs["on"][0] == runs["off"][0]  # the same tokens, γ and holds at every step
     assert runs["off"][1] == 0 and runs["on"][1] > 100, runs["on"][1]  # 151 batch steps queued ahead
     assert sum(held for _, _, held in runs["on"][0].values()) > 200  # 261 of 269 row steps held
+
+
+class HostClock:
+    """Scripted step timings: every step's device time is a plain step's; a step not queued
+    ahead waits 0.3 of one for the host's work between steps (the decoder's `_launch` sets
+    `queued` before it starts the step's clock)."""
+
+    queued = False
+    end = None
+
+    def __init__(self, device, since=None):
+        self.host_s = 0.0 if HostClock.queued else 0.003
+
+    def mark(self) -> None:
+        pass
+
+    def timing(self) -> StepTiming:
+        return StepTiming(0.0, 0.010, host_s=self.host_s)
+
+
+def test_rows_whose_lookups_keep_missing_are_paused_and_queued_ahead(monkeypatch):
+    """A lookup that finds nothing leaves a plain step that is read before the next is queued:
+    where plain steps are queued ahead it costs the host's time on top, so the guard pauses the
+    rows whose lookups keep missing (a 64-gram never recurs in these short requests) and their
+    held steps are queued ahead. Read step by step, a miss costs a plain step and nothing is
+    paused. Every row is the plain target's either way."""
+    from specpipe.controllers.guard import Guard
+
+    monkeypatch.setattr("specpipe.decode.loop.Clock", HostClock)
+    reqs = requests()
+    ahead = {}
+    for overlap in ("off", "on"):
+        target = tiny_target(seed=0, eos=EOS)
+        pipe = Pipeline(target, NgramProposer(64, 64), GreedyVerifier(), Guard(FixedGamma(4)), overlap=overlap)
+        alone = [pipe.run(r.prompt, max_new_tokens=r.max_new_tokens, speculative=False).token_ids for r in reqs]
+        decoder = Decoder(pipe, 2)
+        launch, queued = decoder._launch, []
+
+        def launched(busy, pending=None, launch=launch, queued=queued):
+            HostClock.queued = pending is not None
+            queued.append(HostClock.queued)
+            return launch(busy, pending)
+
+        decoder._launch = launched
+        out, held = {i: [] for i in range(len(reqs))}, 0
+        for event in decoder.run(reqs):
+            out[event.index] += event.tokens
+            held += event.held
+        assert [out[i] for i in range(len(reqs))] == alone
+        ahead[overlap] = (sum(queued), len(queued), held)
+    assert ahead["off"][0] == 0 and ahead["off"][2] <= len(reqs)  # each request's first-step probe only
+    queued, steps, held = ahead["on"]
+    assert queued > steps // 2 and held > steps // 2, ahead["on"]
 
 
 def test_a_batch_size_scheduled_plain_is_queued_ahead_and_drafts_again_below_it():

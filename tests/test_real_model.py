@@ -178,6 +178,37 @@ def test_smollm2_overlapped_plain_decoding_is_the_sequential_loop(prompts):
     assert runs["on"] == runs["off"] and [len(tokens) for tokens, _ in runs["on"].values()] == [20, 7, 13]
 
 
+def test_smollm2_lookups_that_keep_missing_are_queued_ahead_and_exact(prompts, monkeypatch):
+    """Prompt lookup of 64-grams (none recurs in these answers) with `overlap=on` on the real
+    model, under scripted step timings in which a step read before the next is queued costs 0.3
+    of a plain step more (test_overlap.HostClock): the guard pauses the rows whose lookups keep
+    missing and their held steps are queued ahead; every request is still the plain target's
+    output, two at a time."""
+    from test_overlap import HostClock
+
+    from specpipe.decode.loop import Decoder, Request
+
+    monkeypatch.setattr("specpipe.decode.loop.Clock", HostClock)
+    pipeline = Pipeline.from_config(compose(["proposer=ngram", "proposer.ngram_max=64", "proposer.ngram_min=64", "gamma=4",
+                                               "overlap=on"]))
+    requests = [Request(pipeline.encode(prompt["messages"]), budget) for prompt, budget in zip(prompts, (40, 24, 32))]
+    alone = [pipeline.run(r.prompt, max_new_tokens=r.max_new_tokens, speculative=False).token_ids for r in requests]
+    decoder = Decoder(pipeline, 2)
+    launch, queued = decoder._launch, []
+
+    def launched(busy, pending=None):
+        HostClock.queued = pending is not None
+        queued.append(HostClock.queued)
+        return launch(busy, pending)
+
+    decoder._launch = launched
+    out = {i: [] for i in range(len(requests))}
+    for event in decoder.run(requests):
+        out[event.index] += event.tokens
+    assert [out[i] for i in range(len(requests))] == alone
+    assert sum(queued) > len(queued) // 2, queued
+
+
 def test_streamed_text_equals_the_whole_decode():
     """Incremental detokenization (a window per step) gives exactly the text of decoding it all,
     multi-byte characters split across steps included."""

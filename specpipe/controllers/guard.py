@@ -21,7 +21,12 @@ would take for the request's worth, pausing requests that pay overall.
   was measured in the last `refresh // 4` steps. While every row is paused, every step is a
   plain step.
 - Only steps that verified a draft are judged: a row that was allowed γ > 0 but drafted nothing
-  spent a plain step, which says nothing about what its drafts are worth.
+  spent a plain step, which says nothing about what its drafts are worth. Except where plain
+  steps are queued ahead of the host (`overlapped`, a GPU's default): there a step in which
+  rows could draft but none did (lookups that found nothing) is still read before the next is
+  queued, so it costs the host's time between steps on top of a plain step. That excess is the
+  row's loss (the miss counts as one token at its cost, but not as a judged step), so a request
+  whose lookups keep missing is paused, and its held steps are queued ahead like plain ones.
 - A row whose gain is under 1 after at least `window` speculative steps is paused: γ = 0 for
   it; so is a row whose speculation has already lost `loss_max` plain steps' worth of time
   (cost minus tokens), however few its steps: a dear proposer (a twin drafting γ tokens at
@@ -213,6 +218,9 @@ class Guard(Controller):
         plain = self.plain_cost(batch)
         cost = (timing.total_s - timing.fill_s) / plain if plain is not None else 0.0  # in plain steps
         drafted = [verdict.gamma for verdict, gamma in zip(verdicts, given) if gamma > 0 and verdict.gamma > 0]
+        # a step in which rows could draft but none did (lookups that found nothing) could not be
+        # queued ahead: where plain steps are, it costs the host's time between steps on top
+        missed = self.overlapped and not any(verdict.gamma for verdict in verdicts)
         if drafted and plain is not None:
             self._measure_reach(batch, max(drafted) + 1, cost)
         for slot, verdict, gamma in zip(slots, verdicts, given):
@@ -221,9 +229,11 @@ class Guard(Controller):
             if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
                 row.filled += timing.fill_s / plain
                 self._judge(row, verdict.n_accepted + 1, cost, batch)
-                self._recent.tokens = self.fade * self._recent.tokens + verdict.n_accepted + 1
-                self._recent.cost = self.fade * self._recent.cost + cost
-                self._recent.judged += 1
+                self._learn(self._recent, verdict.n_accepted + 1, cost)
+            elif gamma > 0 and missed and plain is not None:  # read before the next was queued: its excess
+                row.filled += timing.fill_s / plain
+                self._judge(row, 1, cost, batch, counted=False)
+                self._learn(self._recent, 1, cost, counted=False)
             elif row.paused and not self._probe_plain:
                 row.wait -= 1
         if batch > 1 and plain is not None:
@@ -257,16 +267,16 @@ class Guard(Controller):
                                                  interval=self.probe_every, fade=self.fade, size=True)
         return size
 
-    def _judge(self, row: RowGuard, tokens: float, cost: float, batch: int) -> None:
+    def _judge(self, row: RowGuard, tokens: float, cost: float, batch: int, counted: bool = True) -> None:
         """A speculative step at this batch size (`tokens` emitted in `cost` plain steps' time,
         its proposer's cache fill apart): pause a row whose speculation costs more than it
         yields; a paused row's speculative step starts its trial. The fill is judged as the
         trial's price, not each step's: what the drafts are worth from here on decides whether
-        to go on."""
+        to go on. A miss read step by step (`counted=False`) adds its excess to the row's loss
+        but is no judged step: the window's verdict on what drafts yield waits for drafts."""
         if row.paused:
             row.paused, row.trial = False, True
-        row.tokens, row.cost = row.fade * row.tokens + tokens, row.fade * row.cost + cost
-        row.judged += 1
+        self._learn(row, tokens, cost, counted)
         gain, lost = row.tokens / max(row.cost, 1e-9), row.cost - row.tokens
         if row.trial and (row.judged >= max(self.window // 2, 1) or lost >= self.loss_max / 2):
             if gain >= 1.0 + self.margin and lost < self.loss_max / 2:
@@ -275,6 +285,12 @@ class Guard(Controller):
                 self._pause(row, batch, backoff=True)
         elif not row.trial and not self._pays(row):
             self._pause(row, batch, backoff=False)
+
+    @staticmethod
+    def _learn(state: RowGuard, tokens: float, cost: float, counted: bool = True) -> None:
+        """A step's tokens and cost added to a verdict's sums (earlier steps faded by its `fade`)."""
+        state.tokens, state.cost = state.fade * state.tokens + tokens, state.fade * state.cost + cost
+        state.judged += counted
 
     def _pays(self, state: RowGuard) -> bool:
         """Speculation pays so far: it has not lost `loss_max` plain steps' worth, and after
