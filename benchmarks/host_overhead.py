@@ -14,7 +14,10 @@ through that span (the commit, the tokens' emission, the proposer's search, the 
 fill). Plain decoding is measured both ways: `overlap=off`, and `overlap=on` (a GPU's
 default), where each step is queued before the last is read, so no replay waits for a read
 (the span is not measured: the device waits only where a step's kernels take less than the
-host's time a step). One thread; run it alone on the machine.
+host's time a step). `--real STRATEGY` adds the same span on a real model (its tokenizer's
+text, its proposer's search or heads; 48 tokens of three dev prompts, `graphs=on`,
+`overlap=off`), e.g. `--real "recipe=recipes/smollm2-135m model.quantize=bf16"`. One thread;
+run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -55,6 +59,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--real", action="append", default=[], metavar="STRATEGY",
+                        help="also the read-to-replay span on a real model, e.g. "
+                             "'recipe=recipes/smollm2-135m model.quantize=bf16' (repeatable; needs the model)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     target = tiny()
@@ -81,11 +88,52 @@ def main() -> None:
         print(f"{name}, graphs=on, overlap={overlap}: {best:.3f} ms a step outside graphs (median {median:.3f}, "
               f"{steps} steps); " + ("queued before the last step's read" if span is None else
                                      f"{span:.3f} ms from the verdict's read to the next replay (median)"))
+    real_spans(args.real, 48)
 
 
 def outside_graphs(target: LoadedModel, proposer, args, overlap: str) -> tuple[float, float, int, float | None]:
     """(best, median) host ms a step outside `Graphs.run` over the repeats, the steps, and the
     median ms from a verdict's read (`HostCopy.rows`) to the next `Graphs.run` (None overlapped)."""
+    pipe = Pipeline(target, proposer, GreedyVerifier(), FixedGamma(4) if proposer else None,
+                    runner=make_runner(target.model, graphs="on"), overlap=overlap)
+    prompt = PROMPT * 4  # repeats: the proposers find matches
+    with timed_graphs() as (inside, read, spans):
+        pipe.run(prompt, max_new_tokens=50)  # warm-up
+        per_step = []
+        spans.clear()
+        for _ in range(args.repeats):
+            inside[0], read[0] = 0.0, None
+            started = time.perf_counter()
+            stats = pipe.run(prompt, max_new_tokens=args.tokens).stats
+            per_step.append((time.perf_counter() - started - inside[0]) / stats.steps * 1000)
+    span = None if overlap == "on" else statistics.median(spans) * 1000
+    return min(per_step), statistics.median(per_step), stats.steps, span
+
+
+def real_spans(strategies: list[str], tokens: int) -> None:
+    """The median span from a verdict's read to the next replay on the real model of each
+    strategy (its own tokenizer's text, its proposer's search or heads), over three dev prompts."""
+    from specpipe.config import compose
+    from specpipe.prompts import load_prompts
+
+    messages = [prompt["messages"] for prompt in load_prompts("dev")[:3]]
+    for strategy in strategies:
+        pipe = Pipeline.from_config(compose([*strategy.split(), "graphs=on", "overlap=off"]))
+        pipe.run(messages[0], max_new_tokens=8)  # warm-up: the graphs' first forward
+        with timed_graphs() as (_, read, spans):
+            spans.clear()
+            steps = 0
+            for message in messages:
+                read[0] = None
+                steps += pipe.run(message, max_new_tokens=tokens).stats.steps
+        print(f"{strategy}: {statistics.median(spans) * 1000:.3f} ms from the verdict's read to the next replay "
+              f"(median, {steps} steps)")
+
+
+@contextmanager
+def timed_graphs():
+    """Hooks on `Graphs.run` and `HostCopy.rows`: yields ([seconds inside graphs], [the last
+    read's time or None], [spans from a read to the next replay])."""
     inside, read, spans = [0.0], [None], []
     run, rows = Graphs.run, HostCopy.rows
 
@@ -104,23 +152,11 @@ def outside_graphs(target: LoadedModel, proposer, args, overlap: str) -> tuple[f
         read[0] = time.perf_counter()
         return host
 
-    pipe = Pipeline(target, proposer, GreedyVerifier(), FixedGamma(4) if proposer else None,
-                    runner=make_runner(target.model, graphs="on"), overlap=overlap)
-    prompt = PROMPT * 4  # repeats: the proposers find matches
     Graphs.run, HostCopy.rows = timed, reading
     try:
-        pipe.run(prompt, max_new_tokens=50)  # warm-up
-        per_step = []
-        spans.clear()
-        for _ in range(args.repeats):
-            inside[0], read[0] = 0.0, None
-            started = time.perf_counter()
-            stats = pipe.run(prompt, max_new_tokens=args.tokens).stats
-            per_step.append((time.perf_counter() - started - inside[0]) / stats.steps * 1000)
+        yield inside, read, spans
     finally:
         Graphs.run, HostCopy.rows = run, rows
-    span = None if overlap == "on" else statistics.median(spans) * 1000
-    return min(per_step), statistics.median(per_step), stats.steps, span
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ model's). Each step (docs/concepts.md "One step"):
   5. host = verdict.copy_to_host().rows()            the step's ONE device-to-host copy (a plain step
                                                      queued ahead is launched between its start and its read)
   6. runner.commit / proposer.commit                 each row keeps what it accepted (host ints for shapes)
-  7. controller.update, stats, stop rules, text, events (host)
+  7. controller.update, stats, stop rules (host)
+  8. text and events (host)                          once the next step is queued: the device runs it meanwhile
 
 Plain decoding overlaps the host with the device: a plain step's input is the previous step's
 token, which is on the device already, so the loop queues step N+1 (fed from step N's verdict on
@@ -22,7 +23,10 @@ nothing, which is dropped. `overlap` (auto: where the device runs asynchronously
 on. A speculative step cannot be queued so (the proposer drafts from the tokens the host reads),
 but the plain steps of rows the controller holds at γ 0 whatever the step in flight shows (the
 guard's pauses, a batch size's schedule at 0: `Controller.holds`) are, so a paused request runs
-as fast as plain decoding.
+as fast as plain decoding. Every step, speculative too, leaves its text and events (8: the
+detokenization and the consumer's work) until the next step is queued, so only what the next
+step needs (the read, the commits, the controller's update, the stop rules, the next draft)
+sits between a speculative step and the next.
 
 Rows advance by different amounts (ragged acceptance), so a rollback is a length per row. Every
 row has its own stop rule and its own randomness (`RowRandom`, seeded by its request), so a row
@@ -143,6 +147,18 @@ class _Launched:
         return row is not None and slot < len(self.rows) and self.rows[slot] is row
 
 
+@dataclass(slots=True)
+class _Kept:
+    """What a settled step kept of one row, its event not made yet."""
+
+    slot: int
+    row: _Row
+    tokens: list[int]  # kept: the stop rule applied
+    reason: str | None  # why the row finished (None: it goes on)
+    gamma: int  # drafted for it
+    held: bool  # the controller held it at γ 0 (`_Row.held` of this step: the next launch resets it)
+
+
 class Decoder:
     def __init__(self, pipeline, slots: int, speculative: bool = True):
         """pipeline: a `Pipeline` (its runner, proposer, verifier, controller, tokenizer); slots:
@@ -183,12 +199,16 @@ class Decoder:
         self._since = None
         exhausted = False
         pending: _Launched | None = None  # a plain step queued on the device, its verdict not read yet
+        kept: list[_Kept] = []  # the last settled step's rows: their text and events wait for the next launch
         while True:
             if pending is not None and self.proposer is not None and any(row.done for _, row in pending.busy):
                 # a finished row's slot takes a new request only once its last step is read: the
                 # proposer's commit of that step must come before the new request's prefill
-                events, pending = self._settle(pending), None
-                yield from self._emitted(events, rows)
+                yield from self._events(kept)
+                kept, pending = self._settled(pending, rows), None
+            if kept and not exhausted and None in rows:  # a finished request's last event before the next prefill
+                yield from self._events(kept)
+                kept = []
             while not exhausted and None in rows:
                 item = next(queue, None)
                 if item is None:
@@ -198,28 +218,43 @@ class Decoder:
                 rows[slot] = self._admit(slot, *item)
             busy = [(slot, row) for slot, row in enumerate(rows) if row is not None]
             if pending is not None and not self._feeds(pending, busy):
-                events, pending = self._settle(pending), None
-                yield from self._emitted(events, rows)  # rows may finish: admit again first
+                yield from self._events(kept)
+                kept, pending = self._settled(pending, rows), None  # rows may finish: admit again first
                 continue
             if not busy:
+                yield from self._events(kept)
                 return
             launched = self._launch(busy, pending)
+            # the settled step's text and events (the consumer's work too) while the device runs this one
+            yield from self._events(kept)
             earlier, pending = pending, (launched if launched.plain and self.overlap else None)
-            events = self._settle(earlier) if earlier is not None else []
-            if earlier is not None:  # the controller's calls for the queued step, after the earlier's update
-                self._gammas(launched.busy, len(launched.rows))
+            kept = []
+            if earlier is not None:  # read while `launched` runs: its events need not wait
+                kept = self._settled(earlier, rows)
+                self._gammas(launched.busy, len(launched.rows))  # the controller's calls for it, after the update
+                yield from self._events(kept)
+                kept = []
             if pending is None:
-                events += self._settle(launched)
+                kept = self._settled(launched, rows)
             earlier = launched = None  # settled steps' tensors are freed before the next step allocates
-            yield from self._emitted(events, rows)
 
-    def _emitted(self, events, rows: list[_Row | None]) -> Iterator[RequestEvent]:
-        """A step's events, each row's slot freed once its request finished."""
-        for slot, row, event in events:
-            yield event
-            if event.finish_reason is not None:
-                rows[slot] = None
-                self._release(slot, row)
+    def _settled(self, launched: _Launched, rows: list[_Row | None]) -> list[_Kept]:
+        """A step settled, and the slots of the rows it finished freed (the next admission takes them)."""
+        kept = self._settle(launched)
+        for step in kept:
+            if step.reason is not None:
+                rows[step.slot] = None
+                self._release(step.slot, step.row)
+        return kept
+
+    def _events(self, kept: list[_Kept]) -> Iterator[RequestEvent]:
+        """A settled step's events: each row's new text (incremental detokenization) and the
+        consumer's turn, the host work that can wait until the next step is queued."""
+        for step in kept:
+            row = step.row
+            text = row.text.push(step.tokens, final=step.reason is not None)
+            yield RequestEvent(row.index, step.tokens, text, step.gamma, row.stats, row.timing, step.reason,
+                               step.held)
 
     def _feeds(self, pending: _Launched, busy: list[tuple[int, _Row]]) -> bool:
         """Whether the next step can be queued before `pending`'s verdict is read: no row it
@@ -332,8 +367,8 @@ class Decoder:
         picks = torch.tensor([host, fed]).to(device, non_blocking=True)  # [2, B]: one copy
         return torch.where(picks[1].bool(), carried[: len(rows)], picks[0])
 
-    def _settle(self, launched: _Launched) -> list[tuple[int, _Row, RequestEvent]]:
-        """Steps 5-7: wait for the verdict's copy, commit, learn, emit."""
+    def _settle(self, launched: _Launched) -> list[_Kept]:
+        """Steps 5-7: wait for the verdict's copy, commit, learn, keep (the events come later)."""
         host = launched.copy.rows()  # 5.
         timing = launched.clock.timing()
         draft = launched.draft
@@ -363,10 +398,11 @@ class Decoder:
             draft = trimmed(draft, self.pipeline.room(rows[0].tokens))
         return draft
 
-    def _emit(self, busy, host: list[RowVerdict], timing, gamma: int) -> list[tuple[int, _Row, RequestEvent]]:
-        """Per row: the stop rule, stats, text and its event (all host work)."""
+    def _emit(self, busy, host: list[RowVerdict], timing, gamma: int) -> list[_Kept]:
+        """Per row: the stop rule, stats and what it keeps (host work the next step needs: its
+        rows' tokens, budgets and whether they finished; the text waits, `_events`)."""
         emitted = 0
-        events = []
+        kept = []
         for slot, row in busy:
             verdict = host[slot]
             row.tokens.extend(verdict.emitted)
@@ -381,12 +417,10 @@ class Decoder:
             if reason is not None:
                 row.timing.finished_s = now
                 row.done = True
-            text = row.text.push(tokens, final=reason is not None)
-            events.append((slot, row, RequestEvent(row.index, tokens, text, verdict.gamma, row.stats, row.timing,
-                                                   reason, row.held)))
+            kept.append(_Kept(slot, row, tokens, reason, verdict.gamma, row.held))
         if busy:  # (a step whose rows had all stopped before it was read emitted nothing)
             self.steps.append(BatchStep(self._now(), len(busy), gamma, emitted, timing.total_s))
-        return events
+        return kept
 
 
 _IDLE = RowRandom(0)  # a free row's randomness: drawn from, never used
