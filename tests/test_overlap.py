@@ -197,6 +197,30 @@ def test_rows_the_guard_holds_are_queued_ahead_and_decide_as_read_step_by_step(m
     assert sum(held for _, _, held in runs["on"][0].values()) > 200  # 261 of 269 row steps held
 
 
+def test_a_speculative_steps_events_wait_until_the_next_step_is_queued():
+    """A step's text and events (the consumer's work too) come after the next step is launched,
+    before it is read, so they run beside the device's step; a finished request's last event
+    comes before the next request's prefill. Tokens are the plain target's."""
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3))
+    reqs = [Request(PROMPT, 20), Request([3, 60, 22], 20)]
+    alone = [pipe.run(r.prompt, max_new_tokens=r.max_new_tokens, speculative=False).token_ids for r in reqs]
+    decoder = Decoder(pipe, 1)
+    calls, out = [], {0: [], 1: []}
+    for name in ("_launch", "_settle", "_admit"):
+        method = getattr(decoder, name)
+        setattr(decoder, name, lambda *args, method=method, name=name: calls.append(name) or method(*args))
+    for event in decoder.run(reqs):
+        calls.append("end" if event.finish_reason else "event")
+        out[event.index] += event.tokens
+    assert [out[0], out[1]] == alone
+    steps = [calls.count("_launch") - calls[calls.index("end"):].count("_launch"), None]
+    steps[1] = calls.count("_launch") - steps[0]
+    one = ["_launch", "_settle"] + ["_launch", "event", "_settle"] * (steps[0] - 1) + ["end"]
+    other = ["_launch", "_settle"] + ["_launch", "event", "_settle"] * (steps[1] - 1) + ["end"]
+    assert calls == ["_admit", *one, "_admit", *other] and min(steps) > 2, calls
+
+
 class HostClock:
     """Scripted step timings: every step's device time is a plain step's; a step not queued
     ahead waits 0.3 of one for the host's work between steps (the decoder's `_launch` sets
