@@ -179,8 +179,16 @@ class Guard(Controller):
         wait = max(self._next_trial - self._steps, self.probe_max // 2)
         return RowGuard(paused=True, wait=wait, interval=self._interval)
 
+    def _row(self, slot: int) -> RowGuard:
+        """The state of the request in `slot` (a new one's where the loop did not admit it: a
+        controller driven directly)."""
+        row = self._rows.get(slot)
+        if row is None:
+            row = self._rows[slot] = self._new_row()
+        return row
+
     def row_gamma(self, slot: int, gamma: int) -> int:
-        row = self._rows.setdefault(slot, self._new_row())
+        row = self._row(slot)
         paused = row.paused and row.wait > 0
         held = gamma == 0 or self._probe_plain or self._hold_batch or paused
         self._given[slot] = 0 if held else self.inner.row_gamma(slot, gamma)
@@ -224,7 +232,7 @@ class Guard(Controller):
         if drafted and plain is not None:
             self._measure_reach(batch, max(drafted) + 1, cost)
         for slot, verdict, gamma in zip(slots, verdicts, given):
-            row = self._rows.setdefault(slot, self._new_row())
+            row = self._row(slot)
             row.steps += 1
             if gamma > 0 and verdict.gamma > 0 and plain is not None:  # a draft was verified: judge it
                 row.filled += timing.fill_s / plain
@@ -272,8 +280,9 @@ class Guard(Controller):
         its proposer's cache fill apart): pause a row whose speculation costs more than it
         yields; a paused row's speculative step starts its trial. The fill is judged as the
         trial's price, not each step's: what the drafts are worth from here on decides whether
-        to go on. A miss read step by step (`counted=False`) adds its excess to the row's loss
-        but is no judged step: the window's verdict on what drafts yield waits for drafts."""
+        to go on. A miss where plain steps are queued ahead (`counted=False`) adds its excess to
+        the row's loss but is no judged step: the window's verdict on what drafts yield waits
+        for drafts."""
         if row.paused:
             row.paused, row.trial = False, True
         self._learn(row, tokens, cost, counted)
