@@ -300,12 +300,17 @@ class StepTiming:
     steps (the verdict's read, commits, stop rules, text, the consumer of the events): the device
     waits through it, unless the step was queued before the previous one was read (overlapped
     plain decoding), where it comes to the device's own gap. 0 for a sequence's first step.
+
+    setup_s: of the seconds above, those spent capturing CUDA graphs (a shape's, a draft's first
+    use): a one-off of the process, not what a step costs, so controllers do not learn costs
+    from a step where it is not 0.
     """
 
     propose_s: float
     verify_s: float
     fill_s: float = 0.0
     host_s: float = 0.0
+    setup_s: float = 0.0
 
     @property
     def total_s(self) -> float:

@@ -76,6 +76,16 @@ def test_cost_comes_back_from_zero_when_conditions_improve():
     assert good[-1] >= 4
 
 
+def test_cost_learns_no_cost_from_a_step_that_captured_a_graph():
+    """A CUDA graph's capture (`setup_s`) makes one step of each new block size dear, once: its
+    time is not a block's cost, so it is no sample (one would be the only sample of its size)."""
+    c = CostModelGamma(4, gamma_min=0, gamma_max=8)
+    c.update(RowVerdict(4, 0, 4), StepTiming(0.0004, 2.1, setup_s=2.0))  # the 5-token block's capture
+    assert c.verify_at() == {} and c.propose_per_token() is None
+    c.update(RowVerdict(4, 0, 4), StepTiming(0.0004, 0.1))
+    assert c.verify_at() == {5: pytest.approx(0.1)}
+
+
 def test_bad_bounds_are_refused():
     with pytest.raises(SpecpipeError, match="gamma_min"):
         FixedGamma(4, gamma_min=5, gamma_max=3)

@@ -138,6 +138,26 @@ def test_where_plain_steps_are_queued_ahead_misses_do_not_pause_lookups_that_pay
     assert sum(gamma == 0 for gamma, _ in trace) <= 1 + 200 // guard.refresh  # the plain probes only
 
 
+def test_a_step_that_captured_a_graph_is_not_judged_and_its_probe_is_repeated():
+    """A step that captured a CUDA graph (`setup_s`: tens of plain steps' worth, once) says
+    nothing about what steps cost: a plain probe that captured is no sample and is made again
+    at the next step, and a speculative step that captured is not judged (judged, its cost
+    alone would pause a request whose drafts pay)."""
+    guard = Guard(FixedGamma(4))
+    guard.admit(0)
+    setup = 0.3  # 30 plain steps
+    trace = []
+    for step in range(40):
+        gamma = guard.row_gamma(0, guard.gamma(1))
+        captured = step in (0, 5)  # the first probe's shapes, a draft's first γ
+        timing = StepTiming(0.0, cheap(1 + gamma) + (setup if captured else 0.0), setup_s=setup if captured else 0.0)
+        guard.update_rows([0], [RowVerdict(min(2, gamma), 0, gamma)], timing, 1)
+        trace.append(gamma)
+    assert trace[:2] == [0, 0]  # the first probe captured: probed again
+    assert guard.plain_cost(1) == pytest.approx(PLAIN_S)
+    assert not guard.paused(0) and trace[2:].count(0) == 0
+
+
 def test_costs_nothing_where_speculation_pays():
     guard = Guard(FixedGamma(4))
     guard.admit(0)

@@ -362,6 +362,74 @@ def test_an_eager_draft_wider_than_the_graphs_grows_the_head_slots_and_stays_exa
     assert [cache.grown for cache in caches] == [1] and caches[0].capacity > 128 + 32 * 8
 
 
+class _CaptureRig:
+    """torch.cuda's stream and graph calls as `graphs.capture` makes them, recorded on the CPU
+    (no GPU here): a capture whose computation fails ends with an error of its own, as
+    `CUDAGraph.capture_end` does after an invalidated capture, and leaves its stream current."""
+
+    def __init__(self, monkeypatch):
+        self.current, self.pools = "default", []
+        rig = self
+
+        class Graph:
+            def __init__(self, graph, pool=None, stream=None):
+                rig.pools.append(pool)
+
+            def __enter__(self):
+                rig.current = "capture"
+
+            def __exit__(self, kind, value, traceback):
+                if kind is not None:
+                    raise RuntimeError("operation failed due to a previous error during capture")
+                rig.current = "default"
+
+        class Side:
+            def __init__(self, *args):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        monkeypatch.setattr(torch.cuda, "Stream", Side)
+        monkeypatch.setattr(torch.cuda, "stream", lambda stream: stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Side() if rig.current else None)
+        monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: setattr(rig, "current", "default"))
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+        monkeypatch.setattr(torch.cuda, "graph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool",))
+
+
+def test_a_failed_capture_names_the_operation_that_failed_and_restores_the_stream(monkeypatch):
+    """The error names what the computation raised, not the capture's own error after it, and
+    the stream the capture switched to is no longer current; the graphs of one component share
+    one memory pool."""
+    from specpipe.engine import graphs
+    from specpipe.errors import SpecpipeError
+
+    rig = _CaptureRig(monkeypatch)
+    owner = graphs.Graphs(torch.device("cpu"))
+    owner.capture = True  # as on a GPU
+    owner.ensure("a", lambda: torch.zeros(1))
+    owner.ensure("b", lambda: torch.zeros(1))
+    assert owner.captures == 2 and rig.pools == [("pool",), ("pool",)] and rig.current == "default"
+
+    def refused():
+        if rig.current == "capture":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+        return torch.zeros(1)
+
+    with pytest.raises(SpecpipeError, match=r"failed \(CUDA error: operation not permitted when stream is "
+                                            r"capturing\)\. .*graphs=off"):
+        owner.ensure("c", refused)
+    assert rig.current == "default" and owner.captures == 2
+
+
 def test_the_capture_hazard_watch_names_what_a_capture_refuses_and_passes_the_rest():
     """The watch the graphed computations run under sees each kind of hazard (so its silence
     below means something), and passes what graphs are made of: gathers by integer indices,

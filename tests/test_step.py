@@ -124,6 +124,34 @@ def test_a_proposers_cache_fill_is_timed_apart_from_its_drafts(proposer):
     assert got.stats.propose_s >= first.fill_s  # the fill is the proposer's time in the stats
 
 
+def test_a_graph_capture_is_the_steps_setup_time(monkeypatch):
+    """A CUDA graph captured inside a step (a shape's or a draft's first use: here its time is
+    scripted on the CPU, which captures nothing) is that step's `setup_s`, within its time as a
+    wall clock counts it, and no other step's; controllers learn no cost from that step."""
+    import time
+
+    from specpipe.engine import graphs
+
+    target = tiny_target(seed=0)
+    controller = Recording(3)
+    pipe = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), controller)
+    forward, calls = pipe.runner.forward, []
+
+    def capturing(*args, **kwargs):
+        calls.append(None)
+        if len(calls) in (3, 5):  # two steps capture: 20 ms each, as a capture's warm-up and record take
+            time.sleep(0.02)
+            monkeypatch.setattr(graphs, "_captured", [graphs.captured_s() + 0.02])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(pipe.runner, "forward", capturing)
+    got = pipe.run(PROMPT, max_new_tokens=12)
+    assert got.token_ids == pipe.run(PROMPT, max_new_tokens=12, speculative=False).token_ids
+    setup = [timing.setup_s for timing in controller.timings[:6]]
+    assert setup == [0, 0, pytest.approx(0.02), 0, pytest.approx(0.02), 0], setup
+    assert all(timing.verify_s >= timing.setup_s for timing in controller.timings)
+
+
 @pytest.mark.parametrize("overlap", ["off", "on"])
 @pytest.mark.parametrize("proposer", [None, "ngram"])
 def test_the_host_work_between_steps_counts_as_decode_time(overlap, proposer):

@@ -110,6 +110,8 @@ class CostModelGamma(Controller):
 
     def _observe_cost(self, batch: int, gamma: int, timing: StepTiming) -> None:
         self._steps += 1
+        if timing.setup_s:  # the step captured a CUDA graph: a one-off, not what a step costs
+            return
         self._verify.setdefault((batch, gamma + 1), deque(maxlen=self._window)).append((self._steps, timing.verify_s))
         if gamma > 0:
             self._propose.setdefault(batch, deque(maxlen=self._window)).append(timing.propose_s / gamma)

@@ -41,6 +41,9 @@ would take for the request's worth, pausing requests that pay overall.
   each, at about as many plain steps' cost: a twin whose draft token costs a target step), the
   wait is `recheck` steps: what text comes next cannot change that, only the machine's costs
   can, and each trial pays the draft's cache fill for nothing.
+- A step that captured a CUDA graph (`StepTiming.setup_s`: a shape's or a draft's first use)
+  is not judged and is no plain sample: the capture is the process's one-off, tens of plain
+  steps' worth, which would pause a request whose drafts pay.
 - A step's cost leaves out its proposer's cache fill (`StepTiming.fill_s`: a draft model's
   prompt on a row's first draft, or what a pause committed; an EAGLE head's backlog of
   features): a one-off, the price of starting to speculate. A long prompt's fill judged as a
@@ -217,13 +220,18 @@ class Guard(Controller):
     def update_rows(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         self._steps += 1
         self._rows = {slot: row for slot, row in self._rows.items() if slot in slots}  # finished requests' rows go
+        if timing.setup_s and self._probe_plain:  # a probe that captured a graph measured nothing: again next step
+            for row in self._rows.values():
+                if row.plain_at == row.steps:
+                    row.plain_at = None
         given = [self._given.get(slot, verdict.gamma) for slot, verdict in zip(slots, verdicts)]
-        if not any(verdict.gamma for verdict in verdicts):  # nothing drafted (held, or a lookup that found none)
+        if not any(verdict.gamma for verdict in verdicts) and not timing.setup_s:  # nothing drafted (held, or a
+            # lookup that found none; a step that captured a graph is no sample)
             # where plain decoding is queued ahead, the host's time between its steps runs beside
             # the device's: what pausing buys is the step's own time
             plain_s = timing.total_s - timing.host_s if self.overlapped else timing.total_s
             self._plain.setdefault(batch, deque(maxlen=5)).append((self._steps, plain_s))
-        plain = self.plain_cost(batch)
+        plain = self.plain_cost(batch) if not timing.setup_s else None  # a capture's step is not judged
         cost = (timing.total_s - timing.fill_s) / plain if plain is not None else 0.0  # in plain steps
         drafted = [verdict.gamma for verdict, gamma in zip(verdicts, given) if gamma > 0 and verdict.gamma > 0]
         # a step in which rows could draft but none did (lookups that found nothing) could not be

@@ -181,7 +181,7 @@ class Decoder:
             pipeline.controller.overlapped = self.overlap
         self.steps: list[BatchStep] = []
         self._started = time.perf_counter()
-        self._since = None  # the last step's end mark (its successor's host time counts from it)
+        self._since = None  # the last step's clock (its successor's host time counts from its end)
 
     def memory(self) -> dict[str, int]:
         return self.pipeline.memory()
@@ -343,7 +343,7 @@ class Decoder:
         out = runner.forward(block, tree=draft.tree, hidden=self.hidden)  # 3.
         verdict = self.pipeline.verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
         clock.mark()
-        self._since = clock.end  # the next step's host time counts from here
+        self._since = clock  # the next step's host time counts from its end
         for _, row in busy:
             row.rng.step += 1  # this step's draws are made
         plain = draft.width == 0

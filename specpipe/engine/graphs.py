@@ -11,6 +11,7 @@ graph's own output tensors, which the next replay rewrites. On the CPU nothing i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -18,26 +19,42 @@ import torch
 
 from specpipe.errors import SpecpipeError
 
+_captured = [0.0]  # wall seconds this process has spent capturing graphs (warm-ups included)
 
-def capture(compute: Callable[[], Any], device: torch.device) -> tuple[torch.cuda.CUDAGraph, Any]:
+
+def captured_s() -> float:
+    """Wall seconds spent capturing CUDA graphs in this process so far: a one-off a step that
+    captured must not be judged by (decode/timing.py subtracts it as `StepTiming.setup_s`)."""
+    return _captured[0]
+
+
+def capture(compute: Callable[[], Any], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, Any]:
     """`compute` captured as a CUDA graph -> (graph, its outputs). torch's recipe: one warm-up
     run on a side stream first, so lazy library set-up (cuBLAS handles, workspaces) stays out of
     the graph. The warm-up computes with the buffers' current values, and so writes what a replay
-    would (caches included); the capture itself runs nothing."""
+    would (caches included); the capture itself runs nothing. `pool`: the memory pool shared
+    with the owner's other graphs."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         compute()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    stream, failed = torch.cuda.current_stream(device), []
     try:
-        with torch.cuda.graph(graph):
-            out = compute()
+        with torch.cuda.graph(graph, pool=pool):
+            try:
+                out = compute()
+            except RuntimeError as err:
+                failed.append(err)  # the ending capture raises its own error over this one
+                raise
     except RuntimeError as err:  # an operation a stream cannot capture (a sync, a host read)
+        cause = failed[0] if failed else err
+        torch.cuda.set_stream(stream)  # a failed capture's end leaves its own stream current
         raise SpecpipeError(
-            f"Capturing a decode step as a CUDA graph failed ({str(err).splitlines()[0]}). The steps run "
+            f"Capturing a decode step as a CUDA graph failed ({str(cause).splitlines()[0]}). The steps run "
             "without graphs with graphs=off (slower on a GPU, the same output); please report the "
-            "model and settings.") from err
+            "model and settings.") from cause
     return graph, out
 
 
@@ -50,6 +67,10 @@ class Graphs:
         self.capture = device.type == "cuda"
         self.captures = 0
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
+        # one memory pool for all of them (made at the first capture): each graph's outputs stay
+        # referenced here, so no capture reuses them, and only their intermediates share memory
+        # (the graphs never run at once)
+        self._pool = None
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._graphs
@@ -57,7 +78,13 @@ class Graphs:
     def ensure(self, key: Hashable, compute: Callable[[], Any]) -> None:
         """Capture `key` now if it is not yet (a GPU only): a planned shape, before its first use."""
         if self.capture and key not in self._graphs:
-            self._graphs[key] = capture(compute, self.device)
+            started = time.perf_counter()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            try:
+                self._graphs[key] = capture(compute, self.device, self._pool)
+            finally:
+                _captured[0] += time.perf_counter() - started
             self.captures += 1
 
     def run(self, key: Hashable, compute: Callable[[], Any]) -> Any:
