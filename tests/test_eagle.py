@@ -33,6 +33,27 @@ SHAPE = EagleShape(hidden_size=32, vocab_size=VOCAB, num_attention_heads=4, num_
                    intermediate_size=48, rope_theta=10000.0, rms_norm_eps=1e-6)
 
 
+def test_the_heads_grouped_attention_is_sdpas_grouped_attention():
+    """The head's attention folds each kv head's query heads into its rows (no `enable_gqa`,
+    whose masked or fp32 form runs SDPA's math kernel on a GPU): the same attention as SDPA's
+    grouped heads, masked and unmasked, one row and several."""
+    import torch.nn.functional as F
+
+    from specpipe.heads.eagle import Attention
+
+    torch.manual_seed(0)
+    attention = Attention(SHAPE)
+    for n, slots in ((1, 10), (3, 10), (5, 12)):
+        q = torch.randn(2, n, 4, 8).transpose(1, 2)  # [B, heads, n, d] as the projections lay it out
+        k, v = torch.randn(2, 2, slots, 8), torch.randn(2, 2, slots, 8)
+        mask = torch.rand(2, n, slots) > 0.3
+        mask[..., 0] = True
+        for m in (mask, None):
+            expected = F.scaled_dot_product_attention(q, k, v, attn_mask=None if m is None else m[:, None],
+                                                      enable_gqa=True)
+            assert torch.allclose(attention._grouped(q, k, v, m), expected, atol=1e-6)
+
+
 def random_head(seed: int, scale: float = 0.3) -> EagleHead:
     torch.manual_seed(seed)
     head = EagleHead(SHAPE)

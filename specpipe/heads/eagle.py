@@ -164,17 +164,27 @@ class Attention(nn.Module):
         q, k = self._rope(q, positions), self._rope(k, positions)
         if cache is not None:  # the earlier rows (decoding) or unrolled steps (training)
             k, v = cache.append(k, v)
-        # enable_gqa: each kv head serves its query heads without a copy of the whole cache per row
-        if mask is None and k.shape[2] == n:
+        if mask is None and k.shape[2] == n:  # training: causal over the rows, nothing cached
+            # enable_gqa: each kv head serves its query heads without a copy of its keys per head
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        elif mask is None and n == 1:  # a chain's draft row sees every row cached: no mask to build
-            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         else:
-            if mask is None:  # causal over the new rows, everything cached before them
+            if mask is None and n > 1:  # causal over the new rows, everything cached before them
                 past = k.shape[2] - n
                 mask = torch.ones(n, past + n, dtype=torch.bool, device=k.device).tril(past)[None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+            out = self._grouped(q, k, v, mask)  # (None: a chain's draft row sees every row cached)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+    def _grouped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention with each kv head's query heads folded into its rows, as the target's stack
+        does: q [B, heads, n, d] -> [B, kv heads, group·n, d], mask [B, n, S] repeated per group
+        -> [B, heads, n, d]. SDPA's fused GPU kernels take a mask or grouped heads, not both (and
+        no grouped heads in fp32, the heads' GPU precision): `enable_gqa` would fall back to its
+        math kernel, a copy of the whole cache per query head at every draft token."""
+        b, _, n, d = q.shape
+        group = self.heads // self.kv_heads
+        folded = q.reshape(b, self.kv_heads, group * n, d)  # query head h = kv head h // group, as GQA pairs them
+        grouped = None if mask is None else mask.repeat(1, group, 1)[:, None]  # [B, 1, group·n, S]
+        return F.scaled_dot_product_attention(folded, k, v, attn_mask=grouped).view(b, self.heads, n, d)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         angles = positions[..., None].float() * self.inv_freq  # [B, n, d/2]
