@@ -23,7 +23,7 @@ def _results(folder: Path) -> dict | None:
 def line(folder: Path) -> str:
     payload = _results(folder)
     if payload is None:
-        return f"| {folder.name} | no results (see its log) | | | | | | |"
+        return f"| {folder.name} | no results (see its log) | | | | | | | |"
     overall, step = payload["summary"]["overall"], payload.get("engine", {}).get("step", "eager")
     speedup, exact = overall["speedup"], overall.get("exactness", {})
     peers = ", ".join(f"{name} {figures['tokens_per_s']:.1f} ({figures['exactness']['share']:.0%} exact)"
@@ -31,7 +31,15 @@ def line(folder: Path) -> str:
     return (f"| {folder.name} | {step} | {overall['baseline_tokens_per_s']:.1f} | {overall['tokens_per_s']:.1f} | "
             f"{speedup['median']:.2f}x ({speedup['min']:.2f}-{speedup['max']:.2f}) | "
             f"{overall.get('mean_accepted_length', float('nan')):.2f} | {exact.get('identical')}/{exact.get('of')} | "
-            f"{peers} |")
+            f"{peers} | {_setup(payload)} |")
+
+
+def _setup(payload: dict) -> str:
+    """Seconds the measured runs spent capturing CUDA graphs (a draft's shapes at first use, after
+    the warm-up): one-offs inside their tokens/s, plain / speculative."""
+    spent = [sum(prompt[run]["stats"].get("setup_s", 0.0) for prompt in payload.get("prompts", []))
+             for run in ("baseline", "speculative")]
+    return " / ".join(f"{seconds:.2f}" for seconds in spent)
 
 
 def load_line(folder: Path) -> str:
@@ -106,8 +114,9 @@ def main(args: list[str]) -> None:
         for folder in args[1:]:
             print(load_line(Path(folder)))
         return
-    print("| bench | steps | plain tok/s | spec tok/s | speedup (median, min-max) | τ | exact | peers tok/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| bench | steps | plain tok/s | spec tok/s | speedup (median, min-max) | τ | exact | peers tok/s "
+          "| captures s (plain / spec) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for folder in args:
         print(line(Path(folder)))
 

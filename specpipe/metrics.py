@@ -23,6 +23,7 @@ class Stats:
     propose_s: float = 0.0
     verify_s: float = 0.0
     host_s: float = 0.0  # between steps (StepTiming.host_s): part of decoding's time
+    setup_s: float = 0.0  # of the above, CUDA graphs captured mid-decode (StepTiming.setup_s): one-offs
     drafted_at: list[int] = field(default_factory=list)  # [position] drafts made there
     accepted_at: list[int] = field(default_factory=list)  # [position] drafts accepted there
     gamma_trace: list[int] = field(default_factory=list)  # γ of each step
@@ -39,6 +40,7 @@ class Stats:
         self.propose_s += timing.fill_s + timing.propose_s  # a draft cache's fill is the proposer's time
         self.verify_s += timing.verify_s
         self.host_s += timing.host_s
+        self.setup_s += timing.setup_s
         self.gamma_trace.append(verdict.gamma)
         self.step_s.append(timing.total_s)
         self.emitted_trace.append(emitted)
@@ -91,6 +93,7 @@ class Stats:
             "propose_s": self.propose_s,
             "verify_s": self.verify_s,
             "host_s": self.host_s,
+            "setup_s": self.setup_s,
         }
 
 

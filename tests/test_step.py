@@ -150,6 +150,7 @@ def test_a_graph_capture_is_the_steps_setup_time(monkeypatch):
     setup = [timing.setup_s for timing in controller.timings[:6]]
     assert setup == [0, 0, pytest.approx(0.02), 0, pytest.approx(0.02), 0], setup
     assert all(timing.verify_s >= timing.setup_s for timing in controller.timings)
+    assert got.stats.setup_s == pytest.approx(0.04) and got.stats.to_dict()["setup_s"] == got.stats.setup_s
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])
