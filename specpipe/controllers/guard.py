@@ -42,8 +42,9 @@ would take for the request's worth, pausing requests that pay overall.
   wait is `recheck` steps: what text comes next cannot change that, only the machine's costs
   can, and each trial pays the draft's cache fill for nothing.
 - A step that captured a CUDA graph (`StepTiming.setup_s`: a shape's or a draft's first use)
-  is not judged and is no plain sample: the capture is the process's one-off, tens of plain
-  steps' worth, which would pause a request whose drafts pay.
+  is not judged and is no plain sample: the capture is the process's one-off, milliseconds,
+  tens of plain steps where a step takes under one, which would pause a request whose drafts
+  pay.
 - A step's cost leaves out its proposer's cache fill (`StepTiming.fill_s`: a draft model's
   prompt on a row's first draft, or what a pause committed; an EAGLE head's backlog of
   features): a one-off, the price of starting to speculate. A long prompt's fill judged as a

@@ -23,8 +23,9 @@ _captured = [0.0]  # wall seconds this process has spent capturing graphs (warm-
 
 
 def captured_s() -> float:
-    """Wall seconds spent capturing CUDA graphs in this process so far: a one-off a step that
-    captured must not be judged by (decode/timing.py subtracts it as `StepTiming.setup_s`)."""
+    """Wall seconds spent capturing CUDA graphs in this process so far: a one-off, which a step
+    that captured reports as its `StepTiming.setup_s` (decode/timing.py), so that controllers
+    do not take it for what a step costs."""
     return _captured[0]
 
 
