@@ -197,12 +197,14 @@ def test_rows_the_guard_holds_are_queued_ahead_and_decide_as_read_step_by_step(m
     assert sum(held for _, _, held in runs["on"][0].values()) > 200  # 261 of 269 row steps held
 
 
-def test_a_speculative_steps_events_wait_until_the_next_step_is_queued():
-    """A step's text and events (the consumer's work too) come after the next step is launched,
-    before it is read, so they run beside the device's step; a finished request's last event
-    comes before the next request's prefill. Tokens are the plain target's."""
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_a_speculative_steps_events_wait_until_the_next_step_is_queued(overlap):
+    """Overlapped, a step's text and events (the consumer's work too) come after the next step
+    is launched, before it is read, so they run beside the device's step; a finished request's
+    last event comes before the next request's prefill. Off (a synchronous device: nothing to
+    overlap), each step's events come before the next launch. Tokens are the plain target's."""
     target = tiny_target(seed=0, eos=EOS)
-    pipe = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3))
+    pipe = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3), overlap=overlap)
     reqs = [Request(PROMPT, 20), Request([3, 60, 22], 20)]
     alone = [pipe.run(r.prompt, max_new_tokens=r.max_new_tokens, speculative=False).token_ids for r in reqs]
     decoder = Decoder(pipe, 1)
@@ -216,9 +218,52 @@ def test_a_speculative_steps_events_wait_until_the_next_step_is_queued():
     assert [out[0], out[1]] == alone
     steps = [calls.count("_launch") - calls[calls.index("end"):].count("_launch"), None]
     steps[1] = calls.count("_launch") - steps[0]
-    one = ["_launch", "_settle"] + ["_launch", "event", "_settle"] * (steps[0] - 1) + ["end"]
-    other = ["_launch", "_settle"] + ["_launch", "event", "_settle"] * (steps[1] - 1) + ["end"]
+    if overlap == "on":
+        one, other = (["_launch", "_settle"] + ["_launch", "event", "_settle"] * (n - 1) + ["end"] for n in steps)
+    else:
+        one, other = (["_launch", "_settle", "event"] * (n - 1) + ["_launch", "_settle", "end"] for n in steps)
     assert calls == ["_admit", *one, "_admit", *other] and min(steps) > 2, calls
+
+
+def test_an_interrupted_launch_still_delivers_the_settled_steps_events():
+    """Overlapped, a step's events wait for the next launch; if that launch raises (an interrupt,
+    a device error), they are yielded first, then the error: nothing decoded is lost."""
+    target = tiny_target(seed=0, eos=EOS)
+    pipe = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3), overlap="on")
+    decoder = Decoder(pipe, 1)
+    launch, launches = decoder._launch, []
+
+    def interrupted(*args):
+        launches.append(None)
+        if len(launches) == 4:
+            raise KeyboardInterrupt
+        return launch(*args)
+
+    decoder._launch = interrupted
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        for event in decoder.run([Request(PROMPT, 30)]):
+            got += event.tokens
+    plain = pipe.run(PROMPT, max_new_tokens=30, speculative=False).token_ids
+    assert len(got) >= 3 and got == plain[: len(got)]
+    assert len(got) == sum(step.emitted for step in decoder.steps)  # every settled step's tokens
+
+
+def test_streamed_text_is_the_same_however_tokens_are_grouped_into_steps():
+    """Overlapped and sequential loops (and the guard's pauses) group tokens into steps
+    differently: the text streamed must not depend on it. A skipped special token pushed alone
+    leaves the window where it was, so the next token is decoded in context (its space)."""
+    from conftest import tiny_tokenizer
+    from specpipe.decode.text import TextStream
+
+    tokenizer = tiny_tokenizer(EOS)
+    ids = [49, 46, 46, 0, 32, 18, 0, 0, 7]  # 0: a special token, skipped in text
+    whole = tokenizer.decode(ids, skip_special_tokens=True)
+    for cuts in ([2, 3, 4, 5, 6, 7, 8], [2, 3, 5], [1, 4, 6, 8], list(range(1, len(ids)))):
+        stream, text = TextStream(tokenizer), ""
+        for start, end in zip([0, *cuts], [*cuts, len(ids)]):
+            text += stream.push(ids[start:end], final=end == len(ids))
+        assert text == whole, cuts
 
 
 class HostClock:

@@ -13,7 +13,7 @@ model's). Each step (docs/concepts.md "One step"):
                                                      queued ahead is launched between its start and its read)
   6. runner.commit / proposer.commit                 each row keeps what it accepted (host ints for shapes)
   7. controller.update, stats, stop rules (host)
-  8. text and events (host)                          once the next step is queued: the device runs it meanwhile
+  8. text and events (host)                          overlapped: once the next step is queued (the device runs it)
 
 Plain decoding overlaps the host with the device: a plain step's input is the previous step's
 token, which is on the device already, so the loop queues step N+1 (fed from step N's verdict on
@@ -23,10 +23,11 @@ nothing, which is dropped. `overlap` (auto: where the device runs asynchronously
 on. A speculative step cannot be queued so (the proposer drafts from the tokens the host reads),
 but the plain steps of rows the controller holds at γ 0 whatever the step in flight shows (the
 guard's pauses, a batch size's schedule at 0: `Controller.holds`) are, so a paused request runs
-as fast as plain decoding. Every step, speculative too, leaves its text and events (8: the
-detokenization and the consumer's work) until the next step is queued, so only what the next
-step needs (the read, the commits, the controller's update, the stop rules, the next draft)
-sits between a speculative step and the next.
+as fast as plain decoding. With `overlap` on, every step, speculative too, leaves its text and
+events (8: the detokenization and the consumer's work) until the next step is queued, so only
+what the next step needs (the read, the commits, the controller's update, the stop rules, the
+next draft) sits between a speculative step and the next; off (the CPU's default, where the
+device is the host and nothing overlaps), each step's events come before the next step.
 
 Rows advance by different amounts (ragged acceptance), so a rollback is a length per row. Every
 row has its own stop rule and its own randomness (`RowRandom`, seeded by its request), so a row
@@ -199,7 +200,7 @@ class Decoder:
         self._since = None
         exhausted = False
         pending: _Launched | None = None  # a plain step queued on the device, its verdict not read yet
-        kept: list[_Kept] = []  # the last settled step's rows: their text and events wait for the next launch
+        kept: list[_Kept] = []  # the last settled step's rows: overlapped, their events wait for the next launch
         while True:
             if pending is not None and self.proposer is not None and any(row.done for _, row in pending.busy):
                 # a finished row's slot takes a new request only once its last step is read: the
@@ -224,7 +225,11 @@ class Decoder:
             if not busy:
                 yield from self._events(kept)
                 return
-            launched = self._launch(busy, pending)
+            try:
+                launched = self._launch(busy, pending)
+            except BaseException:  # (an interrupt, a device error): what was decoded still reaches the consumer
+                yield from self._events(kept)
+                raise
             # the settled step's text and events (the consumer's work too) while the device runs this one
             yield from self._events(kept)
             earlier, pending = pending, (launched if launched.plain and self.overlap else None)
@@ -236,6 +241,9 @@ class Decoder:
                 kept = []
             if pending is None:
                 kept = self._settled(launched, rows)
+                if not self.overlap:  # a synchronous device has nothing to overlap: no event waits
+                    yield from self._events(kept)
+                    kept = []
             earlier = launched = None  # settled steps' tensors are freed before the next step allocates
 
     def _settled(self, launched: _Launched, rows: list[_Row | None]) -> list[_Kept]:

@@ -47,7 +47,9 @@ class TextStream:
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         done = decode(self.ids[self.prefix : self.read])
         text = decode(self.ids[self.prefix :])
-        if not final and text.endswith("\ufffd"):
-            return ""  # a multi-byte character is still incomplete
+        if not final and (text.endswith("\ufffd") or len(text) <= len(done)):
+            # a multi-byte character still incomplete, or nothing new (a skipped special token):
+            # the window stays, so the next token is decoded in its context (its leading space)
+            return ""
         self.prefix, self.read = self.read, len(self.ids)
         return text[len(done) :]
