@@ -226,8 +226,8 @@ class Guard(Controller):
                 if row.plain_at == row.steps:
                     row.plain_at = None
         given = [self._given.get(slot, verdict.gamma) for slot, verdict in zip(slots, verdicts)]
-        if not any(verdict.gamma for verdict in verdicts) and not timing.setup_s:  # nothing drafted (held, or a
-            # lookup that found none; a step that captured a graph is no sample)
+        undrafted = not any(verdict.gamma for verdict in verdicts)  # held, or lookups that found none
+        if undrafted and not timing.setup_s:  # a plain sample (a step that captured a graph is none)
             # where plain decoding is queued ahead, the host's time between its steps runs beside
             # the device's: what pausing buys is the step's own time
             plain_s = timing.total_s - timing.host_s if self.overlapped else timing.total_s
@@ -237,7 +237,7 @@ class Guard(Controller):
         drafted = [verdict.gamma for verdict, gamma in zip(verdicts, given) if gamma > 0 and verdict.gamma > 0]
         # a step in which rows could draft but none did (lookups that found nothing) could not be
         # queued ahead: where plain steps are, it costs the host's time between steps on top
-        missed = self.overlapped and not any(verdict.gamma for verdict in verdicts)
+        missed = self.overlapped and undrafted
         if drafted and plain is not None:
             self._measure_reach(batch, max(drafted) + 1, cost)
         for slot, verdict, gamma in zip(slots, verdicts, given):
