@@ -127,7 +127,9 @@ class DraftBatch:
     (one-hot drafts). confidence: [B, W] float32 or None. tree: the parents of a tree draft
     (B = 1 only: trees are verified one sequence at a time), whose nodes are `tokens[0]`.
     gammas: the γ each row was asked for (host ints; sampling draws per row from them, so a
-    row's randomness never depends on its neighbours' drafts).
+    row's randomness never depends on its neighbours' drafts). counts: num_draft as host ints,
+    where the host knows it (None: on the device only, e.g. a head's chain that stopped early).
+    host: `tokens` on the host, where the host drafted them (a lookup's), else None.
     """
 
     tokens: torch.Tensor
@@ -136,6 +138,8 @@ class DraftBatch:
     probs: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
     tree: tuple[int, ...] | None = None
+    counts: tuple[int, ...] | None = None
+    host: torch.Tensor | None = None
 
     @property
     def width(self) -> int:
@@ -149,7 +153,8 @@ class DraftBatch:
     @staticmethod
     def empty(rows: int, device: torch.device | str) -> "DraftBatch":
         return DraftBatch(torch.empty(rows, 0, dtype=torch.long, device=device),
-                          torch.zeros(rows, dtype=torch.long, device=device), (0,) * rows)
+                          torch.zeros(rows, dtype=torch.long, device=device), (0,) * rows, counts=(0,) * rows,
+                          host=torch.empty(rows, 0, dtype=torch.long))
 
     @staticmethod
     def stack(drafts: list[DraftBlock | DraftTree | None], gammas: list[int], device: torch.device | str,
@@ -165,14 +170,25 @@ class DraftBatch:
                               tuple(gammas), None, _row(tree.confidence, device), tree.parents)
         sizes = [0 if d is None else d.gamma for d in drafts]
         width = max(sizes, default=0)
-        tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
-        for b, d in enumerate(drafts):
-            if d is not None and sizes[b]:
-                tokens[b, : sizes[b]] = d.tokens
-        num_draft = torch.tensor(sizes, dtype=torch.long).to(device, non_blocking=True)
+        if all(d is None or d.tokens.device.type == "cpu" for d in drafts):  # drafted on the host: one copy
+            table = torch.zeros(rows, width + 1, dtype=torch.long)  # [B, W + 1]: tokens, then num_draft
+            for b, d in enumerate(drafts):
+                if d is not None and sizes[b]:
+                    table[b, : sizes[b]] = d.tokens
+            table[:, width] = torch.tensor(sizes)
+            moved = table.to(device, non_blocking=True)
+            tokens, num_draft, host = moved[:, :width], moved[:, width], table[:, :width]
+        else:
+            tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
+            for b, d in enumerate(drafts):
+                if d is not None and sizes[b]:
+                    tokens[b, : sizes[b]] = d.tokens
+            num_draft, host = torch.tensor(sizes, dtype=torch.long).to(device, non_blocking=True), None
+        counts = tuple(sizes)
         for b, d in enumerate(drafts):
             if isinstance(d, DraftBlock) and d.length is not None:
                 num_draft[b] = d.length  # a device copy: no read
+                counts = None
         probs = confidence = None
         if any(d is not None and d.probs is not None for d in drafts):
             probs = torch.zeros(rows, width, vocab, device=device)
@@ -184,7 +200,7 @@ class DraftBatch:
             for b, d in enumerate(drafts):
                 if d is not None and d.confidence is not None and sizes[b]:
                     confidence[b, : sizes[b]] = d.confidence
-        return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence)
+        return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence, counts=counts, host=host)
 
 
 def _row(t: torch.Tensor | None, device) -> torch.Tensor | None:
@@ -199,6 +215,9 @@ class Verdict:
     or bonus token) in its first num_accepted[b] + 1 columns, PAD after. num_accepted: [B].
     num_draft: [B] (the draft lengths verified). path: [B, W + 1] int64 for a tree, the verify
     block rows of the accepted nodes (PAD after), else None. confidence: [B, W] or None.
+    packed: where the verdict was computed in one tensor, [B, K + 2] int64 (K >= W + 1): ids
+    (PAD-padded to K columns), num_accepted, num_draft, which the others view (`packed_verdict`):
+    copied to the host as it is.
     """
 
     ids: torch.Tensor
@@ -206,6 +225,7 @@ class Verdict:
     num_draft: torch.Tensor
     path: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
+    packed: torch.Tensor | None = None
 
     def to_host(self) -> list["RowVerdict"]:
         """The step's one device-to-host copy: every row's outcome as host ints."""
@@ -214,12 +234,15 @@ class Verdict:
     def copy_to_host(self) -> "HostCopy":
         """Start `to_host`'s copy without waiting for it: the host may queue more work on the
         device (the next step) before it reads the rows."""
-        parts = [self.ids, self.num_accepted[:, None], self.num_draft[:, None]]
-        if self.path is not None:
-            parts.append(self.path)
-        packed = torch.cat(parts, 1).double()  # int64 all: one conversion (each is a launch on a GPU)
-        if self.confidence is not None:
-            packed = torch.cat([packed, self.confidence.double()], 1)
+        if self.packed is not None:  # packed where it was computed: no launch to pack it
+            packed, width = self.packed, self.packed.shape[1] - 2
+        else:
+            parts = [self.ids, self.num_accepted[:, None], self.num_draft[:, None]]
+            if self.path is not None:
+                parts.append(self.path)
+            packed, width = torch.cat(parts, 1), self.ids.shape[1]
+        if self.confidence is not None:  # int64 and float32 as float64: one tensor, one copy
+            packed = torch.cat([packed.double(), self.confidence.double()], 1)
         done = None
         if packed.device.type != "cpu":  # pinned and non-blocking; the event marks this copy's end
             host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -227,7 +250,13 @@ class Verdict:
             done = torch.cuda.Event()
             done.record()
             packed = host
-        return HostCopy(packed, done, self.ids.shape[1], self.path is not None, self.confidence is not None)
+        return HostCopy(packed, done, width, self.path is not None, self.confidence is not None)
+
+
+def packed_verdict(packed: torch.Tensor, width: int, confidence: torch.Tensor | None = None) -> Verdict:
+    """A chain's verdict from its packed form [B, K + 2] (see `Verdict.packed`), W + 1 = width."""
+    block = packed.shape[1] - 2
+    return Verdict(packed[:, :width], packed[:, block], packed[:, block + 1], None, confidence, packed)
 
 
 @dataclass(slots=True)
@@ -235,7 +264,7 @@ class HostCopy:
     """A verdict's copy to the host, started: `rows()` waits for that copy alone (not for work
     queued after it) and unpacks it."""
 
-    packed: torch.Tensor  # [B, columns] float64, on the host
+    packed: torch.Tensor  # [B, columns] int64 (float64 with confidences), on the host
     done: object  # a CUDA event recorded after the copy (None on the CPU: the copy was made)
     width: int
     tree: bool

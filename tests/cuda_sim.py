@@ -223,6 +223,54 @@ def simulated_cuda() -> Iterator[list[str]]:
         yield refused
 
 
+class _Launches(TorchFunctionMode):
+    """Entered inside the simulation: records every call that would launch a kernel on a GPU,
+    one that writes a device tensor in place or makes a new tensor from (or on) the device,
+    views and host-side work (pinned staging) aside; a graphed computation is one launch."""
+
+    def __init__(self, seen: list[str]):
+        super().__init__()
+        self.seen, self.depth = seen, 0  # depth: inside a graphed computation (its replay is one launch)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", str(func))
+        if self.depth or name in ("tolist", "item", "__get__", "cpu", "empty", "new_empty", "empty_like"):
+            return out  # reads are counted apart (decode/syncs.py); allocations launch nothing
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        device = any(on_device(t) for t in inputs + outputs) or _is_cuda(kwargs.get("device"))
+        in_place = (name.endswith("_") and not name.startswith("__")) or name == "__setitem__"
+        new = any(all(o.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() for t in inputs)
+                  for o in outputs)
+        if device and (in_place or new):
+            self.seen.append(name)
+        return out
+
+
+@contextlib.contextmanager
+def device_launches() -> Iterator[list[str]]:
+    """Within a `simulated_cuda()` block: the kernel launches the block's code would make on a
+    GPU outside its CUDA graphs, by name ("graph": one graphed computation's replay)."""
+    from specpipe.engine.graphs import Graphs
+
+    seen: list[str] = []
+    mode, run = _Launches(seen), Graphs.run
+
+    def replayed(graphs, key, compute):
+        if not mode.depth:
+            seen.append("graph")
+        mode.depth += 1
+        try:
+            return run(graphs, key, compute)
+        finally:
+            mode.depth -= 1
+
+    with mock.patch.object(Graphs, "run", replayed), mode:
+        yield seen
+
+
 _RUNNING: list = []
 
 

@@ -126,3 +126,42 @@ def test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_devi
         plain = pipe.run(prompt, max_new_tokens=24, speculative=False)
     assert refused == [] and pipe.runner.step == "static exact"
     assert sum(run.stats.accepted_at) > 0 and run.token_ids == plain.token_ids  # drafts ran and were kept
+
+
+def test_a_graphed_step_makes_few_launches_beside_its_graph():
+    """What a step costs the host on a GPU beyond its graphs, counted on the simulated device:
+    a step whose draft the host made (n-gram lookup) sends its inputs in two copies (the draft,
+    and the block with the step's lengths and draft lengths), replays one graph, which verifies
+    the draft too, and copies the verdict back: four launches. A plain step queued behind the
+    last takes its token from that step's verdict on the device: four too. The eager verifier
+    alone launched a dozen per step, the inputs as many again."""
+    from cuda_sim import device_launches
+    from specpipe.decode.loop import Decoder, Request
+
+    target = tiny_target(seed=0)
+    with simulated_cuda() as refused:
+        pipe = Pipeline(target, NgramProposer(), GreedyVerifier(), FixedGamma(3),
+                        runner=make_runner(target.model, device="cuda", graphs="on"))
+        decoder = Decoder(pipe, 1)
+        steps, launch, settle = [], decoder._launch, decoder._settle
+
+        def launched(*args):
+            with device_launches() as seen:
+                step = launch(*args)
+            steps.append((step, seen))
+            return step
+
+        def settled(step):
+            with device_launches() as seen:
+                out = settle(step)
+            next(count for made, count in steps if made is step).extend(seen)
+            return out
+
+        decoder._launch, decoder._settle = launched, settled
+        tokens = [t for event in decoder.run([Request(REPEATING, 24), Request(PROMPT, 12)]) for t in event.tokens]
+    assert refused == [] and len(tokens) == 36
+    speculative = [seen for step, seen in steps[1:] if not step.plain]
+    plain = [seen for step, seen in steps[1:] if step.plain]
+    assert speculative and plain
+    assert max(map(len, speculative)) <= 4 and all(seen.count("graph") == 1 for seen in speculative), speculative
+    assert max(map(len, plain)) <= 4, plain

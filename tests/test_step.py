@@ -221,3 +221,32 @@ def test_a_plain_steps_verdict_is_the_chain_verdict_without_its_kernels():
     assert torch.equal(short.ids, general.ids) and torch.equal(short.num_accepted, general.num_accepted)
     assert [(v.emitted, v.n_accepted, v.gamma) for v in short.to_host()] == [
         ([int(t)], 0, 0) for t in logits[:, 0].argmax(-1)]
+
+
+def test_the_greedy_verdict_inside_the_graph_is_the_verifiers():
+    """The greedy verdict a static step computes inside its graph (`chain_tail`, over the padded
+    block: rows past the batch and columns past each draft hold stale ids, and padding rows
+    stale counts) is, row for row, the verdict `verify` computes from the logits: the same ids,
+    accepted counts and draft lengths, and the same host rows."""
+    from specpipe.verifiers.greedy import chain_tail
+
+    gen = torch.Generator().manual_seed(0)
+    verifier = GreedyVerifier()
+    batch, width, vocab, block, bucket = 5, 4, 7, 7, 8
+    accepted = set()
+    for _ in range(60):
+        logits = torch.randn(bucket, block, vocab, dtype=torch.float64, generator=gen)
+        counts = torch.randint(0, width + 1, (batch,), generator=gen)
+        guess = torch.randint(0, vocab, (batch, width), generator=gen)
+        right = torch.rand(batch, width, generator=gen) < 0.75  # most guesses the argmax: long runs
+        tokens = torch.where(right, logits[:batch, :width].argmax(-1), guess)
+        ids = torch.randint(0, vocab, (bucket, block), generator=gen)  # stale padding everywhere
+        ids[:batch, 1 : width + 1] = tokens
+        padded = torch.cat([counts, torch.randint(0, block, (bucket - batch,), generator=gen)])
+        draft = DraftBatch(tokens, counts, (width,) * batch)
+        eager = verifier.verify(draft, logits[:batch, : width + 1])
+        graphed = verifier.verdict_of(chain_tail(logits, ids, padded)[:batch], draft)
+        assert torch.equal(graphed.ids, eager.ids) and torch.equal(graphed.num_accepted, eager.num_accepted)
+        assert torch.equal(graphed.num_draft, eager.num_draft) and graphed.to_host() == eager.to_host()
+        accepted |= set(eager.num_accepted.tolist())
+    assert accepted == set(range(width + 1))  # every outcome, none accepted to all

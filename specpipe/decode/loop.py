@@ -183,6 +183,7 @@ class Decoder:
         self.steps: list[BatchStep] = []
         self._started = time.perf_counter()
         self._since = None  # the last step's clock (its successor's host time counts from its end)
+        self._empty: dict[int, DraftBatch] = {}  # a plain step's draft, by batch width
 
     def memory(self) -> dict[str, int]:
         return self.pipeline.memory()
@@ -346,10 +347,13 @@ class Decoder:
         clock.mark()
         draft = self._propose(view, rows, gammas)  # 2.
         clock.mark()
-        last = self._last(rows, pending)
-        block = last[:, None] if draft.width == 0 else torch.cat([last[:, None], draft.tokens], 1)  # [B, W + 1]
-        out = runner.forward(block, tree=draft.tree, hidden=self.hidden)  # 3.
-        verdict = self.pipeline.verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
+        block = self._block(rows, pending, draft)  # [B, W + 1]
+        verifier = self.pipeline.verifier
+        out = runner.forward(block, tree=draft.tree, hidden=self.hidden, tail=verifier.tail(draft))  # 3. (and 4.
+        if out.tail is not None:  # inside the forward's graph, where the runner has one)
+            verdict = verifier.verdict_of(out.tail, draft)
+        else:
+            verdict = verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
         clock.mark()
         self._since = clock  # the next step's host time counts from its end
         for _, row in busy:
@@ -359,14 +363,24 @@ class Decoder:
             runner.commit([1 if row else 0 for row in rows])
         return _Launched(busy, rows, gamma, plain, draft, verdict, out, verdict.copy_to_host(), clock)
 
+    def _block(self, rows: list[_Row | None], pending: _Launched | None, draft: DraftBatch) -> torch.Tensor:
+        """[B, W + 1] the verify block: each row's last token, then its draft. On the host where
+        the host knows all of it (the runner sends it with the step's other inputs, one copy),
+        else on the device."""
+        last = self._last(rows, pending)  # [B]
+        if last.device.type == "cpu" and draft.host is not None:
+            return torch.cat([last[:, None], draft.host], 1)
+        last = last.to(self.runner.device, non_blocking=True)
+        return last[:, None] if draft.width == 0 else torch.cat([last[:, None], draft.tokens], 1)
+
     def _last(self, rows: list[_Row | None], pending: _Launched | None) -> torch.Tensor:
-        """[B] each row's last token on the device: from `pending`'s verdict for the rows it
-        carries on (plain: its first column), from the host for the others."""
+        """[B] each row's last token: on the host where the host has them all, else on the
+        device, from `pending`'s verdict for the rows it carries on (plain: its first column)."""
         fed = [pending is not None and pending.carries(slot, row) for slot, row in enumerate(rows)]
         host = [row.tokens[-1] if row is not None and not f else 0 for row, f in zip(rows, fed)]
         device = self.runner.device
         if not any(fed):
-            return torch.tensor(host).to(device, non_blocking=True)
+            return torch.tensor(host)
         carried = pending.verdict.ids[:, 0]  # [B'] the tokens pending emitted
         if len(rows) <= len(carried) and all(f or row is None for row, f in zip(rows, fed)):
             return carried[: len(rows)]  # no copy at all: the usual overlapped step
@@ -400,7 +414,10 @@ class Decoder:
 
     def _propose(self, view: Rows | None, rows: list[_Row | None], gammas: list[int]) -> DraftBatch:
         if view is None:  # no row drafts
-            return DraftBatch.empty(len(rows), self.runner.device)
+            empty = self._empty.get(len(rows))  # read only: one per width, no launch a plain step
+            if empty is None:
+                empty = self._empty[len(rows)] = DraftBatch.empty(len(rows), self.runner.device)
+            return empty
         draft = self.proposer.propose(view, gammas)
         if draft.tree is not None:  # a chain fits (γ < budget); a tree has more nodes than γ: cut to the room
             draft = trimmed(draft, self.pipeline.room(rows[0].tokens))

@@ -14,6 +14,7 @@ input (what Medusa and EAGLE heads read).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,17 +26,37 @@ KERNELS = ("exact", "fast")
 
 
 @dataclass(frozen=True)
-class TargetOutput:
-    """What one forward computed. logits: [B, n, V] float32 (n = 1 for a `last_only` forward);
-    hidden: {layer key: [B, n_block, H] float32}, every row of the block, for the keys asked.
-    (float64 models give float64.)"""
+class Tail:
+    """A computation on a forward's outputs that a static runner runs inside the step's own
+    graph, so on a GPU it launches nothing of its own and only its small output leaves the
+    graph (vLLM's model runner samples and verifies the same way). `compute(logits [R, K, V],
+    ids [R, K], counts [R]) -> [R, C]`, a tensor function of its inputs alone (no host reads,
+    no shape that depends on a value), over the step's padded block: R >= B rows and K >= n
+    columns, of which only the first B rows are read. `counts`: one integer per row, host ints
+    or a device tensor [B]. `name` keys the graphs: one name, one computation."""
 
-    logits: torch.Tensor
+    name: str
+    compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    counts: list[int] | torch.Tensor
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """What one forward computed. logits: [B, n, V] float32 (n = 1 for a `last_only` forward),
+    or None where the forward's `Tail` ran inside its graph (then nothing else reads them);
+    hidden: {layer key: [B, n_block, H] float32}, every row of the block, for the keys asked
+    (float64 models give float64); tail: the `Tail`'s output [B, C] where the runner ran it
+    (None: the caller computes from the logits instead)."""
+
+    logits: torch.Tensor | None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    tail: torch.Tensor | None = None
 
     def row(self, b: int) -> "TargetOutput":
         """Batch row b alone, as a single-sequence forward returns it ([1, n, ...])."""
-        return TargetOutput(self.logits[b : b + 1], {key: value[b : b + 1] for key, value in self.hidden.items()})
+        return TargetOutput(None if self.logits is None else self.logits[b : b + 1],
+                            {key: value[b : b + 1] for key, value in self.hidden.items()},
+                            None if self.tail is None else self.tail[b : b + 1])
 
 
 @dataclass(frozen=True)
@@ -94,12 +115,15 @@ class Runner(ABC):
 
     @abstractmethod
     def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
-                hidden: tuple[int, ...] = ()) -> TargetOutput:
-        """ids [B, n] on the device, appended to rows 0..B-1 -> logits [B, n, V], on the device.
+                hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
+        """ids [B, n] (on the device, or on the host where the host made them: a static step
+        then sends them with its other inputs, in one copy), appended to rows 0..B-1 -> logits
+        [B, n, V], on the device.
 
         tree: a tree block's parents (B = 1): block row i+1 is node i, it sees row 0, its
         ancestors and itself, at position length + its depth, so every row is computed as in
-        a sequential forward along its own path."""
+        a sequential forward along its own path. tail: run inside the forward's graph where the
+        runner has one (static steps: `TargetOutput.tail`); others ignore it and return logits."""
 
     @abstractmethod
     def commit(self, kept: list[int], paths: list[tuple[int, ...]] | None = None) -> None:

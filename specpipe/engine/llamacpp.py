@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, TargetOutput
+from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Tail, TargetOutput
 from specpipe.errors import SpecpipeError
 
 CELLS = 256  # llama.cpp pads a context to whole blocks of this many cells
@@ -200,7 +200,7 @@ class LlamaCppRunner(Runner):
         return TargetOutput(logits[-1:][None], {key: torch.cat(value)[None] for key, value in parts.items()})
 
     def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
-                hidden: tuple[int, ...] = ()) -> TargetOutput:
+                hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         if tree is not None:
             raise SpecpipeError("engine=llamacpp evaluates chains, not tree drafts (llama.cpp masks attention by "
                                 "sequence id). Drop proposer.tree, or use engine=native.")

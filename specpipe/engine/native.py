@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.engine.base import Memory, Runner, TargetOutput, wide
+from specpipe.engine.base import Memory, Runner, Tail, TargetOutput, wide
 from specpipe.engine.native_model import NativeLM
 from specpipe.engine.static import StaticStep, bucket_of, spare_slots
 from specpipe.errors import SpecpipeError
@@ -96,19 +96,19 @@ class NativeRunner(Runner):
         return TargetOutput(logits, states)
 
     def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
-                hidden: tuple[int, ...] = ()) -> TargetOutput:
+                hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         batch, n = ids.shape
         starts = self.lengths[:batch]
         self._check_room(max(starts) + n)
-        shape = None if self.static is None else self.static.shape(batch, n, tree, hidden)
+        shape = None if self.static is None else self.static.shape(batch, n, tree, hidden, tail)
         if shape is not None:
-            logits, states = self.static.forward(shape, ids, self.lengths, tree)
-        else:
+            out = self.static.forward(shape, ids, self.lengths, tree, tail)
+        else:  # eager: the tail is the caller's
             cache = self.cache if batch == self.cache.batch else self.cache.rows(batch)
-            logits, states = self.lm.forward(ids, starts, cache, tree, hidden)
+            out = TargetOutput(*self.lm.forward(ids.to(self.device, non_blocking=True), starts, cache, tree, hidden))
         self.lengths[:batch] = [start + n for start in starts]
         self._block = n
-        return TargetOutput(logits, states)
+        return out
 
     @torch.inference_mode()
     def commit(self, kept: list[int], paths: list[tuple[int, ...]] | None = None) -> None:

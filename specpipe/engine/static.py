@@ -32,12 +32,13 @@ the rows that attend over it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
-from specpipe.engine.base import wide
+from specpipe.engine.base import Tail, TargetOutput, wide
 from specpipe.engine.graphs import Graphs
 from specpipe.engine.native_model import KVCache, NativeLM, _mask
 from specpipe.types import ancestry_of, depths_of
@@ -55,6 +56,7 @@ class Shape:
     block: int  # K: tokens per row
     tree: bool  # rows laid out by a tree's parents (else a chain)
     hidden: tuple[int, ...]  # hidden-state keys returned
+    tail: str | None = None  # the `Tail` computed inside (its name), whose output replaces the logits
 
 
 def bucket_of(rows: int) -> int:
@@ -67,37 +69,62 @@ def spare_slots(capacity: int) -> int:
     return SPARE + (-(capacity + SPARE) % ALIGN)
 
 
+class _Meta:
+    """Views of one shape's inputs packed in one tensor: the rows' lengths [bucket], a tail's
+    counts [bucket], the block's ids [bucket, K], a tree's depths [K] and ancestry [K, K]."""
+
+    def __init__(self, packed: torch.Tensor, bucket: int, block: int):
+        lengths, counts, ids, depths, seen = packed.split((bucket, bucket, bucket * block, block, block * block))
+        self.lengths, self.counts, self.depths = lengths, counts, depths
+        self.ids, self.seen = ids.view(bucket, block), seen.view(block, block)
+
+    @staticmethod
+    def size(bucket: int, block: int) -> int:
+        return 2 * bucket + bucket * block + block + block * block
+
+
 class _Buffers:
-    """The persistent inputs (and, on CUDA, outputs) of one shape. `meta` packs the rows'
-    lengths [bucket], a tree's depths [K] and its ancestry [K, K] in one tensor, so a step makes
-    one host-to-device copy of them (from pinned memory on CUDA) besides its ids."""
+    """The persistent inputs (and, on CUDA, outputs) of one shape. Its inputs sit in one tensor
+    (`_Meta`), so a step writes what the host holds of them (the lengths, a tree's layout, and
+    the ids and counts where they were made on the host) into its pinned host copy and makes
+    ONE host-to-device copy; what is on the device already (ids from the last verdict or a
+    head's draft, a draft's counts) is copied in after it, on the device."""
 
     def __init__(self, shape: Shape, cache: KVCache, device: torch.device):
         bucket, block = shape.bucket, shape.block
-        self.ids = torch.zeros(bucket, block, dtype=torch.long, device=device)
-        size = bucket + block + block * block
-        self.host = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
-        self.meta = self.host.to(device) if device.type != "cpu" else self.host
+        self.host = torch.zeros(_Meta.size(bucket, block), dtype=torch.long, pin_memory=device.type == "cuda")
+        packed = self.host.to(device) if device.type != "cpu" else self.host
+        self.staged, self.meta = _Meta(self.host, bucket, block), _Meta(packed, bucket, block)
+        self.packed = packed
         self.keys = [t[:bucket] for t in cache.keys]  # views: the cache's own storage
         self.values = [t[:bucket] for t in cache.values]
         self.copied = torch.cuda.Event() if device.type == "cuda" else None  # the last copy of `host` is done
 
-    def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None) -> None:
+    def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
+             counts: list[int] | torch.Tensor | None = None) -> None:
+        """ids [B, n] (on the host or the device), the cache rows' lengths, a tree's parents and
+        a tail's counts [B]. Columns past n and rows past B keep old ids: padding."""
         batch, n = ids.shape
         bucket, block = shape.bucket, shape.block
-        self.ids[:batch, :n].copy_(ids)  # columns past n and rows past B keep old ids: padding
         if self.copied is not None:
             self.copied.synchronize()  # done long ago in a decode loop (its verdict's copy came after)
-        self.host[:bucket] = torch.tensor(lengths[:bucket])
+        staged, on_host = self.staged, ids.device.type == "cpu"
+        staged.lengths.copy_(torch.tensor(lengths[:bucket]))
+        if on_host:
+            staged.ids[:batch, :n] = ids
+        if isinstance(counts, list):
+            staged.counts.copy_(torch.tensor(counts + [0] * (bucket - len(counts))))
         if tree is not None:
-            depths = depths_of(tree) + list(range(n, block))  # padding rows: a slot of their own
-            seen = torch.eye(block, dtype=torch.long)
-            seen[:n, :n] = ancestry_of(tree)
-            self.host[bucket : bucket + block] = torch.tensor(depths)
-            self.host[bucket + block :] = seen.view(-1)
+            staged.depths.copy_(torch.tensor(depths_of(tree) + list(range(n, block))))  # padding rows: own slots
+            staged.seen.copy_(torch.eye(block, dtype=torch.long))
+            staged.seen[:n, :n] = ancestry_of(tree)
         if self.copied is not None:
-            self.meta.copy_(self.host, non_blocking=True)
+            self.packed.copy_(self.host, non_blocking=True)
             self.copied.record()
+        if not on_host:  # after the host's copy (stream order)
+            self.meta.ids[:batch, :n].copy_(ids)
+        if isinstance(counts, torch.Tensor):  # rows past B are not read
+            self.meta.counts[:batch].copy_(counts)
 
 
 class StaticStep:
@@ -111,7 +138,8 @@ class StaticStep:
         self.cache: KVCache | None = None
         self.shapes: set[Shape] = set()  # every shape a forward ran
         self._buffers: dict[Shape, _Buffers] = {}
-        self._warm: set[tuple[int, ...]] = set()  # hidden-state sets whose planned shapes are captured
+        self._warm: set[tuple] = set()  # (hidden-state keys, tail name) whose planned shapes are captured
+        self._tails: dict[str, Callable] = {}  # a tail's computation, by its name
 
     @property
     def capture(self) -> bool:
@@ -138,41 +166,51 @@ class StaticStep:
         """The block sizes a forward pads to: K alone (exact), or powers of two below K and K (fast)."""
         return [self.block] if self.exact else sorted({min(bucket_of(n), self.block) for n in range(1, self.block + 1)})
 
-    def planned(self, hidden: tuple[int, ...]) -> list[Shape]:
-        """Every shape a forward asking for `hidden` runs as, within the plan (what a GPU captures
-        at the first such forward): exact, one; fast, every bucket up to the cache's rows by
-        every block, and the tree blocks of one sequence."""
+    def planned(self, hidden: tuple[int, ...], tail: str | None = None) -> list[Shape]:
+        """Every shape a forward asking for `hidden` (and a chain's `tail`) runs as, within the
+        plan (what a GPU captures at the first such forward): exact, one; fast, every bucket up
+        to the cache's rows by every block, and the tree blocks of one sequence (no tail: a tree
+        is verified from its logits)."""
         if self.exact:
-            return [Shape(self.cache.batch, self.block, False, hidden)]
+            return [Shape(self.cache.batch, self.block, False, hidden, tail)]
         buckets = [1 << i for i in range(self.cache.batch.bit_length())]
-        return ([Shape(bucket, block, False, hidden) for bucket in buckets for block in self.blocks()]
+        return ([Shape(bucket, block, False, hidden, tail) for bucket in buckets for block in self.blocks()]
                 + [Shape(1, block, True, hidden) for block in self.blocks() if block > 1])
 
-    def shape(self, batch: int, n: int, tree: tuple[int, ...] | None, hidden: tuple[int, ...]) -> Shape | None:
+    def shape(self, batch: int, n: int, tree: tuple[int, ...] | None, hidden: tuple[int, ...],
+              tail: Tail | None = None) -> Shape | None:
         """The shape a forward of [batch, n] runs as, or None: a block wider than planned (a
-        prompt fed through `forward`) runs the eager forward, so no unplanned shape is made."""
+        prompt fed through `forward`) runs the eager forward, so no unplanned shape is made. A
+        tree's shape runs no tail."""
         if n > self.block:
             return None
+        name = None if tail is None or tree is not None else tail.name
         if self.exact:
-            return Shape(self.cache.batch, self.block, tree is not None, tuple(hidden))
-        return Shape(bucket_of(batch), min(bucket_of(n), self.block), tree is not None, tuple(hidden))
+            return Shape(self.cache.batch, self.block, tree is not None, tuple(hidden), name)
+        return Shape(bucket_of(batch), min(bucket_of(n), self.block), tree is not None, tuple(hidden), name)
 
     @torch.inference_mode()
     def forward(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
-                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """ids [B, n] at the rows' `lengths` (host ints, every cache row's) -> (logits [B, n, V],
-        {key: [B, n, H]}), as the eager forward returns them."""
-        if self.capture and shape.hidden not in self._warm:
-            self._capture_planned(shape.hidden, lengths)
+                tail: Tail | None = None) -> TargetOutput:
+        """ids [B, n] at the rows' `lengths` (host ints, every cache row's) -> logits [B, n, V]
+        and {key: [B, n, H]}, as the eager forward returns them; where the shape runs `tail`,
+        its output [B, C] instead of the logits."""
+        if shape.tail is not None:
+            self._tails.setdefault(shape.tail, tail.compute)
+        if self.capture and shape not in self.graphs and (shape.hidden, shape.tail) not in self._warm:
+            self._capture_planned(shape.hidden, shape.tail, lengths)
         buffers = self._buffers_of(shape)
-        buffers.fill(shape, ids, lengths, tree)
+        buffers.fill(shape, ids, lengths, tree, None if shape.tail is None else tail.counts)
         self.shapes.add(shape)
         batch, n = ids.shape
         # a planned shape replays; an unplanned tree is captured now
-        logits, hidden = self.graphs.run(shape, partial(self._compute, shape, buffers))
-        if self.capture:  # the graph's own memory, rewritten by its next replay: copied
-            return logits[:batch, :n].clone(), {key: value[:batch, :n].clone() for key, value in hidden.items()}
-        return logits[:batch, :n], {key: value[:batch, :n] for key, value in hidden.items()}
+        logits, hidden, out = self.graphs.run(shape, partial(self._compute, shape, buffers))
+        # on a GPU, the graph's own memory, which its next replay rewrites: copied
+        keep = (lambda t: t.clone()) if self.capture else (lambda t: t)  # noqa: E731
+        hidden = {key: keep(value[:batch, :n]) for key, value in hidden.items()}
+        if out is not None:  # nothing reads the logits: left in the graph
+            return TargetOutput(None, hidden, keep(out[:batch]))
+        return TargetOutput(keep(logits[:batch, :n]), hidden)
 
     def _buffers_of(self, shape: Shape) -> _Buffers:
         buffers = self._buffers.get(shape)
@@ -180,36 +218,40 @@ class StaticStep:
             buffers = self._buffers[shape] = _Buffers(shape, self.cache, self.lm.device)
         return buffers
 
-    def _capture_planned(self, hidden: tuple[int, ...], lengths: list[int]) -> None:
+    def _capture_planned(self, hidden: tuple[int, ...], tail: str | None, lengths: list[int]) -> None:
         """Capture every planned shape not captured yet, on padding inputs: a token 0 at each
-        row's length (writing only slots past the rows' lengths), a tree block of padding rows."""
+        row's length (writing only slots past the rows' lengths), a tree block of padding rows,
+        counts 0."""
         pad = torch.zeros(1, 1, dtype=torch.long, device=self.lm.device)
-        for shape in self.planned(hidden):
+        for shape in self.planned(hidden, tail):
             if shape not in self.graphs:
                 buffers = self._buffers_of(shape)
-                buffers.fill(shape, pad, lengths, () if shape.tree else None)
+                buffers.fill(shape, pad, lengths, () if shape.tree else None, [0] if shape.tail else None)
                 self.graphs.ensure(shape, partial(self._compute, shape, buffers))
-        self._warm.add(hidden)
+        self._warm.add((hidden, tail))
 
-    def _compute(self, shape: Shape, buffers: _Buffers) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """The step, on the buffers alone (what a graph captures: no host reads, no new shapes)."""
+    def _compute(self, shape: Shape, buffers: _Buffers) -> tuple[torch.Tensor | None, dict[int, torch.Tensor],
+                                                                 torch.Tensor | None]:
+        """The step, on the buffers alone (what a graph captures: no host reads, no new shapes)
+        -> (logits [bucket, K, V], {key: [bucket, K, H]}, None), or with a tail (None, hidden,
+        its output [bucket, C])."""
         lm, bucket, block, width = self.lm, shape.bucket, shape.block, self.cache.width
-        device = buffers.ids.device
-        starts = buffers.meta[:bucket, None]  # [bucket, 1]: each row's length, its block's first slot
+        meta = buffers.meta
+        device = meta.ids.device
+        starts = meta.lengths[:, None]  # [bucket, 1]: each row's length, its block's first slot
         rows = torch.arange(block, device=device)
         ring = self.ring and not shape.tree
         if shape.tree:
-            positions = starts + buffers.meta[bucket : bucket + block]  # [bucket, K]: start + depth
+            positions = starts + meta.depths  # [bucket, K]: start + depth
             slots = starts + rows  # a tree's rows sit in block order
-            seen = buffers.meta[bucket + block :].view(block, block) != 0
-            mask = _mask(starts[:, 0], block, width, seen)  # [bucket, 1, K, width]
-            ids = buffers.ids
+            mask = _mask(starts[:, 0], block, width, meta.seen != 0)  # [bucket, 1, K, width]
+            ids = meta.ids
         else:
             # [bucket, K]: the token each block row holds
             order = (rows - starts) % block if ring else rows.expand(bucket, block)
             positions = slots = starts + order
             mask = (torch.arange(width, device=device) <= positions[..., None])[:, None]  # causal, by position
-            ids = buffers.ids.gather(1, order)
+            ids = meta.ids.gather(1, order)
         table = positions.clamp(max=lm.max_len - 1).view(-1)  # padding rows may run past the rope table
         cos, sin = lm.cos[table].view(bucket * block, 1, -1), lm.sin[table].view(bucket * block, 1, -1)
         x, hidden = lm.stack(lm.embed(ids.reshape(-1)), cos, sin, lm.additive(mask), slots, buffers.keys,
@@ -218,7 +260,9 @@ class StaticStep:
         if ring:  # back to block order: token j of row b sits at ring row (start + j) mod K
             back = (rows + starts) % block
             logits, hidden = _take(logits, back), {key: _take(value, back) for key, value in hidden.items()}
-        return logits, hidden
+        if shape.tail is not None:
+            return None, hidden, self._tails[shape.tail](logits, meta.ids, meta.counts)
+        return logits, hidden, None
 
 
 def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

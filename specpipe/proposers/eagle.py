@@ -181,7 +181,8 @@ class EagleProposer(RowProposer):
     def _features(self, out: TargetOutput, row: int, block_rows: list[int] | None = None) -> torch.Tensor:
         """The head's input features [n, H] of batch row `row` at the block's `block_rows` (all:
         None), from the target's layers."""
-        index = None if block_rows is None else torch.tensor(block_rows).to(out.logits.device, non_blocking=True)
+        device = out.hidden[self.hidden_layers[0]].device
+        index = None if block_rows is None else torch.tensor(block_rows).to(device, non_blocking=True)
         states = [out.hidden[key][row] if index is None else out.hidden[key][row, index] for key in self.hidden_layers]
         return self.head.fuse(states[0] if len(states) == 1 else torch.cat(states, -1))
 

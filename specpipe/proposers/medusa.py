@@ -95,7 +95,7 @@ class MedusaProposer(Proposer):
         tokens[index], confidence[index] = picked, top.float()
         sizes = [min(gammas[b], heads) if b in ready else 0 for b in range(count)]
         return DraftBatch(tokens, torch.tensor(sizes).to(rows.device, non_blocking=True), tuple(gammas), probs,
-                          confidence)
+                          confidence, counts=tuple(sizes))
 
     @property
     def batch_refusal(self) -> str | None:

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from specpipe.engine.base import Tail
 from specpipe.sampling import RowRandom
 from specpipe.types import PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict, ancestry_of, depths_of
 
@@ -25,6 +26,16 @@ class Verifier(ABC):
         """target_logits: [B, W + 1, V]; row i of b is the target's prediction for draft token
         i of row b, row num_draft[b] its bonus position (a tree: one row per block row).
         rngs: each row's randomness (sampling verifiers draw from it; greedy ignores it)."""
+
+    def tail(self, draft: DraftBatch) -> Tail | None:
+        """The verdict as a `Tail` of the verify forward (computed inside its graph where the
+        runner has one; `TargetOutput.tail` is then `verdict_of`'s input), or None: `verify`
+        takes the logits (default)."""
+        return None
+
+    def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:
+        """The verdict from this verifier's `tail` output [B, C] for `draft`."""
+        raise NotImplementedError(f"{type(self).__name__} verifies from the logits")
 
     def verify_row(self, draft: DraftBlock | DraftTree, target_logits: torch.Tensor,
                    rng: RowRandom | None = None) -> RowVerdict:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.engine.base import Tail
 from specpipe.errors import SpecpipeError
-from specpipe.types import PAD, DraftBatch, Verdict
+from specpipe.types import PAD, DraftBatch, Verdict, packed_verdict
 from specpipe.verifiers.base import TreeRows, Verifier, drafted, leading, plain_verdict, tree_verdict
 
 
@@ -22,6 +23,29 @@ class GreedyVerifier(Verifier):
             return _tree(draft, top[0])
         num_accepted = leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]
         return _chain(draft, top, num_accepted)
+
+    def tail(self, draft: DraftBatch) -> Tail | None:
+        """A chain's verdict inside the verify forward's graph (a tree's is verified from the logits)."""
+        if draft.tree is not None:
+            return None
+        return Tail("greedy", chain_tail, list(draft.counts) if draft.counts is not None else draft.num_draft)
+
+    def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:
+        return packed_verdict(tail, draft.width + 1, draft.confidence)
+
+
+def chain_tail(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The greedy verdict of a padded verify block, packed (`Verdict.packed`): logits [R, K, V]
+    of the block ids [R, K] (row r's draft in ids[r, 1 : 1 + counts[r]], padding after) ->
+    [R, K + 2]: the argmax up to the first one that differs from the draft token it checks
+    (the accepted tokens, then the recovered or bonus one), PAD after; num_accepted; counts.
+    Tensor ops on the buffers alone, as `verify` computes them: the same tokens."""
+    top = logits.argmax(-1)  # [R, K]
+    columns = torch.arange(ids.shape[1], device=ids.device)  # [K]
+    right = (top[:, :-1] == ids[:, 1:]) & (columns[None, :-1] < counts[:, None])  # [R, K - 1]
+    num_accepted = leading(right)  # [R]
+    verdict = top.masked_fill(columns[None] > num_accepted[:, None], PAD)
+    return torch.cat([verdict, num_accepted[:, None], counts[:, None]], 1)
 
 
 def _chain(draft: DraftBatch, top: torch.Tensor, num_accepted: torch.Tensor) -> Verdict:
