@@ -557,10 +557,11 @@ def test_a_static_step_reads_the_host_once(kernels, device):
 
 
 def test_a_graphed_step_launches_a_few_operations_beside_its_graph():
-    """What a step costs the host on a GPU beyond its graphs: a plain graphed step is its graph
-    and a few launches (the inputs' copies, the argmax, the verdict's copy), against one per
-    operation of every layer when eager; an ngram step adds its draft's verify. A change that
-    adds work to every step outside the graphs fails here, on the CPU."""
+    """What a step costs the host beyond its graphs: a graphed step is its graph, which
+    verifies too, and a few operations (the inputs staged, the verdict's copy), against one per
+    operation of every layer when eager; an ngram step adds its draft's staging. A change that
+    adds work to every step outside the graphs fails here, on the CPU (which counts host-side
+    operations too; tests/test_simulated_cuda.py counts a GPU's launches alone)."""
     from specpipe.decode.syncs import per_step
 
     target = tiny_target(seed=0)
@@ -571,7 +572,7 @@ def test_a_graphed_step_launches_a_few_operations_beside_its_graph():
                             runner=make_runner(target.model, graphs=graphs))
             steps = per_step(Decoder(pipe, 1), [Request(REPEATING, 12)])
             counts[name, graphs] = max(count.launches for count in steps[1:])  # the first fills the cache
-    assert counts["plain", "on"] <= 8 and counts["ngram", "on"] <= 25, counts
+    assert counts["plain", "on"] <= 6 and counts["ngram", "on"] <= 10, counts
     assert counts["plain", "off"] > 6 * counts["plain", "on"], counts  # 2 layers eager: ~60 launches
 
 

@@ -14,7 +14,9 @@ generator's state), a tensor made from host data (its values fixed at capture).
 
 `launches` counts, the same way, the operations that would each launch a kernel on a GPU,
 where a graphed computation is one launch (its replay): what a step costs the host beyond its
-graphs, which on a GPU is ~5-10 µs an operation.
+graphs, which on a GPU is ~5-10 µs an operation. On a GPU it counts the operations on device
+tensors only (work on host tensors, such as staging a step's inputs in pinned memory, launches
+nothing); on the CPU, which cannot tell them apart, every operation.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Iterator, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from specpipe.engine.graphs import Graphs
 
@@ -108,14 +111,15 @@ _NO_KERNEL = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::n
 
 
 @contextlib.contextmanager
-def launches(inside: list[str] | None = None) -> Iterator[list[str]]:
+def launches(inside: list[str] | None = None, device: torch.device | str = "cpu") -> Iterator[list[str]]:
     """Every operation the block dispatches that would be a kernel launch on a GPU, by name
     (views, allocations and metadata aside); each graphed computation (`Graphs.run`) counts as
     one launch, "graph", whether it is replayed (a GPU) or computed (the CPU). `inside`, if
     given, gets the operations computed inside the graphs: the kernels each replay runs (on the
-    CPU only, where the computations run; a GPU's replay dispatches nothing)."""
+    CPU only, where the computations run; a GPU's replay dispatches nothing). `device`: the
+    step's (not the CPU: host tensors' operations are not counted)."""
     seen: list[str] = []
-    watch = _Launches(seen)
+    watch = _Launches(seen, torch.device(device).type != "cpu")
     run = Graphs.run
 
     def replayed(graphs, key, compute):
@@ -137,15 +141,23 @@ def launches(inside: list[str] | None = None) -> Iterator[list[str]]:
 
 
 class _Launches(TorchDispatchMode):
-    def __init__(self, seen: list[str]):
+    def __init__(self, seen: list[str], device_only: bool = False):
         super().__init__()
         self.into: list[str] | None = seen  # where an operation is counted (None: not counted)
+        self.device_only = device_only  # count only operations that touch a device tensor
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if self.into is not None and func._schema.name not in _NO_KERNEL and not _aliases(func, args, out):
+        if self.into is not None and func._schema.name not in _NO_KERNEL and not _aliases(func, args, out) \
+                and not (self.device_only and _on_host(args, kwargs, out)):
             self.into.append(func._schema.name)
         return out
+
+
+def _on_host(args, kwargs, out) -> bool:
+    """Whether every tensor an operation takes and makes is on the host."""
+    tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+    return all(t.device.type == "cpu" for t in tensors)
 
 
 def _aliases(func, args, out) -> bool:
@@ -181,7 +193,7 @@ def per_step(decoder, requests) -> list[StepCount]:
 
     def counting(count: list[int], call, *args):
         inside: list[str] = []
-        with host_reads() as seen, launches(inside) as launched:
+        with host_reads() as seen, launches(inside, decoder.runner.device) as launched:
             result = call(*args)
         count[0] += len(seen)
         count[1] += len(launched)
