@@ -50,8 +50,10 @@ def greedy_equal_on(pipeline, prompts, tokens: int) -> int:
     for prompt in prompts:
         ids = pipeline.encode(prompt["messages"])
         spec = pipeline.run(ids, max_new_tokens=tokens)
-        # plain steps run in the verify blocks' shape on static steps: the block is part of the key
-        key = (tuple(ids), tokens, runner.engine, runner.precision, runner.step, pipeline.widest_block())
+        # plain steps run in the verify blocks' shape on static steps: the block is part of the key;
+        # models of one family share a tokenizer, so the same ids: the model is too
+        key = (pipeline.target.name, tuple(ids), tokens, runner.engine, runner.precision, runner.step,
+               pipeline.widest_block())
         if key not in _PLAIN:
             _PLAIN[key] = pipeline.run(ids, max_new_tokens=tokens, speculative=False).token_ids
         plain = SimpleNamespace(token_ids=_PLAIN[key])
@@ -251,9 +253,11 @@ def test_smollm2_exact_batched_rows_equal_each_prompt_alone(proposer):
 
 @pytest.mark.full  # loads Qwen2.5-Coder-0.5B (~1 GB fetched once) beside SmolLM2
 def test_a_draft_with_another_tokenizer_keeps_the_real_targets_output(prompts):
-    """SmolLM2-135M drafting for Qwen2.5-Coder-0.5B: another family, re-tokenised drafts."""
+    """SmolLM2-135M drafting for Qwen2.5-Coder-0.5B: another family, re-tokenised drafts. The
+    guard is off: on a CPU where the drafts do not pay it pauses them, and this test is about
+    what they keep."""
     pipeline = Pipeline.from_config(compose(["model=qwen2.5-coder-0.5b", "proposer=draft",
-                                             "proposer.model=smollm2-135m", "gamma=4"]))
+                                             "proposer.model=smollm2-135m", "gamma=4", "guard=false"]))
     assert type(pipeline.proposer).__name__ == "CrossDrafter"
     assert greedy_equal_on(pipeline, prompts, 32) > 0  # the translated drafts are kept some of the time
 
