@@ -10,13 +10,19 @@ eagerly, also the operations inside the graphs: the kernels a GPU's replays run 
         --strategy "recipe=recipes/smollm2-135m" --strategy "proposer=ngram gamma=4"
 
 Prints a markdown table: strategy, steps, reads per step (median and max), launches per step
-(median and max), and on the CPU operations inside graphs per step (median).
+(median and max), and on the CPU operations inside graphs per step (median). On the CPU the
+launches include host-side work (a GPU's staging in pinned memory); `--simulated-cuda` runs the
+strategies with `device=cuda` on the simulated GPU (tests/cuda_sim.py) and counts the launches
+a GPU would make alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import sys
+from pathlib import Path
 
 from specpipe.config import compose
 from specpipe.decode.loop import Decoder
@@ -31,7 +37,21 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--strategy", action="append", default=[], help="overrides, space-separated")
+    parser.add_argument("--simulated-cuda", action="store_true",
+                        help="device=cuda on the simulated GPU: the launches a GPU would make")
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        counter = None
+        if args.simulated_cuda:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from cuda_sim import device_launches, simulated_cuda
+
+            stack.enter_context(simulated_cuda())
+            args.device, counter = "cuda", device_launches
+        table(args, counter)
+
+
+def table(args, counter) -> None:
     prompt = load_prompts("dev", categories=["code"])[0]
     inside = args.device == "cpu"  # a GPU's replays dispatch nothing to count
     print("| strategy | steps | reads per step (median) | max | launches per step (median) | max |"
@@ -41,7 +61,7 @@ def main() -> None:
         cfg = compose([f"model={args.model}", f"device={args.device}", *strategy.split()])
         pipeline = Pipeline.from_config(cfg)
         request = Request(pipeline.encode(prompt["messages"]), args.tokens)
-        reads, launches, kernels = zip(*per_step(Decoder(pipeline, 1), [request]))
+        reads, launches, kernels = zip(*per_step(Decoder(pipeline, 1), [request], counter))
         print(f"| {strategy} | {len(reads)} | {statistics.median(reads):g} | {max(reads)} | "
               f"{statistics.median(launches):g} | {max(launches)} |"
               + (f" {statistics.median(kernels):g} |" if inside else ""), flush=True)

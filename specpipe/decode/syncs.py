@@ -183,17 +183,19 @@ def reads_per_step(decoder, requests) -> list[int]:
     return [count.reads for count in per_step(decoder, requests)]
 
 
-def per_step(decoder, requests) -> list[StepCount]:
+def per_step(decoder, requests, counter=None) -> list[StepCount]:
     """Run `requests` through a `decode.loop.Decoder`: each step's host reads, launches outside
     graphs and operations inside them, from its launch to its settling (which an overlapped
-    plain step's successor's launch comes between)."""
+    plain step's successor's launch comes between). `counter`: a context manager yielding the
+    launches its block makes, in place of `launches` (then nothing is counted inside graphs)."""
     counts: dict[int, list[int]] = {}
     steps = []  # every launched step, in order (kept alive: counts are keyed by identity)
     launch, settle = decoder._launch, decoder._settle
 
     def counting(count: list[int], call, *args):
         inside: list[str] = []
-        with host_reads() as seen, launches(inside, decoder.runner.device) as launched:
+        watch = counter() if counter is not None else launches(inside, decoder.runner.device)
+        with host_reads() as seen, watch as launched:
             result = call(*args)
         count[0] += len(seen)
         count[1] += len(launched)

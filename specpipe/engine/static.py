@@ -88,17 +88,21 @@ class _Buffers:
     (`_Meta`), so a step writes what the host holds of them (the lengths, a tree's layout, and
     the ids and counts where they were made on the host) into its pinned host copy and makes
     ONE host-to-device copy; what is on the device already (ids from the last verdict or a
-    head's draft, a draft's counts) is copied in after it, on the device."""
+    head's draft, a draft's counts) is copied in after it, on the device. On CUDA two pinned
+    copies alternate, so a fill waits for the copy two fills back, not the last: a draft
+    model's steps, queued with no read between them, then keep the host a step ahead."""
 
     def __init__(self, shape: Shape, cache: KVCache, device: torch.device):
         bucket, block = shape.bucket, shape.block
-        self.host = torch.zeros(_Meta.size(bucket, block), dtype=torch.long, pin_memory=device.type == "cuda")
-        packed = self.host.to(device) if device.type != "cpu" else self.host
-        self.staged, self.meta = _Meta(self.host, bucket, block), _Meta(packed, bucket, block)
-        self.packed = packed
+        cuda = device.type == "cuda"
+        hosts = [torch.zeros(_Meta.size(bucket, block), dtype=torch.long, pin_memory=cuda) for _ in range(1 + cuda)]
+        self.packed = hosts[0].to(device) if device.type != "cpu" else hosts[0]
+        self.meta = _Meta(self.packed, bucket, block)
+        self._hosts = [(host, _Meta(host, bucket, block)) for host in hosts]
+        self._copied = [torch.cuda.Event() for _ in hosts] if cuda else None  # each host copy's last copy is done
+        self._turn = 0  # the host copy the next fill writes
         self.keys = [t[:bucket] for t in cache.keys]  # views: the cache's own storage
         self.values = [t[:bucket] for t in cache.values]
-        self.copied = torch.cuda.Event() if device.type == "cuda" else None  # the last copy of `host` is done
 
     def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
              counts: list[int] | torch.Tensor | None = None) -> None:
@@ -106,9 +110,10 @@ class _Buffers:
         a tail's counts [B]. Columns past n and rows past B keep old ids: padding."""
         batch, n = ids.shape
         bucket, block = shape.bucket, shape.block
-        if self.copied is not None:
-            self.copied.synchronize()  # done long ago in a decode loop (its verdict's copy came after)
-        staged, on_host = self.staged, ids.device.type == "cpu"
+        host, staged = self._hosts[self._turn]
+        if self._copied is not None:
+            self._copied[self._turn].synchronize()  # its copy two fills back (done long ago in a decode loop)
+        on_host = ids.device.type == "cpu"
         staged.lengths.copy_(torch.tensor(lengths[:bucket]))
         if on_host:
             staged.ids[:batch, :n] = ids
@@ -118,9 +123,10 @@ class _Buffers:
             staged.depths.copy_(torch.tensor(depths_of(tree) + list(range(n, block))))  # padding rows: own slots
             staged.seen.copy_(torch.eye(block, dtype=torch.long))
             staged.seen[:n, :n] = ancestry_of(tree)
-        if self.copied is not None:
-            self.packed.copy_(self.host, non_blocking=True)
-            self.copied.record()
+        if self._copied is not None:
+            self.packed.copy_(host, non_blocking=True)
+            self._copied[self._turn].record()
+            self._turn = 1 - self._turn
         if not on_host:  # after the host's copy (stream order)
             self.meta.ids[:batch, :n].copy_(ids)
         if isinstance(counts, torch.Tensor):  # rows past B are not read
