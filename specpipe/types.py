@@ -241,16 +241,20 @@ class Verdict:
             if self.path is not None:
                 parts.append(self.path)
             packed, width = torch.cat(parts, 1), self.ids.shape[1]
-        if self.confidence is not None:  # int64 and float32 as float64: one tensor, one copy
-            packed = torch.cat([packed.double(), self.confidence.double()], 1)
-        done = None
-        if packed.device.type != "cpu":  # pinned and non-blocking; the event marks this copy's end
-            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            host.copy_(packed, non_blocking=True)
+        confidence, done = self.confidence, None
+        if packed.device.type != "cpu":  # pinned and non-blocking; the event marks the copies' end
+            packed = _pinned_copy(packed)
+            confidence = None if confidence is None else _pinned_copy(confidence)  # float32 as it is: no cast
             done = torch.cuda.Event()
             done.record()
-            packed = host
-        return HostCopy(packed, done, width, self.path is not None, self.confidence is not None)
+        return HostCopy(packed, confidence, done, width, self.path is not None)
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """t's copy to pinned host memory, started (non-blocking)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def packed_verdict(packed: torch.Tensor, width: int, confidence: torch.Tensor | None = None) -> Verdict:
@@ -264,20 +268,24 @@ class HostCopy:
     """A verdict's copy to the host, started: `rows()` waits for that copy alone (not for work
     queued after it) and unpacks it."""
 
-    packed: torch.Tensor  # [B, columns] int64 (float64 with confidences), on the host
-    done: object  # a CUDA event recorded after the copy (None on the CPU: the copy was made)
+    packed: torch.Tensor  # [B, columns] int64: ids, num_accepted, num_draft (and a tree's path), on the host
+    confidence: torch.Tensor | None  # [B, W] the draft's confidence, on the host
+    done: object  # a CUDA event recorded after the copies (None on the CPU: nothing was copied)
     width: int
     tree: bool
-    confidence: bool
 
     def rows(self) -> list["RowVerdict"]:
         if self.done is not None:
             self.done.synchronize()
-        return unpack_rows(self.packed.tolist(), self.width, self.tree, self.confidence)
+        packed = self.packed
+        if self.confidence is not None:  # on the host: one read of both
+            packed = torch.cat([packed.double(), self.confidence.double()], 1)
+        return unpack_rows(packed.tolist(), self.width, self.tree, self.confidence is not None)
 
 
 def unpack_rows(rows: list[list[float]], width: int, tree: bool, confidence: bool) -> list["RowVerdict"]:
-    """Host rows of `Verdict.to_host`'s packed copy -> one RowVerdict each."""
+    """Host rows of `Verdict.to_host`'s packed copy (the draft's confidence after them) -> one
+    RowVerdict each."""
     out = []
     for row in rows:
         ids, n, drafted = [int(v) for v in row[:width]], int(row[width]), int(row[width + 1])
