@@ -5,8 +5,10 @@
 # device tensor, a CPU-only kernel) is counted at the end. Run it before spending GPU time on a
 # change. It cannot show timings, kernels or graph capture (graphed computations run eagerly),
 # the profiler's CUDA activity (step_profile.py is cut), the compiled engine rows (dynamo and
-# inductor call CUDA itself: "Torch not compiled with CUDA enabled"), or host reads per step
-# (the simulation counts each twice, so the CUDA tests that count reads or captures fail).
+# inductor call CUDA itself: "Torch not compiled with CUDA enabled"), host reads per step
+# (the simulation counts each twice, so the CUDA tests that count reads or captures fail), or
+# launches per step in step_reads.py's cuda table (counted by device below the simulation, where
+# every tensor looks like a host one: `step_reads.py --simulated-cuda` counts them instead).
 #   OUT=gpu-rehearsal bash benchmarks/gpu_rehearsal.sh      (TOKENS=16 and BUDGET=1500 by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
