@@ -250,3 +250,21 @@ def test_the_greedy_verdict_inside_the_graph_is_the_verifiers():
         assert torch.equal(graphed.num_draft, eager.num_draft) and graphed.to_host() == eager.to_host()
         accepted |= set(eager.num_accepted.tolist())
     assert accepted == set(range(width + 1))  # every outcome, none accepted to all
+
+
+def test_a_draft_models_pick_inside_its_graph_is_the_eager_pick():
+    """A draft model's greedy pick as its static step's tail (`greedy_pick`: each row's last fed
+    column of the padded block, stale padding rows included) is the eager pick's token and
+    probability, bit for bit (the probability rides in the int64 output as its float32 bits)."""
+    from specpipe.proposers.model_drafter import greedy_pick
+
+    gen = torch.Generator().manual_seed(0)
+    drafter = ModelDrafter(tiny_model(seed=0), SamplingParams())
+    batch, block, vocab, bucket = 3, 2, 50, 4
+    for _ in range(20):
+        logits = torch.randn(bucket, block, vocab, generator=gen) * 4
+        last = torch.randint(0, block, (batch,), generator=gen)
+        counts = torch.cat([last, torch.randint(0, 9, (bucket - batch,), generator=gen)])  # stale: out of range too
+        out = greedy_pick(logits, torch.zeros(bucket, block, dtype=torch.long), counts)[:batch]
+        token, _, top = drafter._pick(logits[torch.arange(batch), last], None, [2] * batch, 0)
+        assert torch.equal(out[:, 0], token) and torch.equal(out[:, 1].int().view(torch.float32), top)

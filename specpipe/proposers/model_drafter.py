@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.engine import make_runner, pick_engine
+from specpipe.engine import Tail, make_runner, pick_engine
 from specpipe.proposers.base import Proposer, Rows, still_drafting
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBatch, RowVerdict, Verdict
@@ -78,17 +78,23 @@ class ModelDrafter(Proposer):
         width = max(len(feed) for feed in feeds)  # every drafting row lacks at least its last token
         ids = torch.tensor([feed + [feed[-1] if feed else 0] * (width - len(feed)) for feed in feeds])  # [B, w]
         ids = ids.to(device, non_blocking=True)
-        last = torch.tensor([max(len(feed) - 1, 0) for feed in feeds]).to(device, non_blocking=True)  # [B]
+        last = [max(len(feed) - 1, 0) for feed in feeds]  # [B] each row's last fed token, in the block
         kept = [len(feed) for feed in feeds]
         budget = torch.tensor(gammas).to(device, non_blocking=True)  # [B] each row's γ, copied once
         alive = budget > 0  # [B] rows still drafting
         count_drafted = torch.zeros(count, dtype=torch.long, device=device)
         tokens, probs, confidence = [], [], []
         for i in range(steps):
-            logits = self.runner.forward(ids).logits  # [B, w, V]
+            # greedy: the pick inside the draft step's graph, where it has one
+            tail = Tail("greedy pick", greedy_pick, last) if self.sampling.greedy else None
+            out = self.runner.forward(ids, tail=tail)  # logits [B, w, V]
             self.runner.commit(kept)  # padding and rows done drafting drop what they were fed
-            row_logits = logits[torch.arange(count, device=device), last]  # [B, V] at each row's last fed token
-            token, p, top = self._pick(row_logits, rows, gammas, i)
+            if out.tail is not None:
+                token, p, top = out.tail[:, 0], None, out.tail[:, 1].int().view(torch.float32)
+            else:
+                at = torch.tensor(last).to(device, non_blocking=True)
+                row_logits = out.logits[torch.arange(count, device=device), at]  # [B, V] at each row's last fed token
+                token, p, top = self._pick(row_logits, rows, gammas, i)
             tokens.append(token)
             confidence.append(top)
             if p is not None:
@@ -97,7 +103,7 @@ class ModelDrafter(Proposer):
             count_drafted += alive.long()
             if i + 1 == steps or not still_drafting(alive, top, rows.stop_below(i), device):
                 break  # the controller's call: γ logic stays out of the proposer
-            ids, last = token[:, None], torch.zeros_like(last)
+            ids, last = token[:, None], [0] * count
             kept = [int(i + 1 < g) for g in gammas]
         for b, gamma in enumerate(gammas):
             if gamma:
@@ -125,3 +131,14 @@ class ModelDrafter(Proposer):
     def memory(self) -> dict[str, int]:
         used = self.runner.memory()
         return {"draft weights": used.weights, "draft KV cache": used.cache}
+
+
+def greedy_pick(logits: torch.Tensor, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """`_pick`'s greedy choice as a `Tail` of a draft step: logits [R, K, V] of the padded block,
+    each row's last fed column `last` [R] -> [R, 2] int64: the token, and its probability's
+    float32 bits (one int64 tensor copies out of the graph as one; `.int().view(float32)` reads
+    them back exactly). The same softmax and maximum as the eager pick, row by row."""
+    column = last.clamp(0, logits.shape[1] - 1)  # padding rows' counts are stale
+    rows = logits.gather(1, column[:, None, None].expand(-1, 1, logits.shape[2]))[:, 0]  # [R, V]
+    top, token = torch.softmax(rows.float(), -1).max(-1)
+    return torch.stack([token, top.view(torch.int32).long()], 1)
