@@ -168,6 +168,9 @@ class DraftBatch:
             tree = trees[0]
             return DraftBatch(tree.tokens.to(device)[None], torch.full((1,), tree.gamma, device=device),
                               tuple(gammas), None, _row(tree.confidence, device), tree.parents)
+        uniform = _uniform(drafts, gammas)
+        if uniform is not None:
+            return uniform
         sizes = [0 if d is None else d.gamma for d in drafts]
         width = max(sizes, default=0)
         if all(d is None or d.tokens.device.type == "cpu" for d in drafts):  # drafted on the host: one copy
@@ -201,6 +204,29 @@ class DraftBatch:
                 if d is not None and d.confidence is not None and sizes[b]:
                     confidence[b, : sizes[b]] = d.confidence
         return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence, counts=counts, host=host)
+
+
+PARTS = ("probs", "confidence", "length")  # a DraftBlock's optional parts
+
+
+def _uniform(drafts: list, gammas: list[int]) -> DraftBatch | None:
+    """Rows that are all device chains of one width with the same parts (a head's graphed
+    chains, each γ long with its count): stacked, one launch a part, where padding takes two a
+    row. None where the rows differ."""
+    first = drafts[0] if drafts else None
+    if not isinstance(first, DraftBlock) or first.gamma == 0 or first.tokens.device.type == "cpu":
+        return None
+    shape = [getattr(first, part) is None for part in PARTS]
+    if not all(isinstance(d, DraftBlock) and d.gamma == first.gamma and [getattr(d, part) is None for part in PARTS]
+               == shape for d in drafts):
+        return None
+    tokens, probs, confidence, length = (
+        None if getattr(first, part) is None else torch.stack([getattr(d, part) for d in drafts])
+        for part in ("tokens", *PARTS))
+    if length is None:  # every row drafted its γ
+        return DraftBatch(tokens, torch.full((len(drafts),), first.gamma, device=tokens.device), tuple(gammas),
+                          probs, confidence, counts=(first.gamma,) * len(drafts))
+    return DraftBatch(tokens, length, tuple(gammas), probs, confidence)
 
 
 def _row(t: torch.Tensor | None, device) -> torch.Tensor | None:
