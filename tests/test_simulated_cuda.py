@@ -165,3 +165,23 @@ def test_a_graphed_step_makes_few_launches_beside_its_graph():
     assert speculative and plain
     assert max(map(len, speculative)) <= 4 and all(seen.count("graph") == 1 for seen in speculative), speculative
     assert max(map(len, plain)) <= 4, plain
+
+
+def test_device_chains_of_one_width_stack_into_the_batch_they_pad_into():
+    """A head's chains on the device, each γ long with its count and confidence, stack into the
+    batch in one launch a part; what they stack into is what padding row by row gives (the
+    path rows of other widths take), counts and confidences included."""
+    from cuda_sim import device_launches
+    from specpipe.types import DraftBatch, DraftBlock
+
+    with simulated_cuda() as refused:
+        rows = [DraftBlock(torch.tensor([5, 6, 7], device="cuda"), None, torch.tensor([0.9, 0.5, 0.2], device="cuda"),
+                           torch.tensor(count, device="cuda")) for count in (3, 1)]
+        with device_launches() as launched:
+            stacked = DraftBatch.stack(rows, [3, 3], "cuda")
+        padded = DraftBatch.stack(rows + [None], [3, 3, 0], "cuda")  # a row without a draft: padded
+        assert on_device(stacked.tokens) and on_device(stacked.num_draft) and on_device(stacked.confidence)
+    assert refused == [] and len(launched) == 3, launched
+    assert torch.equal(stacked.tokens, padded.tokens[:2]) and torch.equal(stacked.num_draft, padded.num_draft[:2])
+    assert torch.equal(stacked.confidence, padded.confidence[:2]) and stacked.counts is None
+    assert stacked.num_draft.tolist() == [3, 1]
