@@ -174,13 +174,14 @@ class DraftBatch:
         sizes = [0 if d is None else d.gamma for d in drafts]
         width = max(sizes, default=0)
         if all(d is None or d.tokens.device.type == "cpu" for d in drafts):  # drafted on the host: one copy
-            table = torch.zeros(rows, width + 1, dtype=torch.long)  # [B, W + 1]: tokens, then num_draft
+            host = torch.zeros(rows, width, dtype=torch.long)
             for b, d in enumerate(drafts):
                 if d is not None and sizes[b]:
-                    table[b, : sizes[b]] = d.tokens
-            table[:, width] = torch.tensor(sizes)
-            moved = table.to(device, non_blocking=True)
-            tokens, num_draft, host = moved[:, :width], moved[:, width], table[:, :width]
+                    host[b, : sizes[b]] = d.tokens
+            tokens, num_draft = host, torch.tensor(sizes)
+            if torch.device(device).type != "cpu":  # [B, W + 1]: tokens, then num_draft
+                moved = torch.cat([host, num_draft[:, None]], 1).to(device, non_blocking=True)
+                tokens, num_draft = moved[:, :width], moved[:, width]
         else:
             tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
             for b, d in enumerate(drafts):

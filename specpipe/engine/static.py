@@ -7,8 +7,10 @@ largest tree; wider blocks, such as a prompt fed through `forward`, run the eage
 Attention runs over the cache's whole allocation through a mask built on the device from the
 rows' lengths (a device tensor the host fills each step), so no shape depends on a length
 (gpt-fast; vLLM's uniform decode). On CUDA each shape is captured once as a CUDA graph
-(graphs.py) and replayed: a step copies its ids and lengths into the buffers and launches one
-graph. On the CPU the same code runs eagerly: what the tests check there.
+(graphs.py) and replayed: a step copies its ids and lengths into the buffers (one copy from
+pinned memory) and launches one graph. A forward's `Tail` (the greedy verdict, a draft model's
+pick) runs inside the graph after the logits, and only its output leaves it. On the CPU the
+same code runs eagerly: what the tests check there.
 
 Two block policies (`kernels=`):
 - exact: ONE shape per pipeline, [the bucket of the cache's rows, K], for plain steps and verify
@@ -211,12 +213,15 @@ class StaticStep:
         batch, n = ids.shape
         # a planned shape replays; an unplanned tree is captured now
         logits, hidden, out = self.graphs.run(shape, partial(self._compute, shape, buffers))
-        # on a GPU, the graph's own memory, which its next replay rewrites: copied
-        keep = (lambda t: t.clone()) if self.capture else (lambda t: t)  # noqa: E731
-        hidden = {key: keep(value[:batch, :n]) for key, value in hidden.items()}
+        hidden = {key: self._kept(value[:batch, :n]) for key, value in hidden.items()}
         if out is not None:  # nothing reads the logits: left in the graph
-            return TargetOutput(None, hidden, keep(out[:batch]))
-        return TargetOutput(keep(logits[:batch, :n]), hidden)
+            return TargetOutput(None, hidden, self._kept(out[:batch]))
+        return TargetOutput(self._kept(logits[:batch, :n]), hidden)
+
+    def _kept(self, t: torch.Tensor) -> torch.Tensor:
+        """An output the caller keeps: on a GPU a copy of the graph's own memory, which its next
+        replay rewrites; on the CPU (no graph) the tensor itself."""
+        return t.clone() if self.capture else t
 
     def _buffers_of(self, shape: Shape) -> _Buffers:
         buffers = self._buffers.get(shape)
