@@ -55,6 +55,18 @@ def test_a_bracketed_prompt_id_and_category_do_not_stop_bench(model_dirs, tmp_pa
     assert ids == ["[/b]", "[bold]two"]
 
 
+@pytest.mark.parametrize("pid", ["[/b]", "[bold]two"])
+def test_the_worst_prompts_bracketed_id_is_printed_as_typed(pid):
+    # which prompt is the worst depends on the timing, so each id is rendered as the worst here
+    from rich.console import Console
+    from specpipe.bench.table import worst_cell
+
+    for speedup in (0.6, 1.2):
+        console = Console(record=True, width=80)
+        console.print(worst_cell({"id": pid, "speedup": speedup}))
+        assert console.export_text().strip() == f"{speedup:.2f}x {pid}"
+
+
 def test_check_prints_a_bracketed_path_in_its_table(model_dirs, tmp_path):
     result = specpipe("check", f"model={model_dirs / 'target'}", f"model.lora='{tmp_path / '[/x]adapter'}'")  # quoted: [ opens a list in Hydra's grammar
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

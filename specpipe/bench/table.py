@@ -170,7 +170,7 @@ def worst_cell(worst: dict | None) -> str:
     if not worst:
         return "-"
     color = "green" if worst["speedup"] >= 1.0 else "red"
-    return f"[{color}]{worst['speedup']:.2f}x[/{color}] {worst['id']}"
+    return f"[{color}]{worst['speedup']:.2f}x[/{color}] {esc(worst['id'])}"
 
 
 def guard_cell(guard: dict | None) -> str:
