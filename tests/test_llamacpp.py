@@ -9,6 +9,7 @@ verify; elsewhere a divergence must be a near-tie, and every divergence is print
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,13 @@ def test_install_picks_portable_flags_on_amx_and_keeps_the_users_own():
 def test_install_refuses_an_unknown_target_with_exit_2():
     done = subprocess.run([sys.executable, "-m", "specpipe", "install", "vllm"], capture_output=True, text=True)
     assert done.returncode == 2 and "not an install command" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_install_prints_bracketed_flags_as_typed():
+    env = dict(os.environ, CMAKE_ARGS="-DX=[/x]on")  # text in brackets is the user's, not markup
+    done = subprocess.run([sys.executable, "-m", "specpipe", "install", "llamacpp", "--print"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0 and 'CMAKE_ARGS="-DX=[/x]on"' in done.stderr, done.stderr
 
 
 def test_a_missing_library_is_refused_with_how_to_install_it():

@@ -59,7 +59,7 @@ def load_table(payload: dict) -> Table:
                       "" if name == "plain" else guard_cell({"held": fig.get("guard_held", 0),
                                                              "steps": fig.get("row_steps", 0)}))
     for name, peer in load["peers"].items():
-        table.add_row(f"↳ {name}", f"{peer['tokens_per_s']:.1f}", f"{peer['requests_per_s']:.2f}",
+        table.add_row(f"↳ {esc(name)}", f"{peer['tokens_per_s']:.1f}", f"{peer['requests_per_s']:.2f}",
                       f"{peer['speedup']:.2f}x", "", "", "", "", "", "", style="dim")
     for category, fig in load["by_category"].items():
         rate, tau = fig["acceptance_rate"], fig["mean_accepted_length"]
@@ -85,11 +85,11 @@ def sweep_table(jobs: list[tuple[str, dict]]) -> Table:
         overall, strategy = payload["summary"][OVERALL], payload["strategy"]
         per_category = [f"{payload['summary'][c]['speedup']['median']:.2f}x" if c in payload["summary"] else "-"
                         for c in categories]
-        table.add_row(esc(name), esc(payload["model"]), strategy["proposer"], strategy["controller"], str(strategy["gamma"]),
+        table.add_row(esc(name), esc(payload["model"]), esc(strategy["proposer"]), esc(strategy["controller"]), esc(strategy["gamma"]),
                       speedup_cell(overall["speedup"]), worst_cell(overall.get("worst")), *per_category,
                       f"{overall['acceptance_rate']:.2f}", f"{overall['mean_accepted_length']:.2f}",
                       guard_cell(overall.get("guard")), exact_cell(overall["exactness"]),
-                      " ".join(f"{n} {p['speedup']['median']:.2f}x" for n, p in overall["peers"].items()) or "-")
+                      " ".join(f"{esc(n)} {p['speedup']['median']:.2f}x" for n, p in overall["peers"].items()) or "-")
     return table
 
 

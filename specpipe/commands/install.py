@@ -20,6 +20,7 @@ from rich.console import Console
 
 from specpipe.errors import SpecpipeError
 from specpipe.machine import cpu_features
+from specpipe.markup import esc
 
 USAGE = ("usage: specpipe install llamacpp [--print]   build llama-cpp-python for engine=llamacpp "
          "(--print: show the command only; set CMAKE_ARGS to choose other build flags)")
@@ -55,9 +56,9 @@ def run(args: list[str]) -> int:
         raise SpecpipeError(f"`specpipe install {' '.join(args)}` is not an install command. {USAGE}")
     flags, why = build_flags(cpu_features(), os.environ.get("CMAKE_ARGS"))
     err = Console(stderr=True)
-    err.print(f"CMAKE_ARGS=\"{flags}\" ({why}); change them by setting CMAKE_ARGS and running this again.")
+    err.print(f"CMAKE_ARGS=\"{esc(flags)}\" ({why}); change them by setting CMAKE_ARGS and running this again.")
     for line in commands():
-        err.print(" ".join(line))
+        err.print(esc(" ".join(line)))
     if args[1:] == ["--print"]:
         return 0
     err.print("[dim]Building llama.cpp from source: a few minutes.[/dim]")
