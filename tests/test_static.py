@@ -454,6 +454,33 @@ def test_the_capture_hazard_watch_names_what_a_capture_refuses_and_passes_the_re
     assert seen == []
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("drafter", ["ngram", "draft model"])
+def test_a_static_step_verifies_a_sampled_draft_inside_its_graph(drafter, kernels, monkeypatch):
+    """With sampling, the static step runs the rejection verdict as its tail (the logits never
+    leave it: `verify` is not called) and, seed for seed, emits what the eager step emits, one
+    sequence or a batch, a one-hot draft (n-gram) and a draft model's probabilities alike."""
+    from specpipe.verifiers.rejection import RejectionVerifier
+
+    sampling = SamplingParams(temperature=0.8, top_p=0.95)
+    target = tiny_target(seed=0)
+
+    def pipe(graphs: str) -> Pipeline:
+        proposer = (NgramProposer() if drafter == "ngram"
+                    else ModelDrafter(tiny_model(seed=0), sampling, graphs=graphs))
+        return Pipeline(target, proposer, RejectionVerifier(sampling), FixedGamma(3), sampling=sampling,
+                        runner=make_runner(target.model, graphs=graphs, kernels=kernels))
+
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    eager = [[pipe("off").run(p, max_new_tokens=16, seed=s).token_ids for s, p in enumerate(prompts)],
+             [o.token_ids for o in pipe("off").generate_batch(prompts, max_new_tokens=16, seed=3)]]
+    monkeypatch.setattr(RejectionVerifier, "verify", lambda *a: pytest.fail("verified from the logits"))
+    graphed = pipe("on")
+    assert [[graphed.run(p, max_new_tokens=16, seed=s).token_ids for s, p in enumerate(prompts)],
+            [o.token_ids for o in graphed.generate_batch(prompts, max_new_tokens=16, seed=3)]] == eager
+    assert len({tuple(t) for t in eager[0] + eager[1]}) == 6
+
+
 def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(monkeypatch):
     """What a CUDA graph captures may not read a value back to the host (a read while a stream
     captures is an error on a GPU, and a replay would not repeat it), index by a boolean mask,

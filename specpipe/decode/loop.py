@@ -349,11 +349,12 @@ class Decoder:
         clock.mark()
         block = self._block(rows, pending, draft)  # [B, W + 1]
         verifier = self.pipeline.verifier
-        out = runner.forward(block, tree=draft.tree, hidden=self.hidden, tail=verifier.tail(draft))  # 3. (and 4.
+        rngs = [row.rng if row else _IDLE for row in rows]
+        out = runner.forward(block, tree=draft.tree, hidden=self.hidden, tail=verifier.tail(draft, rngs))  # 3. (and 4.
         if out.tail is not None:  # inside the forward's graph, where the runner has one)
             verdict = verifier.verdict_of(out.tail, draft)
         else:
-            verdict = verifier.verify(draft, out.logits, [row.rng if row else _IDLE for row in rows])  # 4.
+            verdict = verifier.verify(draft, out.logits, rngs)  # 4.
         clock.mark()
         self._since = clock  # the next step's host time counts from its end
         for _, row in busy:

@@ -33,11 +33,25 @@ class Tail:
     ids [R, K], counts [R]) -> [R, C]`, a tensor function of its inputs alone (no host reads,
     no shape that depends on a value), over the step's padded block: R >= B rows and K >= n
     columns, of which only the first B rows are read. `counts`: one integer per row, host ints
-    or a device tensor [B]. `name` keys the graphs: one name, one computation."""
+    or a device tensor [B]. `name` keys the graphs: one name, one computation (and one layout
+    of `inputs`). `inputs`: what else the computation reads, made only by a runner that runs it."""
 
     name: str
-    compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    compute: Callable[..., torch.Tensor]  # (logits, ids, counts, *inputs) -> [R, C]
     counts: list[int] | torch.Tensor
+    inputs: "TailInputs | None" = None
+
+
+@dataclass(frozen=True)
+class TailInputs:
+    """Float32 tensors a `Tail` reads after (logits, ids, counts): a sampling verifier's draws,
+    a draft's probabilities. A static runner keeps one buffer [R, *size] per input for each of
+    its shapes and copies each step's tensor into its leading corner before the replay (what
+    lies outside the corner keeps old values: the computation masks it by the counts). `make`
+    is called only by a runner that runs the tail, so an eager step draws nothing twice."""
+
+    make: Callable[[int], tuple[torch.Tensor, ...]]  # vocab -> tensors [B, ...] on the device
+    sizes: Callable[[int, int], tuple[tuple[int, ...], ...]]  # (block K, vocab) -> each buffer's size a row
 
 
 @dataclass(frozen=True)

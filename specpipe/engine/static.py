@@ -8,9 +8,10 @@ Attention runs over the cache's whole allocation through a mask built on the dev
 rows' lengths (a device tensor the host fills each step), so no shape depends on a length
 (gpt-fast; vLLM's uniform decode). On CUDA each shape is captured once as a CUDA graph
 (graphs.py) and replayed: a step copies its ids and lengths into the buffers (one copy from
-pinned memory) and launches one graph. A forward's `Tail` (the greedy verdict, a draft model's
-pick) runs inside the graph after the logits, and only its output leaves it. On the CPU the
-same code runs eagerly: what the tests check there.
+pinned memory) and launches one graph. A forward's `Tail` (the greedy or rejection verdict, a
+draft model's pick) runs inside the graph after the logits, reading its inputs (a sampling
+verdict's draws) from buffers of its own, and only its output leaves it. On the CPU the same
+code runs eagerly: what the tests check there.
 
 Two block policies (`kernels=`):
 - exact: ONE shape per pipeline, [the bucket of the cache's rows, K], for plain steps and verify
@@ -94,7 +95,7 @@ class _Buffers:
     copies alternate, so a fill waits for the copy two fills back, not the last: a draft
     model's steps, queued with no read between them, then keep the host a step ahead."""
 
-    def __init__(self, shape: Shape, cache: KVCache, device: torch.device):
+    def __init__(self, shape: Shape, cache: KVCache, device: torch.device, sizes: tuple[tuple[int, ...], ...] = ()):
         bucket, block = shape.bucket, shape.block
         cuda = device.type == "cuda"
         hosts = [torch.zeros(_Meta.size(bucket, block), dtype=torch.long, pin_memory=cuda) for _ in range(1 + cuda)]
@@ -105,11 +106,14 @@ class _Buffers:
         self._turn = 0  # the host copy the next fill writes
         self.keys = [t[:bucket] for t in cache.keys]  # views: the cache's own storage
         self.values = [t[:bucket] for t in cache.values]
+        # a tail's inputs (`TailInputs`), [bucket, *size] each; ones: a race's draws divide by them
+        self.extras = [torch.ones((bucket, *size), device=device) for size in sizes]
 
     def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
-             counts: list[int] | torch.Tensor | None = None) -> None:
-        """ids [B, n] (on the host or the device), the cache rows' lengths, a tree's parents and
-        a tail's counts [B]. Columns past n and rows past B keep old ids: padding."""
+             counts: list[int] | torch.Tensor | None = None, inputs: tuple[torch.Tensor, ...] = ()) -> None:
+        """ids [B, n] (on the host or the device), the cache rows' lengths, a tree's parents, a
+        tail's counts [B] and inputs (each into its buffer's leading corner). Columns past n and
+        rows past B keep old ids: padding."""
         batch, n = ids.shape
         bucket, block = shape.bucket, shape.block
         host, staged = self._hosts[self._turn]
@@ -133,6 +137,8 @@ class _Buffers:
             self.meta.ids[:batch, :n].copy_(ids)
         if isinstance(counts, torch.Tensor):  # rows past B are not read
             self.meta.counts[:batch].copy_(counts)
+        for buffer, t in zip(self.extras, inputs):  # none at a capture: the buffers keep their values
+            buffer[tuple(slice(0, n) for n in t.shape)].copy_(t)
 
 
 class StaticStep:
@@ -203,12 +209,14 @@ class StaticStep:
         """ids [B, n] at the rows' `lengths` (host ints, every cache row's) -> logits [B, n, V]
         and {key: [B, n, H]}, as the eager forward returns them; where the shape runs `tail`,
         its output [B, C] instead of the logits."""
-        if shape.tail is not None:
+        tail = tail if shape.tail is not None else None  # a tree's shape runs none
+        if tail is not None:
             self._tails.setdefault(shape.tail, tail.compute)
         if self.capture and shape not in self.graphs and (shape.hidden, shape.tail) not in self._warm:
-            self._capture_planned(shape.hidden, shape.tail, lengths)
-        buffers = self._buffers_of(shape)
-        buffers.fill(shape, ids, lengths, tree, None if shape.tail is None else tail.counts)
+            self._capture_planned(shape.hidden, tail, lengths)
+        buffers = self._buffers_of(shape, tail)
+        inputs = () if tail is None or tail.inputs is None else tail.inputs.make(self.lm.vocab_size)
+        buffers.fill(shape, ids, lengths, tree, None if tail is None else tail.counts, inputs)
         self.shapes.add(shape)
         batch, n = ids.shape
         # a planned shape replays; an unplanned tree is captured now
@@ -223,23 +231,25 @@ class StaticStep:
         replay rewrites; on the CPU (no graph) the tensor itself."""
         return t.clone() if self.capture else t
 
-    def _buffers_of(self, shape: Shape) -> _Buffers:
+    def _buffers_of(self, shape: Shape, tail: Tail | None) -> _Buffers:
         buffers = self._buffers.get(shape)
         if buffers is None:
-            buffers = self._buffers[shape] = _Buffers(shape, self.cache, self.lm.device)
+            sizes = () if tail is None or tail.inputs is None else tail.inputs.sizes(shape.block, self.lm.vocab_size)
+            buffers = self._buffers[shape] = _Buffers(shape, self.cache, self.lm.device, sizes)
         return buffers
 
-    def _capture_planned(self, hidden: tuple[int, ...], tail: str | None, lengths: list[int]) -> None:
+    def _capture_planned(self, hidden: tuple[int, ...], tail: Tail | None, lengths: list[int]) -> None:
         """Capture every planned shape not captured yet, on padding inputs: a token 0 at each
         row's length (writing only slots past the rows' lengths), a tree block of padding rows,
-        counts 0."""
+        counts 0, a tail's inputs as their buffers hold them."""
         pad = torch.zeros(1, 1, dtype=torch.long, device=self.lm.device)
-        for shape in self.planned(hidden, tail):
+        name = None if tail is None else tail.name
+        for shape in self.planned(hidden, name):
             if shape not in self.graphs:
-                buffers = self._buffers_of(shape)
+                buffers = self._buffers_of(shape, tail if shape.tail else None)
                 buffers.fill(shape, pad, lengths, () if shape.tree else None, [0] if shape.tail else None)
                 self.graphs.ensure(shape, partial(self._compute, shape, buffers))
-        self._warm.add((hidden, tail))
+        self._warm.add((hidden, name))
 
     def _compute(self, shape: Shape, buffers: _Buffers) -> tuple[torch.Tensor | None, dict[int, torch.Tensor],
                                                                  torch.Tensor | None]:
@@ -272,7 +282,7 @@ class StaticStep:
             back = (rows + starts) % block
             logits, hidden = _take(logits, back), {key: _take(value, back) for key, value in hidden.items()}
         if shape.tail is not None:
-            return None, hidden, self._tails[shape.tail](logits, meta.ids, meta.counts)
+            return None, hidden, self._tails[shape.tail](logits, meta.ids, meta.counts, *buffers.extras)
         return logits, hidden, None
 
 

@@ -27,10 +27,10 @@ class Verifier(ABC):
         i of row b, row num_draft[b] its bonus position (a tree: one row per block row).
         rngs: each row's randomness (sampling verifiers draw from it; greedy ignores it)."""
 
-    def tail(self, draft: DraftBatch) -> Tail | None:
+    def tail(self, draft: DraftBatch, rngs: list[RowRandom]) -> Tail | None:
         """The verdict as a `Tail` of the verify forward (computed inside its graph where the
         runner has one; `TargetOutput.tail` is then `verdict_of`'s input), or None: `verify`
-        takes the logits (default)."""
+        takes the logits (default). rngs: as `verify`'s (a sampling tail draws from them)."""
         return None
 
     def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:

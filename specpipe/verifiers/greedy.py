@@ -24,7 +24,7 @@ class GreedyVerifier(Verifier):
         num_accepted = leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]
         return _chain(draft, top, num_accepted)
 
-    def tail(self, draft: DraftBatch) -> Tail | None:
+    def tail(self, draft: DraftBatch, rngs=None) -> Tail | None:
         """A chain's verdict inside the verify forward's graph (a tree's is verified from the logits)."""
         if draft.tree is not None:
             return None

@@ -13,12 +13,15 @@ Shapes: B rows, W draft columns, V vocabulary. target_probs [B, W + 1, V]; unifo
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from specpipe.engine.base import Tail, TailInputs
 from specpipe.errors import SpecpipeError
-from specpipe.sampling import ACCEPT, RESAMPLE, RowRandom, SamplingParams, sample
-from specpipe.types import DraftBatch, Verdict
-from specpipe.verifiers.base import Verifier, chain_verdict, drafted, leading
+from specpipe.sampling import ACCEPT, RESAMPLE, RowRandom, SamplingParams, race, race_draws
+from specpipe.types import PAD, DraftBatch, Verdict, packed_verdict
+from specpipe.verifiers.base import Verifier, chain_verdict, leading
 
 
 class RejectionVerifier(Verifier):
@@ -28,24 +31,70 @@ class RejectionVerifier(Verifier):
         self.sampling = sampling
 
     def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
-        if draft.tree is not None:
-            raise SpecpipeError("verifier=rejection verifies chains only: set proposer.tree=null, or use "
-                                "verifier=greedy (temperature=0) or verifier=typical with a tree.")
+        _chains_only(draft)
         target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32
-        width, tokens = draft.width, draft.tokens
-        target_p = target_probs[:, :width].gather(-1, tokens[..., None])[..., 0]  # [B, W]
-        draft_p = _draft_token_probs(draft)  # [B, W]
-        uniform = uniforms(draft, rngs)  # [B, W]
-        # accept iff u < target_p / draft_p, written without a division (target >= draft: always)
-        num_accepted = leading((uniform * draft_p < target_p) & drafted(draft))  # [B]
-        at = num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
-        final = target_probs.gather(1, at)[:, 0]  # [B, V] the target at the first rejection or bonus row
-        rejected = (num_accepted < draft.num_draft)[:, None]  # [B, 1]
-        residual = (final - torch.where(rejected, _draft_dist(draft, num_accepted, final), 0.0)).clamp_min(0.0)
-        mass = residual.sum(-1, keepdim=True)
-        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), final)  # rounding left nothing: the target
-        picks = torch.stack([sample(residual[b], rng(RESAMPLE, residual.device)) for b, rng in enumerate(rngs)])
+        num_accepted, picks = decide(target_probs, draft.tokens, draft.num_draft, draft.probs,
+                                     uniforms(draft, rngs), resample_draws(rngs, target_probs.shape[-1],
+                                                                           target_probs.device))
         return chain_verdict(draft, num_accepted, picks)  # recovered (a rejection) or bonus
+
+    def tail(self, draft: DraftBatch, rngs: list[RowRandom]) -> Tail | None:
+        """The verdict inside the verify forward's graph: the rows' draws (the same as `verify`'s,
+        from the same streams) and the draft's probabilities are the tail's inputs, copied in
+        before the replay, so only the packed verdict leaves the graph (vLLM's rejection sampler
+        runs on the device the same way)."""
+        _chains_only(draft)
+        probs = draft.probs
+
+        def make(vocab: int) -> tuple[torch.Tensor, ...]:
+            draws = (uniforms(draft, rngs), resample_draws(rngs, vocab, draft.tokens.device))
+            return draws if probs is None else (*draws, probs.float())
+
+        def sizes(block: int, vocab: int) -> tuple[tuple[int, ...], ...]:
+            columns = (block - 1,)
+            return (columns, (vocab,)) if probs is None else (columns, (vocab,), (*columns, vocab))
+
+        counts = list(draft.counts) if draft.counts is not None else draft.num_draft
+        name = f"rejection {self.sampling}" + ("" if probs is None else " with the draft's probabilities")
+        return Tail(name, partial(chain_tail, self.sampling), counts, TailInputs(make, sizes))
+
+    def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:
+        return packed_verdict(tail, draft.width + 1, draft.confidence)
+
+
+def chain_tail(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
+               uniform: torch.Tensor, draws: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """The rejection verdict of a padded verify block, packed (`Verdict.packed`): logits [R, K, V]
+    of the block ids [R, K] (row r's draft in ids[r, 1 : 1 + counts[r]]), the rows' uniforms
+    [R, K - 1] and race draws [R, V], the draft's probabilities [R, K - 1, V] (None: one-hot)
+    -> [R, K + 2]: the accepted draft tokens, the recovered or bonus one, PAD after;
+    num_accepted; counts. Columns past a row's count hold stale values, masked by the count."""
+    tokens = ids[:, 1:]  # [R, K - 1]: column j checks draft token j
+    num_accepted, picks = decide(sampling.probs(logits), tokens, counts, probs, uniform, draws)
+    columns = torch.arange(ids.shape[1], device=ids.device)  # [K]
+    verdict = torch.where(columns[None] < num_accepted[:, None], ids.roll(-1, 1), PAD)  # column K - 1 never kept
+    verdict.scatter_(1, num_accepted[:, None], picks[:, None])
+    return torch.cat([verdict, num_accepted[:, None], counts[:, None]], 1)
+
+
+def decide(target_probs: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor | None,
+           uniform: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Algorithm 1 on every row at once. target_probs [B, W + 1, V], tokens [B, W], counts [B]
+    (the columns each row drafted), the draft's probabilities [B, W, V] (None: one-hot),
+    uniform [B, W], the race's draws [B, V] -> (num_accepted [B], the recovered or bonus token [B])."""
+    width = tokens.shape[1]
+    target_p = target_probs[:, :width].gather(-1, tokens[..., None])[..., 0]  # [B, W]
+    draft_p = torch.ones_like(target_p) if probs is None else probs.gather(-1, tokens[..., None])[..., 0].float()
+    drafted = torch.arange(width, device=tokens.device)[None] < counts[:, None]  # [B, W]
+    # accept iff u < target_p / draft_p, written without a division (target >= draft: always)
+    num_accepted = leading((uniform * draft_p < target_p) & drafted)  # [B]
+    at = num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
+    final = target_probs.gather(1, at)[:, 0]  # [B, V] the target at the first rejection or bonus row
+    rejected = (num_accepted < counts)[:, None]  # [B, 1]
+    residual = (final - torch.where(rejected, _draft_dist(tokens, probs, num_accepted, final), 0.0)).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), final)  # rounding left nothing: the target
+    return num_accepted, race(residual, draws)
 
 
 def uniforms(draft: DraftBatch, rngs: list[RowRandom]) -> torch.Tensor:
@@ -58,22 +107,31 @@ def uniforms(draft: DraftBatch, rngs: list[RowRandom]) -> torch.Tensor:
     return torch.stack(rows) if rows else torch.empty(0, width, device=device)
 
 
-def _draft_token_probs(draft: DraftBatch) -> torch.Tensor:
-    if draft.probs is None:
-        return torch.ones(draft.tokens.shape, device=draft.tokens.device)  # one-hot draft
-    return draft.probs.gather(-1, draft.tokens[..., None])[..., 0].float()
+def resample_draws(rngs: list[RowRandom], vocab: int, device: torch.device) -> torch.Tensor:
+    """[B, V] the race's draws of each row's recovered or bonus token, from its own stream (what
+    `sample` would draw)."""
+    out = torch.empty(len(rngs), vocab, device=device)
+    for b, rng in enumerate(rngs):
+        race_draws(out[b], rng(RESAMPLE, device))
+    return out
 
 
-def _draft_dist(draft: DraftBatch, at: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _chains_only(draft: DraftBatch) -> None:
+    if draft.tree is not None:
+        raise SpecpipeError("verifier=rejection verifies chains only: set proposer.tree=null, or use "
+                            "verifier=greedy (temperature=0) or verifier=typical with a tree.")
+
+
+def _draft_dist(tokens: torch.Tensor, probs: torch.Tensor | None, at: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """[B, V]: each row's draft distribution at column `at` (clamped into the block; unused where
     the row accepted everything)."""
-    if draft.width == 0:
+    width = tokens.shape[1]
+    if width == 0:
         return torch.zeros_like(like)
-    column = at.clamp_max(draft.width - 1)[:, None]  # [B, 1]
-    if draft.probs is None:
-        token = draft.tokens.gather(1, column)  # [B, 1]
-        return torch.zeros_like(like).scatter_(1, token, 1.0)
-    return draft.probs.gather(1, column[..., None].expand(-1, 1, like.shape[-1]))[:, 0].float()
+    column = at.clamp_max(width - 1)[:, None]  # [B, 1]
+    if probs is None:
+        return torch.zeros_like(like).scatter_(1, tokens.gather(1, column), 1.0)
+    return probs.gather(1, column[..., None].expand(-1, 1, like.shape[-1]))[:, 0].float()
 
 
 def build(*, context) -> RejectionVerifier:
