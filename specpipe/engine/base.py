@@ -46,11 +46,12 @@ class Tail:
 class TailInputs:
     """Float32 tensors a `Tail` reads after (logits, ids, counts): a sampling verifier's draws,
     a draft's probabilities. A static runner keeps one buffer [R, *size] per input for each of
-    its shapes and copies each step's tensor into its leading corner before the replay (what
-    lies outside the corner keeps old values: the computation masks it by the counts). `make`
-    is called only by a runner that runs the tail, so an eager step draws nothing twice."""
+    its shapes, and before the replay `fill` writes the step's rows into them in place (a draw
+    straight into its buffer: no copy); what it leaves keeps old values, which the computation
+    masks by the counts. Only a runner that runs the tail calls `fill`, so an eager step draws
+    nothing twice."""
 
-    make: Callable[[int], tuple[torch.Tensor, ...]]  # vocab -> tensors [B, ...] on the device
+    fill: Callable[[list[torch.Tensor]], None]  # the buffers [R, *size] each, rows 0..B-1 written
     sizes: Callable[[int, int], tuple[tuple[int, ...], ...]]  # (block K, vocab) -> each buffer's size a row
 
 

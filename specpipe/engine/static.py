@@ -41,7 +41,7 @@ from functools import partial
 
 import torch
 
-from specpipe.engine.base import Tail, TargetOutput, wide
+from specpipe.engine.base import Tail, TailInputs, TargetOutput, wide
 from specpipe.engine.graphs import Graphs
 from specpipe.engine.native_model import KVCache, NativeLM, _mask
 from specpipe.types import ancestry_of, depths_of
@@ -110,10 +110,10 @@ class _Buffers:
         self.extras = [torch.ones((bucket, *size), device=device) for size in sizes]
 
     def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
-             counts: list[int] | torch.Tensor | None = None, inputs: tuple[torch.Tensor, ...] = ()) -> None:
+             counts: list[int] | torch.Tensor | None = None, inputs: TailInputs | None = None) -> None:
         """ids [B, n] (on the host or the device), the cache rows' lengths, a tree's parents, a
-        tail's counts [B] and inputs (each into its buffer's leading corner). Columns past n and
-        rows past B keep old ids: padding."""
+        tail's counts [B] and inputs (written into `extras`). Columns past n and rows past B
+        keep old ids: padding."""
         batch, n = ids.shape
         bucket, block = shape.bucket, shape.block
         host, staged = self._hosts[self._turn]
@@ -137,8 +137,8 @@ class _Buffers:
             self.meta.ids[:batch, :n].copy_(ids)
         if isinstance(counts, torch.Tensor):  # rows past B are not read
             self.meta.counts[:batch].copy_(counts)
-        for buffer, t in zip(self.extras, inputs):  # none at a capture: the buffers keep their values
-            buffer[tuple(slice(0, n) for n in t.shape)].copy_(t)
+        if inputs is not None:  # none at a capture: the buffers keep their values
+            inputs.fill(self.extras)
 
 
 class StaticStep:
@@ -215,8 +215,8 @@ class StaticStep:
         if self.capture and shape not in self.graphs and (shape.hidden, shape.tail) not in self._warm:
             self._capture_planned(shape.hidden, tail, lengths)
         buffers = self._buffers_of(shape, tail)
-        inputs = () if tail is None or tail.inputs is None else tail.inputs.make(self.lm.vocab_size)
-        buffers.fill(shape, ids, lengths, tree, None if tail is None else tail.counts, inputs)
+        buffers.fill(shape, ids, lengths, tree, None if tail is None else tail.counts,
+                     None if tail is None else tail.inputs)
         self.shapes.add(shape)
         batch, n = ids.shape
         # a planned shape replays; an unplanned tree is captured now

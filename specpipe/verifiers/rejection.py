@@ -40,15 +40,19 @@ class RejectionVerifier(Verifier):
 
     def tail(self, draft: DraftBatch, rngs: list[RowRandom]) -> Tail | None:
         """The verdict inside the verify forward's graph: the rows' draws (the same as `verify`'s,
-        from the same streams) and the draft's probabilities are the tail's inputs, copied in
-        before the replay, so only the packed verdict leaves the graph (vLLM's rejection sampler
-        runs on the device the same way)."""
+        from the same streams, drawn straight into the tail's buffers) and the draft's
+        probabilities are its inputs, so only the packed verdict leaves the graph (vLLM's
+        rejection sampler runs on the device the same way)."""
         _chains_only(draft)
         probs = draft.probs
 
-        def make(vocab: int) -> tuple[torch.Tensor, ...]:
-            draws = (uniforms(draft, rngs), resample_draws(rngs, vocab, draft.tokens.device))
-            return draws if probs is None else (*draws, probs.float())
+        def fill(buffers: list[torch.Tensor]) -> None:  # uniform [R, K - 1], draws [R, V], probs [R, K - 1, V]
+            uniform, draws = buffers[:2]
+            for b, (gamma, rng) in enumerate(zip(draft.gammas, rngs)):
+                _uniforms_into(uniform[b], gamma, rng(ACCEPT, uniform.device))
+                race_draws(draws[b], rng(RESAMPLE, draws.device))
+            if probs is not None:
+                buffers[2][: probs.shape[0], : probs.shape[1]].copy_(probs)
 
         def sizes(block: int, vocab: int) -> tuple[tuple[int, ...], ...]:
             columns = (block - 1,)
@@ -56,7 +60,7 @@ class RejectionVerifier(Verifier):
 
         counts = list(draft.counts) if draft.counts is not None else draft.num_draft
         name = f"rejection {self.sampling}" + ("" if probs is None else " with the draft's probabilities")
-        return Tail(name, partial(chain_tail, self.sampling), counts, TailInputs(make, sizes))
+        return Tail(name, partial(chain_tail, self.sampling), counts, TailInputs(fill, sizes))
 
     def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:
         return packed_verdict(tail, draft.width + 1, draft.confidence)
@@ -105,6 +109,15 @@ def uniforms(draft: DraftBatch, rngs: list[RowRandom]) -> torch.Tensor:
         drawn = torch.rand(gamma, generator=rng(ACCEPT, device), device=device)[:width]
         rows.append(torch.cat([drawn, drawn.new_ones(width - drawn.shape[0])]))  # columns it did not draft: unused
     return torch.stack(rows) if rows else torch.empty(0, width, device=device)
+
+
+def _uniforms_into(row: torch.Tensor, gamma: int, generator: torch.Generator) -> None:
+    """A row's γ uniforms (`uniforms`' draws) into its buffer row [K - 1], in place where they
+    fit (a block padded narrower than γ + 1 keeps the first K - 1: the draft is no wider)."""
+    if gamma <= row.shape[0]:
+        row[:gamma].uniform_(generator=generator)
+    else:
+        row.copy_(torch.rand(gamma, generator=generator, device=row.device)[: row.shape[0]])
 
 
 def resample_draws(rngs: list[RowRandom], vocab: int, device: torch.device) -> torch.Tensor:
