@@ -458,8 +458,9 @@ def test_the_capture_hazard_watch_names_what_a_capture_refuses_and_passes_the_re
 @pytest.mark.parametrize("drafter", ["ngram", "draft model"])
 def test_a_static_step_verifies_a_sampled_draft_inside_its_graph(drafter, kernels, monkeypatch):
     """With sampling, the static step runs the rejection verdict as its tail (the logits never
-    leave it: `verify` is not called) and, seed for seed, emits what the eager step emits, one
-    sequence or a batch, a one-hot draft (n-gram) and a draft model's probabilities alike."""
+    leave it: `verify` is not called), a draft model's static step its sampled pick (`_pick`
+    is not called), and, seed for seed, emits what the eager steps emit, one sequence or a
+    batch, a one-hot draft (n-gram) and a draft model's probabilities alike."""
     from specpipe.verifiers.rejection import RejectionVerifier
 
     sampling = SamplingParams(temperature=0.8, top_p=0.95)
@@ -475,6 +476,7 @@ def test_a_static_step_verifies_a_sampled_draft_inside_its_graph(drafter, kernel
     eager = [[pipe("off").run(p, max_new_tokens=16, seed=s).token_ids for s, p in enumerate(prompts)],
              [o.token_ids for o in pipe("off").generate_batch(prompts, max_new_tokens=16, seed=3)]]
     monkeypatch.setattr(RejectionVerifier, "verify", lambda *a: pytest.fail("verified from the logits"))
+    monkeypatch.setattr(ModelDrafter, "_pick", lambda *a: pytest.fail("picked from the logits"))
     graphed = pipe("on")
     assert [[graphed.run(p, max_new_tokens=16, seed=s).token_ids for s, p in enumerate(prompts)],
             [o.token_ids for o in graphed.generate_batch(prompts, max_new_tokens=16, seed=3)]] == eager
@@ -485,8 +487,9 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
     """What a CUDA graph captures may not read a value back to the host (a read while a stream
     captures is an error on a GPU, and a replay would not repeat it), index by a boolean mask,
     draw random numbers or make tensors from host data: every graphed computation (the target's
-    static step in both block policies, a draft model's, Medusa's heads, EAGLE and EAGLE-3
-    heads' feeds of committed rows, chains, greedy and sampled, and tree searches) runs here
+    static step in both block policies with its greedy and rejection verdicts, a draft model's
+    with its greedy and sampled picks, Medusa's heads, EAGLE and EAGLE-3 heads' feeds of
+    committed rows, chains, greedy and sampled, and tree searches) runs here
     under the host-read counter and the capture-hazard watch (`decode.syncs.capture_hazards`),
     and neither sees anything."""
     from specpipe.engine.graphs import Graphs
@@ -520,6 +523,10 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
         Pipeline(target, make(), GreedyVerifier(), FixedGamma(3),
                  runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
     sampling = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+    small = tiny_target(seed=0)  # a draft model's sampled pick and the rejection verdict, each a tail
+    Pipeline(small, ModelDrafter(tiny_model(seed=0), sampling, graphs="on"), RejectionVerifier(sampling),
+             FixedGamma(3), sampling=sampling, runner=make_runner(small.model, graphs="on")).generate_batch(
+        prompts, max_new_tokens=12)
     for make in eagle_heads(sampling=sampling).values():
         Pipeline(target, make(), RejectionVerifier(sampling), FixedGamma(3), sampling=sampling,
                  runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)

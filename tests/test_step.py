@@ -305,3 +305,35 @@ def test_a_draft_models_pick_inside_its_graph_is_the_eager_pick():
         out = greedy_pick(logits, torch.zeros(bucket, block, dtype=torch.long), counts)[:batch]
         token, _, top = drafter._pick(logits[torch.arange(batch), last], None, [2] * batch, 0)
         assert torch.equal(out[:, 0], token) and torch.equal(out[:, 1].int().view(torch.float32), top)
+
+
+def test_a_draft_models_sampled_pick_inside_its_graph_is_the_eager_pick():
+    """Sampled, the pick's tail (`sampled_pick`, the race's draws written into its buffer by the
+    rows' streams, ones past a row's γ) gives the eager pick's token, distribution and top
+    probability, bit for bit: a drafting row samples what `_pick` samples, one past its γ
+    takes the argmax."""
+    from specpipe.proposers.base import Rows
+    from specpipe.sampling import RowRandom
+
+    gen = torch.Generator().manual_seed(0)
+    sampling = SamplingParams(temperature=0.9, top_k=20)
+    drafter = ModelDrafter(tiny_model(seed=0), sampling)
+    batch, block, vocab, bucket = 3, 2, 50, 4
+    sampled = set()
+    for position in range(6):
+        rows = Rows([[1]] * batch, [RowRandom(seed=b, step=position) for b in range(batch)], lambda i: 0.0, "cpu")
+        gammas = [0, 3, 6]
+        logits = torch.randn(bucket, block, vocab, generator=gen) * 2
+        last = torch.randint(0, block, (batch,), generator=gen)
+        counts = torch.cat([last, torch.randint(0, 9, (bucket - batch,), generator=gen)])  # stale: out of range too
+        tail = drafter._tail(rows, gammas, position, last)
+        buffers = [torch.rand((bucket, *size), generator=gen) for size in tail.inputs.sizes(block, vocab)]
+        tail.inputs.fill(buffers)
+        token, p, top = drafter._picked(tail.compute(logits, torch.zeros(bucket, block, dtype=torch.long), counts,
+                                                     *buffers)[:batch])
+        eager = drafter._pick(logits[torch.arange(batch), last], rows, gammas, position)
+        assert torch.equal(token, eager[0]) and torch.equal(p, eager[1]) and torch.equal(top, eager[2])
+        argmax = logits[torch.arange(batch), last].argmax(-1)
+        sampled |= {int(token[b] != argmax[b]) for b in range(batch) if position < gammas[b]}
+        assert all(token[b] == argmax[b] for b in range(batch) if position >= gammas[b])
+    assert sampled == {0, 1}  # a drafting row sampled: not always the argmax

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Tail, TargetOutput
+from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Tail, TailInputs, TargetOutput
 from specpipe.errors import SpecpipeError
 
 ENGINES = ("auto", "native", "hf", "llamacpp")
 DEVICES = ("cpu", "cuda")
 GRAPHS = ("auto", "on", "off")  # engine=native's static step (engine/static.py); auto: on where device=cuda
 
-__all__ = ["ENGINES", "FINAL", "GRAPHS", "KERNELS", "Memory", "Runner", "Tail", "TargetOutput", "make_runner",
-           "pick_engine", "static_step"]
+__all__ = ["ENGINES", "FINAL", "GRAPHS", "KERNELS", "Memory", "Runner", "Tail", "TailInputs", "TargetOutput",
+           "make_runner", "pick_engine", "static_step"]
 
 
 def static_step(graphs: str, device: str) -> bool:

@@ -13,11 +13,13 @@ the next; the controller's early stop is a mask on the device (see `still_drafti
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from specpipe.engine import Tail, make_runner, pick_engine
+from specpipe.engine import Tail, TailInputs, make_runner, pick_engine
 from specpipe.proposers.base import Proposer, Rows, still_drafting
-from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.sampling import DRAFT, SamplingParams, race, race_draws, sample
 from specpipe.types import DraftBatch, RowVerdict, Verdict
 
 FEED = 2  # tokens a draft's first forward feeds a row: its last draft token and the bonus, when all were kept
@@ -85,12 +87,10 @@ class ModelDrafter(Proposer):
         count_drafted = torch.zeros(count, dtype=torch.long, device=device)
         tokens, probs, confidence = [], [], []
         for i in range(steps):
-            # greedy: the pick inside the draft step's graph, where it has one
-            tail = Tail("greedy pick", greedy_pick, last) if self.sampling.greedy else None
-            out = self.runner.forward(ids, tail=tail)  # logits [B, w, V]
+            out = self.runner.forward(ids, tail=self._tail(rows, gammas, i, last))  # logits [B, w, V]
             self.runner.commit(kept)  # padding and rows done drafting drop what they were fed
-            if out.tail is not None:
-                token, p, top = out.tail[:, 0], None, out.tail[:, 1].int().view(torch.float32)
+            if out.tail is not None:  # the pick inside the draft step's graph, where it has one
+                token, p, top = self._picked(out.tail)
             else:
                 at = torch.tensor(last).to(device, non_blocking=True)
                 row_logits = out.logits[torch.arange(count, device=device), at]  # [B, V] at each row's last fed token
@@ -110,6 +110,32 @@ class ModelDrafter(Proposer):
                 self.base[b], self.fed[b] = len(rows.tokens[b]), min(len(tokens), gamma) - 1
         return DraftBatch(torch.stack(tokens, 1), count_drafted, tuple(gammas),
                           torch.stack(probs, 1) if probs else None, torch.stack(confidence, 1))
+
+    def _tail(self, rows: Rows, gammas: list[int], position: int, last: list[int]) -> Tail:
+        """`_pick` as a `Tail` of the draft step: greedy, the argmax; sampled, a race whose draws
+        each row's stream makes for this position (ones past a row's γ: the race is then the
+        argmax, as `_pick`'s), drawn into the tail's buffer before the replay."""
+        if self.sampling.greedy:
+            return Tail("greedy pick", greedy_pick, last)
+
+        def fill(buffers: list[torch.Tensor]) -> None:  # [R, V]
+            for b, gamma in enumerate(gammas):
+                draws = buffers[0][b]
+                if position < gamma:
+                    race_draws(draws, rows.rngs[b](DRAFT + position, draws.device))
+                else:
+                    draws.fill_(1.0)
+
+        return Tail(f"sampled pick {self.sampling}", partial(sampled_pick, self.sampling), last,
+                    TailInputs(fill, lambda block, vocab: ((vocab,),)))
+
+    @staticmethod
+    def _picked(tail: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(tokens [B], distributions [B, V] if sampled, top probabilities [B]) from a pick tail's output."""
+        if tail.dtype == torch.long:  # greedy_pick's
+            return tail[:, 0], None, tail[:, 1].int().view(torch.float32)
+        vocab = tail.shape[1] - 2  # sampled_pick's
+        return tail[:, vocab].long(), tail[:, :vocab], tail[:, vocab + 1]
 
     def _pick(self, logits: torch.Tensor, rows: Rows, gammas: list[int], position: int):
         """One draft token per row from logits [B, V]: (tokens [B], distributions [B, V] if sampled,
@@ -142,3 +168,14 @@ def greedy_pick(logits: torch.Tensor, ids: torch.Tensor, last: torch.Tensor) -> 
     rows = logits.gather(1, column[:, None, None].expand(-1, 1, logits.shape[2]))[:, 0]  # [R, V]
     top, token = torch.softmax(rows.float(), -1).max(-1)
     return torch.stack([token, top.view(torch.int32).long()], 1)
+
+
+def sampled_pick(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tensor, last: torch.Tensor,
+                 draws: torch.Tensor) -> torch.Tensor:
+    """`_pick`'s sampled choice as a `Tail`: logits [R, K, V] of the padded block, each row's last
+    fed column [R], the race's draws [R, V] -> [R, V + 2] float32: the distribution, the token
+    (exact in float32: ids below 2 ** 24) and its top probability. One tensor copies out of the
+    graph as one."""
+    column = last.clamp(0, logits.shape[1] - 1)  # padding rows' counts are stale
+    p = sampling.probs(logits.gather(1, column[:, None, None].expand(-1, 1, logits.shape[2]))[:, 0])  # [R, V]
+    return torch.cat([p, race(p, draws)[:, None].float(), p.max(-1, keepdim=True).values], 1)
