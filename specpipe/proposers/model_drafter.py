@@ -78,13 +78,11 @@ class ModelDrafter(Proposer):
         count, device, steps = len(gammas), self.runner.device, max(gammas, default=0)
         feeds = [rows.tokens[b][self.runner.lengths[b]:] if gammas[b] else [] for b in range(count)]
         width = max(len(feed) for feed in feeds)  # every drafting row lacks at least its last token
-        ids = torch.tensor([feed + [feed[-1] if feed else 0] * (width - len(feed)) for feed in feeds])  # [B, w]
-        ids = ids.to(device, non_blocking=True)
+        # [B, w] on the host: the runner sends it with its other inputs (a static step: one copy)
+        ids = torch.tensor([feed + [feed[-1] if feed else 0] * (width - len(feed)) for feed in feeds])
         last = [max(len(feed) - 1, 0) for feed in feeds]  # [B] each row's last fed token, in the block
         kept = [len(feed) for feed in feeds]
-        budget = torch.tensor(gammas).to(device, non_blocking=True)  # [B] each row's γ, copied once
-        alive = budget > 0  # [B] rows still drafting
-        count_drafted = torch.zeros(count, dtype=torch.long, device=device)
+        drafted = Drafted(gammas, device)
         tokens, probs, confidence = [], [], []
         for i in range(steps):
             out = self.runner.forward(ids, tail=self._tail(rows, gammas, i, last))  # logits [B, w, V]
@@ -99,17 +97,17 @@ class ModelDrafter(Proposer):
             confidence.append(top)
             if p is not None:
                 probs.append(p)
-            alive &= budget > i  # no host-built tensor per draft token
-            count_drafted += alive.long()
-            if i + 1 == steps or not still_drafting(alive, top, rows.stop_below(i), device):
+            drafted.add(i)
+            if i + 1 == steps or not drafted.goes_on(i, top, rows.stop_below(i)):
                 break  # the controller's call: γ logic stays out of the proposer
             ids, last = token[:, None], [0] * count
             kept = [int(i + 1 < g) for g in gammas]
         for b, gamma in enumerate(gammas):
             if gamma:
                 self.base[b], self.fed[b] = len(rows.tokens[b]), min(len(tokens), gamma) - 1
-        return DraftBatch(torch.stack(tokens, 1), count_drafted, tuple(gammas),
-                          torch.stack(probs, 1) if probs else None, torch.stack(confidence, 1))
+        num_draft, counts = drafted.counts()
+        return DraftBatch(torch.stack(tokens, 1), num_draft, tuple(gammas), torch.stack(probs, 1) if probs else None,
+                          torch.stack(confidence, 1), counts=counts)
 
     def _tail(self, rows: Rows, gammas: list[int], position: int, last: list[int]) -> Tail:
         """`_pick` as a `Tail` of the draft step: greedy, the argmax; sampled, a race whose draws
@@ -157,6 +155,46 @@ class ModelDrafter(Proposer):
     def memory(self) -> dict[str, int]:
         used = self.runner.memory()
         return {"draft weights": used.weights, "draft KV cache": used.cache}
+
+
+class Drafted:
+    """How many tokens each row has drafted. While only the rows' γ end them, the host knows
+    (min(γ, positions drafted)), so a draft position costs no launch of bookkeeping; from the
+    first position where the controller may stop a row early (on its confidence, a device
+    value), the count goes on on the device, where a GPU reads nothing to learn which row
+    stopped (`still_drafting`)."""
+
+    def __init__(self, gammas: list[int], device: torch.device):
+        self.gammas, self.device = gammas, device
+        self.positions = 0  # draft positions done
+        self.budget = self.alive = self.count = None  # [B] each on the device, once a stop may come
+
+    def add(self, position: int) -> None:
+        """Position `position` is drafted: count it for the rows still drafting."""
+        self.positions = position + 1
+        if self.count is not None:
+            self.alive &= self.budget > position
+            self.count += self.alive.long()
+
+    def goes_on(self, position: int, top: torch.Tensor, threshold: float) -> bool:
+        """After `position`, rows whose confidence top [B] fell below `threshold` stop: whether
+        any row may draft on (on a GPU: always, see `still_drafting`)."""
+        if threshold <= 0:  # no confidence stops a row here
+            return True
+        if self.count is None:  # the first early stop: the counts so far go to the device
+            self.budget, self.count = torch.tensor([self.gammas, self.host()]).to(self.device, non_blocking=True)
+            self.alive = self.budget > position
+        return still_drafting(self.alive, top, threshold, self.device)
+
+    def host(self) -> list[int]:
+        return [min(gamma, self.positions) for gamma in self.gammas]
+
+    def counts(self) -> tuple[torch.Tensor, tuple[int, ...] | None]:
+        """(num_draft [B] on the device, the same as host ints where the host knows them)."""
+        if self.count is not None:
+            return self.count, None
+        host = tuple(self.host())
+        return torch.tensor(host).to(self.device, non_blocking=True), host
 
 
 def greedy_pick(logits: torch.Tensor, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
