@@ -213,7 +213,8 @@ PARTS = ("probs", "confidence", "length")  # a DraftBlock's optional parts
 def _uniform(drafts: list, gammas: list[int]) -> DraftBatch | None:
     """Rows that are all device chains of one width with the same parts (a head's graphed
     chains, each γ long with its count): stacked, one launch a part, where padding takes two a
-    row. None where the rows differ."""
+    row; one row is viewed as a batch, no launch (a graphed chain's outputs live until its
+    next replay, after this step's verdict). None where the rows differ."""
     first = drafts[0] if drafts else None
     if not isinstance(first, DraftBlock) or first.gamma == 0 or first.tokens.device.type == "cpu":
         return None
@@ -222,12 +223,16 @@ def _uniform(drafts: list, gammas: list[int]) -> DraftBatch | None:
                == shape for d in drafts):
         return None
     tokens, probs, confidence, length = (
-        None if getattr(first, part) is None else torch.stack([getattr(d, part) for d in drafts])
+        None if getattr(first, part) is None else _batched([getattr(d, part) for d in drafts])
         for part in ("tokens", *PARTS))
     if length is None:  # every row drafted its γ
         return DraftBatch(tokens, torch.full((len(drafts),), first.gamma, device=tokens.device), tuple(gammas),
                           probs, confidence, counts=(first.gamma,) * len(drafts))
     return DraftBatch(tokens, length, tuple(gammas), probs, confidence)
+
+
+def _batched(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0][None] if len(parts) == 1 else torch.stack(parts)
 
 
 def _row(t: torch.Tensor | None, device) -> torch.Tensor | None:

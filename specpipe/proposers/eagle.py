@@ -180,10 +180,13 @@ class EagleProposer(RowProposer):
 
     def _features(self, out: TargetOutput, row: int, block_rows: list[int] | None = None) -> torch.Tensor:
         """The head's input features [n, H] of batch row `row` at the block's `block_rows` (all:
-        None), from the target's layers."""
-        device = out.hidden[self.hidden_layers[0]].device
-        index = None if block_rows is None else torch.tensor(block_rows).to(device, non_blocking=True)
-        states = [out.hidden[key][row] if index is None else out.hidden[key][row, index] for key in self.hidden_layers]
+        None), from the target's layers. A chain's rows are the block's first: views, no gather."""
+        if block_rows is None or block_rows == list(range(len(block_rows))):
+            rows = slice(None if block_rows is None else len(block_rows))
+            states = [out.hidden[key][row, rows] for key in self.hidden_layers]
+        else:  # a tree's path
+            index = torch.tensor(block_rows).to(out.hidden[self.hidden_layers[0]].device, non_blocking=True)
+            states = [out.hidden[key][row, index] for key in self.hidden_layers]
         return self.head.fuse(states[0] if len(states) == 1 else torch.cat(states, -1))
 
     def _feed(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache,

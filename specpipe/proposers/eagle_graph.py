@@ -57,6 +57,7 @@ class _Inputs:
     def __init__(self, device: torch.device):
         self.root: torch.Tensor | None = None  # [H] the draft's root, in the head's dtype (at the first draft)
         self.start = torch.zeros((), dtype=torch.long, device=device)  # the draft's first slot
+        self.start_at: int | None = None  # what `start` holds (host), so a feed's graph may set it
         self.thresholds = torch.zeros(MAX_BLOCK, device=device)  # [MAX_BLOCK] stop below, per position
         self.stops: list[float] = []  # the thresholds last copied in (host), so unchanged ones are not copied again
         self.draws: dict[int, torch.Tensor] = {}  # a sampled chain's race draws [γ, V], by γ
@@ -92,7 +93,7 @@ class HeadGraphs:
     def feed(self, row: int, features: torch.Tensor, tokens: torch.Tensor, start: int, feed: Feed) -> torch.Tensor:
         """The committed rows (features [n, H], tokens [n]) fed to the row's head at slots start,
         start + 1, ... (the cache's length moves past them) -> the head's guess of the feature
-        after the last [H], the draft's root (the graph's memory: read before the next feed).
+        after the last [H], the draft's root (the row's root buffer, which its next feed rewrites).
         After a verdict the rows are the tokens it kept, so a row has a graph per count kept."""
         n = len(tokens)
         inputs = self._inputs_of(row)
@@ -102,9 +103,10 @@ class HeadGraphs:
         inputs.tokens[:n].copy_(tokens)
         inputs.fed.fill_(start)
         cache = self._caches[row]
-        root = self.graphs.run(("feed", row, n), lambda: self._feed(inputs, n, cache, feed))
+        self.graphs.run(("feed", row, n), lambda: self._feed(inputs, n, cache, feed))
+        inputs.start_at = start + n  # the feed's graph set the draft's root and first slot: no copies
         cache.filled(start + n)
-        return root
+        return inputs.root
 
     @staticmethod
     def takes(gamma: int) -> bool:
@@ -160,22 +162,33 @@ class HeadGraphs:
         return self._inputs[row]
 
     def _refill(self, row: int, root: torch.Tensor, start: int) -> _Inputs:
+        """The draft's inputs: its root and first slot, each copied in unless a feed's graph
+        left it there."""
         inputs = self._inputs_of(row)
         if inputs.root is None:
             inputs.root = torch.zeros_like(root)
-        inputs.root.copy_(root)
-        inputs.start.fill_(start)
+        if root is not inputs.root:
+            inputs.root.copy_(root)
+        if inputs.start_at != start:
+            inputs.start.fill_(start)
+            inputs.start_at = start
         return inputs
 
     @staticmethod
-    def _feed(inputs: _Inputs, n: int, cache: SlotCache, feed: Feed) -> torch.Tensor:
+    def _feed(inputs: _Inputs, n: int, cache: SlotCache, feed: Feed) -> None:
         """What a feed's graph captures: n rows at slots fed + [0, n), each attending over the
-        cache's rows before it and itself."""
+        cache's rows before it and itself; the last row's guess is the draft's root, and the
+        slot after the rows its first slot, written into the draft's inputs."""
         device = inputs.tokens.device
         every = torch.arange(cache.capacity, device=device)  # [capacity] the cache's slots
         slots = inputs.fed + torch.arange(n, device=device)  # [n] the rows' slots and positions
         mask = (every[None] <= slots[:, None])[None]  # [1, n, capacity]
-        return feed(inputs.features[:n], inputs.tokens[:n], slots, cache.at(slots), mask)[-1]
+        guess = feed(inputs.features[:n], inputs.tokens[:n], slots, cache.at(slots), mask)[-1]  # [H]
+        if inputs.root is None:  # the first capture: the root's buffer in the head's dtype
+            inputs.root = torch.zeros_like(guess)
+        # written, not read: a capture's warm-up and the replay after it write the same
+        inputs.root.copy_(guess)
+        inputs.start.copy_(inputs.fed + n)
 
     def _chain(self, inputs: _Inputs, gamma: int, cache: SlotCache, feed: Feed, top: Top,
                sampled: Sampled | None, draws: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
