@@ -270,6 +270,24 @@ def recording(pipe: Pipeline) -> list:
     return log
 
 
+@pytest.mark.parametrize("gamma", [2, 3])
+def test_graphed_medusa_heads_pick_what_the_eager_heads_pick(gamma):
+    """Where the target's steps are graphed, Medusa's greedy picks run inside its heads' graph
+    and its chain is that graph's output as it is: step for step the same drafts as the eager
+    heads (all heads, and fewer than all), one sequence or a batch, and plain decoding's output."""
+    target = tiny_target(seed=0)
+    pipes = [Pipeline(target, MedusaProposer(random_heads(seed=1), GREEDY), GreedyVerifier(), FixedGamma(gamma),
+                      runner=make_runner(target.model, graphs=graphs)) for graphs in ("off", "on")]
+    assert pipes[0].proposer.graphs is None and pipes[1].proposer.graphs is not None
+    prompts = [REPEATING, PROMPT, [3, 60, 22]]
+    plain = [pipes[0].run(p, max_new_tokens=16, speculative=False).token_ids for p in prompts]
+    drafts = [recording(pipe) for pipe in pipes]
+    outputs = [[o.token_ids for o in pipe.generate_batch(prompts, max_new_tokens=16)]
+               + [pipe.run(p, max_new_tokens=16).token_ids for p in prompts] for pipe in pipes]
+    assert outputs == [plain * 2, plain * 2]
+    assert drafts[0] == drafts[1] and sum(len(rows[0]) for rows, _ in drafts[0]) > 10
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("controller", ["fixed", "confidence"])
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])
@@ -518,6 +536,9 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
         pipe.generate_batch(prompts, max_new_tokens=12)
     Pipeline(target, MedusaProposer(random_heads(seed=1), GREEDY), GreedyVerifier(), FixedGamma(3),
              runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
+    sampled = SamplingParams(temperature=0.8)  # Medusa's heads graphed without the greedy pick
+    Pipeline(target, MedusaProposer(random_heads(seed=1), sampled), RejectionVerifier(sampled), FixedGamma(3),
+             sampling=sampled, runner=make_runner(target.model, graphs="on")).generate_batch(prompts, max_new_tokens=12)
     target = target4()
     for make in eagle_heads().values():
         Pipeline(target, make(), GreedyVerifier(), FixedGamma(3),
@@ -536,8 +557,8 @@ def test_no_graphed_computation_reads_the_host_or_does_what_a_capture_refuses(mo
         for prompt in prompts:
             tree.run(prompt, max_new_tokens=12)
     assert {kind: (len(counts) > 5, set(counts)) for kind, counts in reads.items()} == {
-        "static step": (True, {0}), "medusa": (True, {0}), "feed": (True, {0}), "chain": (True, {0}),
-        "tree": (True, {0})}
+        "static step": (True, {0}), "medusa": (True, {0}), "medusa pick": (True, {0}), "feed": (True, {0}),
+        "chain": (True, {0}), "tree": (True, {0})}
     assert sorted(set(hazards)) == []
 
 

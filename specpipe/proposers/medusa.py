@@ -38,6 +38,7 @@ class MedusaProposer(Proposer):
         self.graphs: Graphs | None = None  # the heads' graph, where the target's steps are graphed
         self.features: torch.Tensor | None = None  # [rows, H] each row's feature of its last committed token's predecessor
         self.ready: list[bool] = []  # [rows] whether that feature is there yet (not before a row's first step)
+        self._sizes: dict[tuple[int, ...], torch.Tensor] = {}  # draft lengths on the device, read only
 
     def widest(self, gamma: int, trees: bool) -> int:
         return max(gamma, len(self.tree)) if self.tree is not None and trees else gamma
@@ -62,6 +63,9 @@ class MedusaProposer(Proposer):
         if not ready:
             return DraftBatch.empty(len(gammas), rows.device)
         heads = min(max(gammas[b] for b in ready), self.heads.num_heads)
+        if self.graphs is not None and self.sampling.greedy and not (self.tree is not None and rows.trees) \
+                and ready == list(range(len(gammas))):
+            return self._picked(heads, gammas)
         index = torch.tensor(ready).to(rows.device, non_blocking=True)
         if self.graphs is None:
             logits = self.heads(self.features[index], self.target.lm_head, heads=heads)  # [K, m, V]
@@ -74,6 +78,30 @@ class MedusaProposer(Proposer):
     def _every_head(self) -> torch.Tensor:
         """Every head over every row's feature (the graphed computation): [K, rows, V]."""
         return self.heads(self.features, self.target.lm_head)
+
+    def _every_pick(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every head's greedy pick for every row (the graphed computation): tokens and their
+        probabilities, [rows, K] each, `_chains`' softmax and maximum."""
+        top, picked = torch.softmax(self._every_head(), -1).max(-1)  # [K, rows]
+        return picked.T.contiguous(), top.float().T.contiguous()
+
+    def _picked(self, heads: int, gammas: list[int]) -> DraftBatch:
+        """Every row drafts, greedily: its chain is the picks' graph's first `heads` columns, as
+        they are (views of the graph's memory, which its next replay, after this step's verdict,
+        rewrites): no launch beyond the graph's."""
+        tokens, confidence = self.graphs.run(("medusa pick", len(self.features)), self._every_pick)
+        count = len(gammas)
+        sizes = tuple(min(gamma, heads) for gamma in gammas)
+        return DraftBatch(tokens[:count, :heads], self._lengths(sizes), tuple(gammas), None,
+                          confidence[:count, :heads], counts=sizes)
+
+    def _lengths(self, sizes: tuple[int, ...]) -> torch.Tensor:
+        """The draft lengths [B] on the device: copied once for each set of lengths."""
+        if sizes not in self._sizes:
+            if len(self._sizes) >= 64:  # a batch's ragged lengths: a few dozen sets at most, as a rule
+                self._sizes.clear()
+            self._sizes[sizes] = torch.tensor(sizes).to(self.target.device)
+        return self._sizes[sizes]
 
     def _chains(self, logits: torch.Tensor, ready: list[int], gammas: list[int], rows: Rows) -> DraftBatch:
         """The heads' logits [m, K, V] of the ready rows -> their chains: argmax, or sampled with
@@ -94,8 +122,7 @@ class MedusaProposer(Proposer):
             probs[index] = p.float()
         tokens[index], confidence[index] = picked, top.float()
         sizes = [min(gammas[b], heads) if b in ready else 0 for b in range(count)]
-        return DraftBatch(tokens, torch.tensor(sizes).to(rows.device, non_blocking=True), tuple(gammas), probs,
-                          confidence, counts=tuple(sizes))
+        return DraftBatch(tokens, self._lengths(tuple(sizes)), tuple(gammas), probs, confidence, counts=tuple(sizes))
 
     @property
     def batch_refusal(self) -> str | None:
@@ -119,8 +146,11 @@ class MedusaProposer(Proposer):
     def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
         # each row's verify row that predicted the token just emitted: its feature drafts the next ones
         final = out.hidden[FINAL]  # [B, n, H]
-        last = torch.tensor([v.last_row for v in host]).to(final.device, non_blocking=True)
-        features = final[torch.arange(len(host), device=final.device), last]  # [B, H]
+        if len(host) == 1:  # a view: no index to copy, no gather
+            features = final[0, host[0].last_row][None]  # [1, H]
+        else:
+            last = torch.tensor([v.last_row for v in host]).to(final.device, non_blocking=True)
+            features = final[torch.arange(len(host), device=final.device), last]  # [B, H]
         if self.features is None or self.features.shape[0] < len(self.ready):
             self.features = features.new_zeros(len(self.ready), features.shape[-1])
             if self.graphs is not None:
