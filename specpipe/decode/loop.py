@@ -52,6 +52,7 @@ import torch
 from specpipe.context import trimmed
 from specpipe.decode.text import TextStream, is_ids
 from specpipe.decode.timing import Clock
+from specpipe.engine.base import Split
 from specpipe.metrics import Stats
 from specpipe.proposers.base import Rows
 from specpipe.sampling import RowRandom
@@ -364,13 +365,15 @@ class Decoder:
             runner.commit([1 if row else 0 for row in rows])
         return _Launched(busy, rows, gamma, plain, draft, verdict, out, verdict.copy_to_host(), clock)
 
-    def _block(self, rows: list[_Row | None], pending: _Launched | None, draft: DraftBatch) -> torch.Tensor:
+    def _block(self, rows: list[_Row | None], pending: _Launched | None, draft: DraftBatch) -> torch.Tensor | Split:
         """[B, W + 1] the verify block: each row's last token, then its draft. On the host where
         the host knows all of it (the runner sends it with the step's other inputs, one copy),
-        else on the device."""
+        split where the host knows the last tokens and the device the draft, else on the device."""
         last = self._last(rows, pending)  # [B]
         if last.device.type == "cpu" and draft.host is not None:
             return torch.cat([last[:, None], draft.host], 1)
+        if last.device.type == "cpu" and draft.width > 0:  # a head's or a draft model's draft: the runner joins them
+            return Split(last[:, None], draft.tokens)
         last = last.to(self.runner.device, non_blocking=True)
         return last[:, None] if draft.width == 0 else torch.cat([last[:, None], draft.tokens], 1)
 

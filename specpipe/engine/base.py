@@ -56,6 +56,28 @@ class TailInputs:
 
 
 @dataclass(frozen=True)
+class Split:
+    """A block of ids whose first columns the host made and the rest the device (a row's last
+    token, then a head's or a draft model's draft): `torch.cat([host, device], 1)`, which a
+    static step never builds (the host's part rides with its other inputs, the device's is
+    copied in after it), saving the host's copy and the concatenation."""
+
+    host: torch.Tensor  # [B, a] on the host
+    device: torch.Tensor  # [B, b] on the runner's device
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.host.shape[0], self.host.shape[1] + self.device.shape[1]
+
+
+def joined(ids: "torch.Tensor | Split", device: torch.device | str) -> torch.Tensor:
+    """A forward's ids [B, n] as one tensor on `device`."""
+    if isinstance(ids, Split):
+        return torch.cat([ids.host.to(device, non_blocking=True), ids.device.to(device)], 1)
+    return ids.to(device, non_blocking=True)
+
+
+@dataclass(frozen=True)
 class TargetOutput:
     """What one forward computed. logits: [B, n, V] float32 (n = 1 for a `last_only` forward),
     or None where the forward's `Tail` ran inside its graph (then nothing else reads them);
@@ -129,11 +151,11 @@ class Runner(ABC):
         position, hidden {key: [1, n, H]} of every position."""
 
     @abstractmethod
-    def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: "torch.Tensor | Split", *, tree: tuple[int, ...] | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         """ids [B, n] (on the device, or on the host where the host made them: a static step
-        then sends them with its other inputs, in one copy), appended to rows 0..B-1 -> logits
-        [B, n, V], on the device.
+        then sends them with its other inputs, in one copy; or a `Split` of both), appended to
+        rows 0..B-1 -> logits [B, n, V], on the device.
 
         tree: a tree block's parents (B = 1): block row i+1 is node i, it sees row 0, its
         ancestors and itself, at position length + its depth, so every row is computed as in

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specpipe.engine.base import FINAL, Memory, Runner, Tail, TargetOutput, wide
+from specpipe.engine.base import FINAL, Memory, Runner, Split, Tail, TargetOutput, joined, wide
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import dense_weight, module_bytes, quantize_model
 from specpipe.types import ancestry_of, depths_of
@@ -46,10 +46,10 @@ class HFRunner(Runner):
     def prefill(self, row: int, ids: list[int], *, hidden: tuple[int, ...] = ()) -> TargetOutput:
         return self._forward(ids, None, hidden, last_only=True)
 
-    def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: torch.Tensor | Split, *, tree: tuple[int, ...] | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         self._block = ids.shape[1]
-        return self._forward(ids[0].tolist(), tree, hidden)  # the hf engine runs on the CPU: no device to sync
+        return self._forward(joined(ids, "cpu")[0].tolist(), tree, hidden)  # the hf engine runs on the CPU: no sync
 
     @torch.inference_mode()
     def _forward(self, ids: list[int], tree: tuple[int, ...] | None, hidden: tuple[int, ...],

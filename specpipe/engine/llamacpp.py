@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Tail, TargetOutput
+from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Split, Tail, TargetOutput, joined
 from specpipe.errors import SpecpipeError
 
 CELLS = 256  # llama.cpp pads a context to whole blocks of this many cells
@@ -199,7 +199,7 @@ class LlamaCppRunner(Runner):
         self.lengths[row] = start + len(ids)
         return TargetOutput(logits[-1:][None], {key: torch.cat(value)[None] for key, value in parts.items()})
 
-    def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: torch.Tensor | Split, *, tree: tuple[int, ...] | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         if tree is not None:
             raise SpecpipeError("engine=llamacpp evaluates chains, not tree drafts (llama.cpp masks attention by "
@@ -210,7 +210,7 @@ class LlamaCppRunner(Runner):
                                 f"{batch} rows of {n}. Lower gamma or the number of rows.")
         starts = self.lengths[:batch]
         self._check_room(max(starts) + n)
-        tokens = ids.tolist()  # the CPU engine: no device to sync
+        tokens = joined(ids, "cpu").tolist()  # the CPU engine: no device to sync
         self._decode([(tokens[b][i], b, starts[b] + i) for b in range(batch) for i in range(n)], True, hidden)
         logits, states = self._outputs(batch * n, hidden)
         self.lengths[:batch] = [start + n for start in starts]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.engine.base import Memory, Runner, Tail, TargetOutput, wide
+from specpipe.engine.base import Memory, Runner, Split, Tail, TargetOutput, joined, wide
 from specpipe.engine.native_model import NativeLM
 from specpipe.engine.static import StaticStep, bucket_of, spare_slots
 from specpipe.errors import SpecpipeError
@@ -95,7 +95,7 @@ class NativeRunner(Runner):
         self.lengths[row] = start + len(ids)
         return TargetOutput(logits, states)
 
-    def forward(self, ids: torch.Tensor, *, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: torch.Tensor | Split, *, tree: tuple[int, ...] | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         batch, n = ids.shape
         starts = self.lengths[:batch]
@@ -105,7 +105,7 @@ class NativeRunner(Runner):
             out = self.static.forward(shape, ids, self.lengths, tree, tail)
         else:  # eager: the tail is the caller's
             cache = self.cache if batch == self.cache.batch else self.cache.rows(batch)
-            out = TargetOutput(*self.lm.forward(ids.to(self.device, non_blocking=True), starts, cache, tree, hidden))
+            out = TargetOutput(*self.lm.forward(joined(ids, self.device), starts, cache, tree, hidden))
         self.lengths[:batch] = [start + n for start in starts]
         self._block = n
         return out

@@ -41,7 +41,7 @@ from functools import partial
 
 import torch
 
-from specpipe.engine.base import Tail, TailInputs, TargetOutput, wide
+from specpipe.engine.base import Split, Tail, TailInputs, TargetOutput, wide
 from specpipe.engine.graphs import Graphs
 from specpipe.engine.native_model import KVCache, NativeLM, _mask
 from specpipe.types import ancestry_of, depths_of
@@ -109,20 +109,21 @@ class _Buffers:
         # a tail's inputs (`TailInputs`), [bucket, *size] each; ones: a race's draws divide by them
         self.extras = [torch.ones((bucket, *size), device=device) for size in sizes]
 
-    def fill(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
+    def fill(self, shape: Shape, ids: torch.Tensor | Split, lengths: list[int], tree: tuple[int, ...] | None,
              counts: list[int] | torch.Tensor | None = None, inputs: TailInputs | None = None) -> None:
-        """ids [B, n] (on the host or the device), the cache rows' lengths, a tree's parents, a
-        tail's counts [B] and inputs (written into `extras`). Columns past n and rows past B
-        keep old ids: padding."""
+        """ids [B, n] (on the host, the device, or a `Split` of both), the cache rows' lengths, a
+        tree's parents, a tail's counts [B] and inputs (written into `extras`). Columns past n
+        and rows past B keep old ids: padding."""
         batch, n = ids.shape
         bucket, block = shape.bucket, shape.block
         host, staged = self._hosts[self._turn]
         if self._copied is not None:
             self._copied[self._turn].synchronize()  # its copy two fills back (done long ago in a decode loop)
-        on_host = ids.device.type == "cpu"
+        made, rest = _parts(ids)
+        made_n = 0 if made is None else made.shape[1]  # columns the host made
         staged.lengths.copy_(torch.tensor(lengths[:bucket]))
-        if on_host:
-            staged.ids[:batch, :n] = ids
+        if made is not None:
+            staged.ids[:batch, :made_n] = made
         if isinstance(counts, list):
             staged.counts.copy_(torch.tensor(counts + [0] * (bucket - len(counts))))
         if tree is not None:
@@ -133,8 +134,8 @@ class _Buffers:
             self.packed.copy_(host, non_blocking=True)
             self._copied[self._turn].record()
             self._turn = 1 - self._turn
-        if not on_host:  # after the host's copy (stream order)
-            self.meta.ids[:batch, :n].copy_(ids)
+        if rest is not None:  # after the host's copy (stream order)
+            self.meta.ids[:batch, made_n:n].copy_(rest)
         if isinstance(counts, torch.Tensor):  # rows past B are not read
             self.meta.counts[:batch].copy_(counts)
         if inputs is not None:  # none at a capture: the buffers keep their values
@@ -204,7 +205,7 @@ class StaticStep:
         return Shape(bucket_of(batch), min(bucket_of(n), self.block), tree is not None, tuple(hidden), name)
 
     @torch.inference_mode()
-    def forward(self, shape: Shape, ids: torch.Tensor, lengths: list[int], tree: tuple[int, ...] | None,
+    def forward(self, shape: Shape, ids: torch.Tensor | Split, lengths: list[int], tree: tuple[int, ...] | None,
                 tail: Tail | None = None) -> TargetOutput:
         """ids [B, n] at the rows' `lengths` (host ints, every cache row's) -> logits [B, n, V]
         and {key: [B, n, H]}, as the eager forward returns them; where the shape runs `tail`,
@@ -284,6 +285,13 @@ class StaticStep:
         if shape.tail is not None:
             return None, hidden, self._tails[shape.tail](logits, meta.ids, meta.counts, *buffers.extras)
         return logits, hidden, None
+
+
+def _parts(ids: torch.Tensor | Split) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the columns the host made, the columns after them on the device), either None."""
+    if isinstance(ids, Split):
+        return ids.host, ids.device
+    return (ids, None) if ids.device.type == "cpu" else (None, ids)
 
 
 def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
