@@ -48,6 +48,7 @@ class MedusaProposer(Proposer):
         if target.device.type != "cpu":
             self.heads = self.heads.to(target.device)
         self.graphs = Graphs(target.device) if getattr(target, "graphed", False) else None
+        self._sizes.clear()  # on the old target's device
 
     def reserve(self, rows: int) -> None:
         if len(self.ready) < rows:

@@ -202,9 +202,7 @@ def greedy_pick(logits: torch.Tensor, ids: torch.Tensor, last: torch.Tensor) -> 
     each row's last fed column `last` [R] -> [R, 2] int64: the token, and its probability's
     float32 bits (one int64 tensor copies out of the graph as one; `.int().view(float32)` reads
     them back exactly). The same softmax and maximum as the eager pick, row by row."""
-    column = last.clamp(0, logits.shape[1] - 1)  # padding rows' counts are stale
-    rows = logits.gather(1, column[:, None, None].expand(-1, 1, logits.shape[2]))[:, 0]  # [R, V]
-    top, token = torch.softmax(rows.float(), -1).max(-1)
+    top, token = torch.softmax(_last_fed(logits, last).float(), -1).max(-1)
     return torch.stack([token, top.view(torch.int32).long()], 1)
 
 
@@ -214,6 +212,11 @@ def sampled_pick(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tens
     fed column [R], the race's draws [R, V] -> [R, V + 2] float32: the distribution, the token
     (exact in float32: ids below 2 ** 24) and its top probability. One tensor copies out of the
     graph as one."""
-    column = last.clamp(0, logits.shape[1] - 1)  # padding rows' counts are stale
-    p = sampling.probs(logits.gather(1, column[:, None, None].expand(-1, 1, logits.shape[2]))[:, 0])  # [R, V]
+    p = sampling.probs(_last_fed(logits, last))  # [R, V]
     return torch.cat([p, race(p, draws)[:, None].float(), p.max(-1, keepdim=True).values], 1)
+
+
+def _last_fed(logits: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """logits [R, K, V] of a padded draft block -> [R, V] at each row's last fed column `last` [R]."""
+    column = last.clamp(0, logits.shape[1] - 1)  # padding rows' counts are stale
+    return logits.gather(1, column[:, None, None].expand(-1, 1, logits.shape[2]))[:, 0]

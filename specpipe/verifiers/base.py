@@ -14,7 +14,8 @@ import torch
 
 from specpipe.engine.base import Tail
 from specpipe.sampling import RowRandom
-from specpipe.types import PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict, ancestry_of, depths_of
+from specpipe.types import (PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict, ancestry_of, depths_of,
+                            packed_verdict)
 
 
 class Verifier(ABC):
@@ -34,8 +35,9 @@ class Verifier(ABC):
         return None
 
     def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:
-        """The verdict from this verifier's `tail` output [B, C] for `draft`."""
-        raise NotImplementedError(f"{type(self).__name__} verifies from the logits")
+        """The verdict from this verifier's `tail` output for `draft`: a chain's, packed
+        (`Verdict.packed`, [B, K + 2]), as `chain_tail`s leave it."""
+        return packed_verdict(tail, draft.width + 1, draft.confidence)
 
     def verify_row(self, draft: DraftBlock | DraftTree, target_logits: torch.Tensor,
                    rng: RowRandom | None = None) -> RowVerdict:

@@ -10,7 +10,7 @@ import torch
 
 from specpipe.engine.base import Tail
 from specpipe.errors import SpecpipeError
-from specpipe.types import PAD, DraftBatch, Verdict, packed_verdict
+from specpipe.types import PAD, DraftBatch, Verdict
 from specpipe.verifiers.base import TreeRows, Verifier, drafted, leading, plain_verdict, tree_verdict
 
 
@@ -29,9 +29,6 @@ class GreedyVerifier(Verifier):
         if draft.tree is not None:
             return None
         return Tail("greedy", chain_tail, list(draft.counts) if draft.counts is not None else draft.num_draft)
-
-    def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:
-        return packed_verdict(tail, draft.width + 1, draft.confidence)
 
 
 def chain_tail(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

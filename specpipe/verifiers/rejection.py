@@ -20,7 +20,7 @@ import torch
 from specpipe.engine.base import Tail, TailInputs
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import ACCEPT, RESAMPLE, RowRandom, SamplingParams, race, race_draws
-from specpipe.types import PAD, DraftBatch, Verdict, packed_verdict
+from specpipe.types import PAD, DraftBatch, Verdict
 from specpipe.verifiers.base import Verifier, chain_verdict, leading
 
 
@@ -61,9 +61,6 @@ class RejectionVerifier(Verifier):
         counts = list(draft.counts) if draft.counts is not None else draft.num_draft
         name = f"rejection {self.sampling}" + ("" if probs is None else " with the draft's probabilities")
         return Tail(name, partial(chain_tail, self.sampling), counts, TailInputs(fill, sizes))
-
-    def verdict_of(self, tail: torch.Tensor, draft: DraftBatch) -> Verdict:
-        return packed_verdict(tail, draft.width + 1, draft.confidence)
 
 
 def chain_tail(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
