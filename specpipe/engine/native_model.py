@@ -189,7 +189,8 @@ class NativeLM:
               keys: list[torch.Tensor], values: list[torch.Tensor], hidden: tuple[int, ...],
               rows: tuple | None = None):
         """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).
-        Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
+        x is the residual stream, updated in place (each layer's output projections add into it
+        inside their GEMMs: see `matmul_add`), so the caller passes a tensor of its own. Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
         rows: (row_keys, starts): per batch row, the order its block rows attend in and the slots
         each sees (see `_row_keys`; None: one masked call), and the block's first slot per row
         (host ints), for attention computed row by row as one-token forwards do (exact modes)."""
@@ -222,12 +223,12 @@ class NativeLM:
                 att = att.view(batch, self.kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
             else:
                 att = _attend_rows(q, k, v, k_cache, v_cache, starts, row_keys)  # [B, n, kv heads, group, D]
-            x = x + layer.wo.matmul(att.reshape(batch * n, q_width))
+            x = layer.wo.matmul_add(att.reshape(batch * n, q_width), x)
             h = F.rms_norm(x, (self.hidden_size,), layer.norm2, self.eps)
             gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
-            x = x + layer.w_down.matmul(F.silu(gate) * up)
-            if index in hidden:
-                out[index] = wide(x).view(batch, n, -1)
+            x = layer.w_down.matmul_add(F.silu(gate) * up, x)
+            if index in hidden:  # a copy: the next layers add into x in place
+                out[index] = (x.clone() if wide(x) is x else wide(x)).view(batch, n, -1)
         x = F.rms_norm(x, (self.hidden_size,), self.norm, self.eps)
         if FINAL in hidden:
             out[FINAL] = wide(x).view(batch, n, -1)
@@ -310,17 +311,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Rotary embedding (rotate-half form) of x [T, heads, D] -> [T, heads, D] in x's dtype,
     computed in the tables' (`_rope_tables`). `sin` is signed: its first half negated, so
     rotate-half's `cat([-x2, x1]) * sin` is `cat([x2, x1]) * sin` here, the same bits (a sign
-    flip is exact) one kernel fewer a layer."""
+    flip is exact) one kernel fewer a layer. The second product and the sum are one `addcmul`
+    (one kernel fewer again; in a half precision the sum of the two is rounded once, where
+    transformers rounds the second product first: a last-bit difference at most)."""
     x1, x2 = x.chunk(2, -1)
-    return (x.to(cos.dtype) * cos + torch.cat([x2, x1], -1).to(cos.dtype) * sin).to(x.dtype)
+    return (x.to(cos.dtype) * cos).addcmul_(torch.cat([x2, x1], -1).to(cos.dtype), sin).to(x.dtype)
 
 
 def _rope_tables(rotary: torch.nn.Module, length: int, head_dim: int, dtype: torch.dtype,
                  activations: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, signed sin [length, D] (see `_rotate`), in the activations' dtype where it is a half
     precision, as transformers applies rotary (its tables computed in float32, then rounded to
-    the activations' dtype): on bf16 the rotation is then two casts a layer cheaper and the same
-    arithmetic as transformers' own bf16 forward. Wider activations get float32 or wider tables."""
+    the activations' dtype): on bf16 the rotation is then two casts a layer cheaper, in the
+    arithmetic of transformers' own bf16 forward. Wider activations get float32 or wider tables."""
     dtype = torch.promote_types(dtype, torch.float32)
     with torch.no_grad():  # [1, length, D], the model's attention scaling included
         cos, sin = rotary(torch.zeros(1, 1, head_dim, dtype=dtype), torch.arange(length)[None])

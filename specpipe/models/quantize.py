@@ -85,6 +85,11 @@ class _PackedLinear(nn.Module):
         """[M, in] contiguous, in `compute_dtype` -> [M, out]: the bare kernel (native engine)."""
         return self._matmul(x)
 
+    def matmul_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual [M, out] += `matmul(x)`, in place (the decoder's residual stream). Kernels
+        that can fold the add into their GEMM do (`DenseLinear`); these add after it."""
+        return residual.add_(self.matmul(x))
+
 
 # fbgemm's packed weights are TorchScript objects, which torch.compile cannot trace as module
 # attributes; the native engine's compiled graph calls them through this opaque op instead,
@@ -163,6 +168,14 @@ class DenseLinear(_PackedLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    def matmul_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """One GEMM that adds into `residual` (BLAS's beta = 1) where a separate add would be a
+        second kernel a layer on a GPU: two fewer launches a decoder layer. Its rounding is one
+        (the sum rounded once), a row's result still depends on its own data alone."""
+        if self.bias is not None or self.weight is None:
+            return super().matmul_add(x, residual)
+        return residual.addmm_(x, self.weight.t())
 
     def dense_weight(self) -> torch.Tensor:
         return self.weight
