@@ -258,5 +258,5 @@ def test_a_head_with_its_own_embeddings_drafts_with_them():
 
     features = torch.randn(2, 32, dtype=torch.float64)
     got = proposer._feed(features, torch.tensor([4, 9]), torch.arange(2), _HeadRow().cache)
-    want = head(own[[4, 9]][None], features[None], torch.arange(2)[None], cache=HeadCache())[0]
+    want = head(own[[4, 9]].float()[None], features[None], torch.arange(2)[None], cache=HeadCache())[0]  # read as float32
     torch.testing.assert_close(got, want)

@@ -152,7 +152,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
         inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # [d]: each rotary angle's frequency, the first half negated: its sine is rotate-half's
+        # signed sine, its cosine the cosine (an even function), so no negation runs per token
+        self.register_buffer("freqs", torch.cat([-inv_freq, inv_freq]), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                 cache: HeadCache | None) -> torch.Tensor:
@@ -161,7 +163,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, n, d]
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self._rope(q, positions), self._rope(k, positions)
+        cos, sin = self._tables(positions)  # one pair of tables for q and k
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if cache is not None:  # the earlier rows (decoding) or unrolled steps (training)
             k, v = cache.append(k, v)
         if mask is None and k.shape[2] == n:  # training: causal over the rows, nothing cached
@@ -186,12 +189,19 @@ class Attention(nn.Module):
         grouped = None if mask is None else mask.repeat(1, group, 1)[:, None]  # [B, 1, group·n, S]
         return F.scaled_dot_product_attention(folded, k, v, attn_mask=grouped).view(b, self.heads, n, d)
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        angles = positions[..., None].float() * self.inv_freq  # [B, n, d/2]
-        cos, sin = torch.cat([angles, angles], -1).cos()[:, None], torch.cat([angles, angles], -1).sin()[:, None]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-        return (x * cos.to(x.dtype) + rotated * sin.to(x.dtype))
+    def _tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, n] -> cos, signed sin [B, 1, n, d] (float32; see `freqs`): four
+        kernels, once for q and k (each draft token of a graphed chain runs them)."""
+        angles = positions[..., None].float() * self.freqs  # [B, n, d]
+        return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary of x [B, heads, n, d] with cos and signed sin (`_tables`): three
+    kernels (the half swap, a product, a multiply-add), where rotate-half's negation would be a
+    fourth; a sign flip is exact."""
+    x1, x2 = x.chunk(2, -1)
+    return (x * cos.to(x.dtype)).addcmul_(torch.cat([x2, x1], -1), sin.to(x.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -201,6 +211,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`F.rms_norm` (one fused kernel on a GPU, where the written-out form is six) where x
+        and the weight share a dtype, as they do in decoding; the written-out form otherwise."""
+        if x.dtype == self.weight.dtype:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         variance = x.float().pow(2).mean(-1, keepdim=True)
         return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
