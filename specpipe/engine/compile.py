@@ -35,11 +35,11 @@ class CompiledStack:
         self.compiled = torch.compile(stack, dynamic=True, fullgraph=True)
         self.compile_s: float | None = None  # wall time of the first call (compile or cache load)
 
-    def __call__(self, x, cos, sin, bias, slots, keys, values, hidden, rows=None):
+    def __call__(self, x, cos, sin, bias, slots, caches, hidden, rows=None):
         if rows is not None:  # exact precisions attend row by row over Python-int widths: eager
-            return self.eager(x, cos, sin, bias, slots, keys, values, hidden, rows)
+            return self.eager(x, cos, sin, bias, slots, caches, hidden, rows)
         started = time.perf_counter()
-        out = self.compiled(x, cos, sin, bias, slots, keys, values, hidden)
+        out = self.compiled(x, cos, sin, bias, slots, caches, hidden)
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - started
         return out

@@ -117,7 +117,7 @@ class NativeRunner(Runner):
             path = paths[row] if paths else ()
             if path:  # a tree: the accepted nodes' entries sit at scattered rows of the block
                 index = torch.tensor([start + r for r in path]).to(self.device, non_blocking=True)
-                for tensor in self.cache.keys + self.cache.values:  # [B, kv heads, capacity, D]
+                for tensor in self.cache.layers:  # [B, 2 kv heads, capacity, D]: keys and values
                     tensor[row, :, start + 1 : start + 1 + len(path)] = tensor[row, :, index]
             self.lengths[row] = start + keep
 

@@ -60,38 +60,40 @@ def _causal_lm_class(config) -> str:
 
 
 class KVCache:
-    """Keys and values, preallocated: per layer one [B, kv heads, capacity + spare, head dim]
-    tensor each (separate tensors, not views of one: a compiled graph then writes them in
+    """Keys and values, preallocated: per layer one [B, 2 · kv heads, capacity + spare, head dim]
+    tensor (`layers`), its first kv heads the keys and the rest the values, so a block's keys
+    and values are written in one copy (one kernel a layer fewer on a GPU). `keys` and `values`
+    are views of them. Each layer's tensor is a tensor of its own (a compiled graph writes it in
     place). `capacity` slots hold a sequence; `spare` slots past them take the keys of a static
     step's padding rows (engine/static.py), which no real row sees."""
 
     def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device, spare: int = 0):
-        shape = (batch, kv_heads, capacity + spare, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.capacity = capacity
+        shape = (batch, 2 * kv_heads, capacity + spare, head_dim)
+        self._of([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)], capacity)
+
+    def _of(self, layers: list[torch.Tensor], capacity: int) -> "KVCache":
+        self.layers, self.capacity = layers, capacity
+        self.keys = [t[:, : t.shape[1] // 2] for t in layers]  # [B, kv heads, capacity + spare, D] views
+        self.values = [t[:, t.shape[1] // 2 :] for t in layers]
+        return self
 
     @property
     def width(self) -> int:
         """Slots allocated per row (capacity and spare): what a static step attends over."""
-        return self.keys[0].shape[2] if self.keys else 0
+        return self.layers[0].shape[2] if self.layers else 0
 
     @property
     def batch(self) -> int:
-        return self.keys[0].shape[0] if self.keys else 0
+        return self.layers[0].shape[0] if self.layers else 0
 
     @property
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        return sum(t.numel() * t.element_size() for t in self.layers)
 
     def rows(self, count: int, first: int = 0) -> "KVCache":
         """Rows first..first+count-1 as a cache of their own: views, so writes land in this one."""
-        view = object.__new__(KVCache)
-        view.keys = [t[first : first + count] for t in self.keys]
-        view.values = [t[first : first + count] for t in self.values]
-        view.capacity = self.capacity
-        return view
+        return object.__new__(KVCache)._of([t[first : first + count] for t in self.layers], self.capacity)
 
     def row(self, index: int) -> "KVCache":
         return self.rows(1, index)
@@ -170,7 +172,7 @@ class NativeLM:
         slots = start[:, None] + torch.arange(n, device=device)  # [B, n]
         cos, sin = self.cos[positions].view(batch * n, 1, -1), self.sin[positions].view(batch * n, 1, -1)
         x = self.embed(ids.view(-1))  # [T = B·n, H]: every Linear sees all rows at once
-        x, out = self.stack(x, cos, sin, bias, slots, cache.keys, cache.values, hidden,
+        x, out = self.stack(x, cos, sin, bias, slots, cache.layers, hidden,
                             None if row_keys is None else (row_keys, starts))
         x = x.view(batch, n, -1)
         last = x[:, -1] if last_only else x.reshape(batch * n, -1)
@@ -186,36 +188,36 @@ class NativeLM:
         return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
     def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None, slots: torch.Tensor,
-              keys: list[torch.Tensor], values: list[torch.Tensor], hidden: tuple[int, ...],
-              rows: tuple | None = None):
+              caches: list[torch.Tensor], hidden: tuple[int, ...], rows: tuple | None = None):
         """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).
         x is the residual stream, updated in place (each layer's output projections add into it
-        inside their GEMMs: see `matmul_add`), so the caller passes a tensor of its own. Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
+        inside their GEMMs: see `matmul_add`), so the caller passes a tensor of its own. caches:
+        `KVCache.layers`, [B, 2 · kv heads, width, D] each. Its inputs are tensors of fixed rank,
+        so `torch.compile` captures it whole (compile.py).
         rows: (row_keys, starts): per batch row, the order its block rows attend in and the slots
         each sees (see `_row_keys`; None: one masked call), and the block's first slot per row
         (host ints), for attention computed row by row as one-token forwards do (exact modes)."""
         batch, n = slots.shape
         row_keys, starts = rows if rows is not None else (None, None)  # noqa: F841 (starts: exact rows only)
         group = self.heads // self.kv_heads
-        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q_width = self.heads * self.head_dim
         rows = torch.arange(batch, device=x.device)[:, None]
         out: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (self.hidden_size,), layer.norm1, self.eps)
-            qkv = layer.wqkv.matmul(h)  # [T, (heads + 2 kv heads) * D]
-            qk = _rotate(qkv[:, : q_width + kv_width].view(batch * n, self.heads + self.kv_heads, self.head_dim),
-                         cos, sin)  # [T, heads + kv heads, D]
-            k_cache, v_cache = keys[index], values[index]  # [B, kv heads, capacity, D]
-            k = qk[:, self.heads :].view(batch, n, self.kv_heads, self.head_dim)
-            v = qkv[:, q_width + kv_width :].view(batch, n, self.kv_heads, self.head_dim)
-            if batch == 1:  # one run of slots: a copy along the slot axis
-                k_cache.index_copy_(2, slots[0], k.transpose(1, 2))
-                v_cache.index_copy_(2, slots[0], v.transpose(1, 2))
+            # [T, heads + 2 kv heads, D]: q, k, v; q and k rotated in place, so k and v stay side by side
+            qkv = layer.wqkv.matmul(h).view(batch * n, self.heads + 2 * self.kv_heads, self.head_dim)
+            _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)
+            cache = caches[index]  # [B, 2 kv heads, width, D]: keys, then values
+            k_cache, v_cache = cache[:, : self.kv_heads], cache[:, self.kv_heads :]
+            kv = qkv[:, self.heads :].view(batch, n, 2 * self.kv_heads, self.head_dim)
+            if batch == 1:  # one run of slots: one copy along the slot axis, keys and values
+                cache.index_copy_(2, slots[0], kv.transpose(1, 2))
             else:
-                k_cache[rows, :, slots] = k
-                v_cache[rows, :, slots] = v
+                cache[rows, :, slots] = kv
+            k, v = kv[:, :, : self.kv_heads], kv[:, :, self.kv_heads :]  # [B, n, kv heads, D]
             # [B, kv heads, group * n, D]: every query head of one kv head attends in one call
-            q = qk[:, : self.heads].reshape(batch, n, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
+            q = qkv[:, : self.heads].reshape(batch, n, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
             if row_keys is None:
                 width = bias.shape[-1]
                 att = F.scaled_dot_product_attention(q.reshape(batch, self.kv_heads, group * n, self.head_dim),
@@ -307,15 +309,19 @@ def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None
     return (before[:, None] | (inside[:, None] & in_block))[:, None]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of x [T, heads, D] -> [T, heads, D] in x's dtype,
-    computed in the tables' (`_rope_tables`). `sin` is signed: its first half negated, so
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotary embedding (rotate-half form) of x [T, heads, D], in place (x may be a view of the
+    fused projection's output), computed in the tables' dtype (`_rope_tables`). `sin` is signed: its first half negated, so
     rotate-half's `cat([-x2, x1]) * sin` is `cat([x2, x1]) * sin` here, the same bits (a sign
     flip is exact) one kernel fewer a layer. The second product and the sum are one `addcmul`
     (one kernel fewer again; in a half precision the sum of the two is rounded once, where
     transformers rounds the second product first: a last-bit difference at most)."""
     x1, x2 = x.chunk(2, -1)
-    return (x.to(cos.dtype) * cos).addcmul_(torch.cat([x2, x1], -1).to(cos.dtype), sin).to(x.dtype)
+    swapped = torch.cat([x2, x1], -1).to(cos.dtype)  # a copy: x may change now
+    if x.dtype == cos.dtype:  # the rotation written straight into x: no copy back
+        x.mul_(cos).addcmul_(swapped, sin)
+    else:
+        x.copy_((x.to(cos.dtype) * cos).addcmul_(swapped, sin))
 
 
 def _rope_tables(rotary: torch.nn.Module, length: int, head_dim: int, dtype: torch.dtype,

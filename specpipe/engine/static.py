@@ -104,8 +104,7 @@ class _Buffers:
         self._hosts = [(host, _Meta(host, bucket, block)) for host in hosts]
         self._copied = [torch.cuda.Event() for _ in hosts] if cuda else None  # each host copy's last copy is done
         self._turn = 0  # the host copy the next fill writes
-        self.keys = [t[:bucket] for t in cache.keys]  # views: the cache's own storage
-        self.values = [t[:bucket] for t in cache.values]
+        self.caches = [t[:bucket] for t in cache.layers]  # views: the cache's own storage
         # a tail's inputs (`TailInputs`), [bucket, *size] each; ones: a race's draws divide by them
         self.extras = [torch.ones((bucket, *size), device=device) for size in sizes]
 
@@ -276,8 +275,8 @@ class StaticStep:
             ids = meta.ids.gather(1, order)
         table = positions.clamp(max=lm.max_len - 1).view(-1)  # padding rows may run past the rope table
         cos, sin = lm.cos[table].view(bucket * block, 1, -1), lm.sin[table].view(bucket * block, 1, -1)
-        x, hidden = lm.stack(lm.embed(ids.reshape(-1)), cos, sin, lm.additive(mask), slots, buffers.keys,
-                             buffers.values, shape.hidden)
+        x, hidden = lm.stack(lm.embed(ids.reshape(-1)), cos, sin, lm.additive(mask), slots, buffers.caches,
+                             shape.hidden)
         logits = wide(lm.head.matmul(x)).view(bucket, block, -1)
         if ring:  # back to block order: token j of row b sits at ring row (start + j) mod K
             back = (rows + starts) % block
