@@ -166,6 +166,54 @@ def test_the_search_drafts_what_trying_every_match_drafts(options, branch):
     assert steps > 500 and (trees > 50) == branch, (steps, trees)  # most steps draft, many of them trees
 
 
+def test_a_row_reads_the_global_tree_again_when_another_row_finishes():
+    """Each row walks its suffixes in the global tree on from the last step's (a lookup a length
+    a new token, 1-3 new tokens a step). Another row's request joining the tree mid-generation
+    changes what the tree holds: the drafts stay the exhaustive search's at every step of both
+    rows."""
+    from specpipe.proposers.base import Rows
+    from specpipe.sampling import RowRandom
+
+    generator = torch.Generator().manual_seed(1)
+    suffix = proposer(max_depth=6)
+    motif = [3, 4, 5, 6, 2]
+    texts = [[2, 3], [4, 5]]
+    for row, text in enumerate(texts):
+        suffix.prefill(row, text, None)
+    releases = versions = 0
+    for step in range(80):
+        for row, text in enumerate(texts):  # 1-3 tokens a step, as a verdict commits
+            for _ in range(int(torch.randint(1, 4, (1,), generator=generator))):
+                noisy = torch.rand(1, generator=generator).item() < 0.15
+                text.append(int(torch.randint(2, 8, (1,), generator=generator)) if noisy else motif[len(text) % len(motif)])
+        rows = Rows([list(t) for t in texts], [RowRandom(0), RowRandom(1)], lambda position: 0.0,
+                    torch.device("cpu"), False)
+        for row, text in enumerate(texts):
+            draft = suffix.propose_row(row, rows, 4)
+            got = [] if draft is None else draft.tokens.tolist()
+            assert got == exhaustive(suffix, row, text, 4, False)[0], (step, row)
+        if len(texts[1]) >= 14:  # row 1's request ends; the tree changes under row 0
+            suffix.release(1, texts[1])
+            texts[1] = [int(t) for t in torch.randint(2, 8, (2,), generator=generator)]
+            suffix.prefill(1, texts[1], None)
+            releases += 1
+        versions += suffix.local[0].held_at != suffix.cache.version
+    assert releases >= 10 and versions >= 10, (releases, versions)  # row 0 read the changed tree again
+
+
+def test_a_finished_request_is_matched_at_once_by_a_row_mid_generation():
+    """Row 0 has read the (empty) global tree; row 1's output then joins it, holding row 0's
+    suffix [3, 4, 5] followed by [6, 7, 8] where [5] alone is mostly followed by 9: row 0's very
+    next draft comes from that longest match, not from the suffixes it held before."""
+    suffix = proposer(max_depth=6)
+    suffix.prefill(0, [2, 3, 4], None)
+    suffix.prefill(1, [9], None)
+    assert suffix.propose_row(0, one_row([2, 3, 4]), 4) is None  # nothing anywhere yet
+    suffix.release(1, [9, 5, 9, 5, 9, 5, 9, 3, 4, 5, 6, 7, 8])
+    assert suffix.propose_row(0, one_row([2, 3, 4, 5]), 4).tokens.tolist() == [6, 7, 8]
+    assert exhaustive(suffix, 0, [2, 3, 4, 5], 4, False)[0] == [6, 7, 8]
+
+
 VERIFIERS = {"greedy": GreedyVerifier, "typical": lambda: TypicalVerifier(GREEDY),
              "rejection": lambda: RejectionVerifier(GREEDY)}  # rejection: chains (the proposer is told)
 

@@ -97,6 +97,22 @@ class SuffixTree:
                     return
             yield node, length
 
+    def follow(self, held: list[int], tokens) -> list[int]:
+        """`append` without adding: held [root, the node of the text's 1-token suffix, of its
+        2-token suffix, ...] (as far as the tree holds them) -> the same after `tokens`. Walking
+        on from the last step's suffixes costs a lookup a length a new token, where `matches`
+        walks every suffix from the root again (depth² lookups a step)."""
+        children = self.children
+        for token in tokens:
+            grown = [0]
+            for node in held[: self.depth - 1]:
+                child = children[node].get(token)
+                if child is None:
+                    break
+                grown.append(child)
+            held = grown
+        return held
+
     def match(self, context: list[int]) -> tuple[int, int] | None:
         """The longest suffix of `context` the tree holds with a continuation."""
         found = [(node, length) for node, length in self.matches(context) if self.children[node]]
@@ -197,6 +213,7 @@ class RequestCache:
         self.entries: OrderedDict[int, list[int]] = OrderedDict()
         self.tokens = 0
         self.ids = itertools.count()
+        self.version = 0  # bumped by every change of the tree: what a row's held suffixes were read at
 
     def add(self, tokens: list[int], context: int = 0) -> None:
         """An output, after `context` tokens of its prompt (nothing when it is only prompt)."""
@@ -204,6 +221,7 @@ class RequestCache:
         if len(tokens) <= context or self.max_requests == 0:
             return
         entry = next(self.ids)
+        self.version += 1
         self.tree.extend(self.tree.start(), tokens, entry)
         self.entries[entry] = tokens
         self.tokens += len(tokens)
@@ -228,6 +246,8 @@ class _Local:
     open: list[int]
     seen: int  # committed tokens in the tree
     prompt_len: int
+    held: list[int] | None = None  # the text's suffixes in the global tree (`SuffixTree.follow`)
+    held_at: int = -1  # the global tree's version they were read at
 
 
 class SuffixProposer(RowProposer):
@@ -252,15 +272,18 @@ class SuffixProposer(RowProposer):
 
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
         local, committed = self.local[row], rows.tokens[row]
-        local.open = local.tree.extend(local.open, committed[local.seen:])  # what was committed since
+        new = committed[local.seen:]  # what was committed since
+        local.open = local.tree.extend(local.open, new)
         local.seen = len(committed)
         context = committed[-local.tree.depth:]
         # the local tree holds every suffix of the text: its open suffixes are its matches
         own = [(local.open[length], length) for length in range(1, len(context))]
         best, source = NOTHING, None
-        for tree, found in ((local.tree, own), (self.cache.tree, list(self.cache.tree.matches(context)))):
+        for tree, found in ((local.tree, own), (self.cache.tree, self._shared(local, context, new))):
             for node, length in reversed(found):  # every match length, the longest first: it wins ties
                 # (and the local tree's draft wins a tie with the global one's: it comes first)
+                if not tree.children[node]:  # seen only where a text ends, nothing to draft: the local
+                    continue  # tree's longest suffixes, each at the one place it occurs, are most of them
                 limit = min(gamma, int(length * self.factor + self.offset + 1e-6))
                 if limit <= best.score:  # a draft scores at most its length, and shorter matches earn no longer
                     break
@@ -270,6 +293,16 @@ class SuffixProposer(RowProposer):
         if source is self.cache.tree:
             self.cache.touch(self.cache.tree.last[best.node])
         return _draft(best)
+
+    def _shared(self, local: _Local, context: list[int], new: list[int]) -> list[tuple[int, int]]:
+        """`matches` of the global tree: the row's held suffixes walked on by the new tokens, or
+        read again where the tree changed since (a request finished)."""
+        tree = self.cache.tree
+        if local.held_at != self.cache.version:
+            local.held, local.held_at = tree.follow([0], context), self.cache.version
+        else:
+            local.held = tree.follow(local.held, new)
+        return [(local.held[length], length) for length in range(1, min(len(local.held), len(context)))]
 
     def memory(self) -> dict[str, int]:
         local = sum(state.tree.nodes for state in self.local.values()) * NODE_BYTES
