@@ -250,6 +250,16 @@ def test_the_greedy_verdict_inside_the_graph_is_the_verifiers():
         assert torch.equal(graphed.num_draft, eager.num_draft) and graphed.to_host() == eager.to_host()
         accepted |= set(eager.num_accepted.tolist())
     assert accepted == set(range(width + 1))  # every outcome, none accepted to all
+    for _ in range(10):  # plain steps' 1-token blocks: the argmax, nothing drafted (padding rows stale)
+        logits = torch.randn(bucket, 1, vocab, dtype=torch.float64, generator=gen)
+        ids = torch.randint(0, vocab, (bucket, 1), generator=gen)
+        stale = torch.randint(0, block, (bucket - batch,), generator=gen)
+        padded = torch.cat([torch.zeros(batch, dtype=torch.long), stale])
+        draft = DraftBatch.empty(batch, "cpu")
+        eager = verifier.verify(draft, logits[:batch])
+        graphed = verifier.verdict_of(chain_tail(logits, ids, padded)[:batch], draft)
+        assert torch.equal(graphed.ids, eager.ids) and torch.equal(graphed.num_accepted, eager.num_accepted)
+        assert graphed.to_host() == eager.to_host()
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(0.8), SamplingParams(1.0, top_k=5), SamplingParams(0.7, top_p=0.9)])
