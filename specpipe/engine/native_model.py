@@ -311,11 +311,12 @@ def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """Rotary embedding (rotate-half form) of x [T, heads, D], in place (x may be a view of the
-    fused projection's output), computed in the tables' dtype (`_rope_tables`). `sin` is signed: its first half negated, so
-    rotate-half's `cat([-x2, x1]) * sin` is `cat([x2, x1]) * sin` here, the same bits (a sign
-    flip is exact) one kernel fewer a layer. The second product and the sum are one `addcmul`
-    (one kernel fewer again; in a half precision the sum of the two is rounded once, where
-    transformers rounds the second product first: a last-bit difference at most)."""
+    fused projection's output), computed in the tables' dtype (`_rope_tables`). `sin` is
+    signed: its first half negated, so rotate-half's `cat([-x2, x1]) * sin` is
+    `cat([x2, x1]) * sin` here, the same bits (a sign flip is exact) one kernel fewer a layer.
+    The second product and the sum are one `addcmul` (one kernel fewer again; in a half
+    precision the sum of the two is rounded once, where transformers rounds the second product
+    first: a last-bit difference at most)."""
     x1, x2 = x.chunk(2, -1)
     swapped = torch.cat([x2, x1], -1).to(cos.dtype)  # a copy: x may change now
     if x.dtype == cos.dtype:  # the rotation written straight into x: no copy back
