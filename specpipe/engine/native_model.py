@@ -230,7 +230,8 @@ class NativeLM:
             gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
             x = layer.w_down.matmul_add(F.silu(gate) * up, x)
             if index in hidden:  # a copy: the next layers add into x in place
-                out[index] = (x.clone() if wide(x) is x else wide(x)).view(batch, n, -1)
+                kept = wide(x)
+                out[index] = (kept.clone() if kept is x else kept).view(batch, n, -1)
         x = F.rms_norm(x, (self.hidden_size,), self.norm, self.eps)
         if FINAL in hidden:
             out[FINAL] = wide(x).view(batch, n, -1)
