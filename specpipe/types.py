@@ -15,6 +15,7 @@ row's draft, as proposers that draft row by row make them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -120,7 +121,9 @@ def depths_of(parents: tuple[int, ...]) -> list[int]:
 
 @dataclass(frozen=True)
 class DraftBatch:
-    """Every row's draft for one step, on the device.
+    """Every row's draft for one step, on the device, or on the host where the host drafted it
+    (a lookup's: the static step sends the block with its other inputs, and only an eager
+    verifier needs the draft on the device: `on`).
 
     tokens: [B, W] int64, row b's draft in its first num_draft[b] columns (the rest is padding
     the verifier never accepts). num_draft: [B] int64 (a tree: its depth). probs: [B, W, V] float32 or None
@@ -150,6 +153,14 @@ class DraftBatch:
     def rows(self) -> int:
         return self.tokens.shape[0]
 
+    def on(self, device: torch.device | str) -> "DraftBatch":
+        """This draft with its tokens and lengths on `device` (one copy; itself where they are)."""
+        if self.tokens.device == torch.device(device):
+            return self
+        width = self.width  # [B, W + 1]: tokens, then num_draft, in one copy
+        moved = torch.cat([self.tokens, self.num_draft[:, None]], 1).to(device, non_blocking=True)
+        return dataclasses.replace(self, tokens=moved[:, :width], num_draft=moved[:, width])
+
     @staticmethod
     def empty(rows: int, device: torch.device | str) -> "DraftBatch":
         return DraftBatch(torch.empty(rows, 0, dtype=torch.long, device=device),
@@ -173,15 +184,12 @@ class DraftBatch:
             return uniform
         sizes = [0 if d is None else d.gamma for d in drafts]
         width = max(sizes, default=0)
-        if all(d is None or d.tokens.device.type == "cpu" for d in drafts):  # drafted on the host: one copy
+        if all(d is None or d.tokens.device.type == "cpu" for d in drafts):  # drafted on the host: kept there
             host = torch.zeros(rows, width, dtype=torch.long)
             for b, d in enumerate(drafts):
                 if d is not None and sizes[b]:
                     host[b, : sizes[b]] = d.tokens
-            tokens, num_draft = host, torch.tensor(sizes)
-            if torch.device(device).type != "cpu":  # [B, W + 1]: tokens, then num_draft
-                moved = torch.cat([host, num_draft[:, None]], 1).to(device, non_blocking=True)
-                tokens, num_draft = moved[:, :width], moved[:, width]
+            tokens, num_draft = host, torch.tensor(sizes)  # `on` moves them where an eager verifier needs them
         else:
             tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
             for b, d in enumerate(drafts):

@@ -355,7 +355,7 @@ class Decoder:
         if out.tail is not None:  # inside the forward's graph, where the runner has one)
             verdict = verifier.verdict_of(out.tail, draft)
         else:
-            verdict = verifier.verify(draft, out.logits, rngs)  # 4.
+            verdict = verifier.verify(draft.on(out.logits.device), out.logits, rngs)  # 4. (a host draft: moved)
         clock.mark()
         self._since = clock  # the next step's host time counts from its end
         for _, row in busy:
@@ -375,7 +375,7 @@ class Decoder:
         if last.device.type == "cpu" and draft.width > 0:  # a head's or a draft model's draft: the runner joins them
             return Split(last[:, None], draft.tokens)
         last = last.to(self.runner.device, non_blocking=True)
-        return last[:, None] if draft.width == 0 else torch.cat([last[:, None], draft.tokens], 1)
+        return last[:, None] if draft.width == 0 else torch.cat([last[:, None], draft.on(last.device).tokens], 1)
 
     def _last(self, rows: list[_Row | None], pending: _Launched | None) -> torch.Tensor:
         """[B] each row's last token: on the host where the host has them all, else on the

@@ -43,6 +43,7 @@ class Verifier(ABC):
                    rng: RowRandom | None = None) -> RowVerdict:
         """One sequence's draft against its logits [n, V], as a batch of one, on the host."""
         batch = DraftBatch.stack([draft], [draft.gamma], target_logits.device, target_logits.shape[-1])
+        batch = batch.on(target_logits.device)
         return self.verify(batch, target_logits[None], [rng or RowRandom(0)]).to_host()[0]
 
 
