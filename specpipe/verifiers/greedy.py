@@ -38,7 +38,7 @@ def chain_tail(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) ->
     (the accepted tokens, then the recovered or bonus one), PAD after; num_accepted; counts.
     Tensor ops on the buffers alone, as `verify` computes them: the same tokens."""
     top = logits.argmax(-1)  # [R, K]
-    if ids.shape[1] == 1:  # a plain step's block: nothing drafted (counts all 0), nothing to compare;
+    if ids.shape[1] == 1:  # a plain step's block: nothing drafted (counts all 0, so none accepted)
         return torch.cat([top, counts[:, None], counts[:, None]], 1)  # two kernels, where the chain's are ten
     columns = torch.arange(ids.shape[1], device=ids.device)  # [K]
     right = (top[:, :-1] == ids[:, 1:]) & (columns[None, :-1] < counts[:, None])  # [R, K - 1]
