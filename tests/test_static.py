@@ -24,7 +24,7 @@ from specpipe.controllers.heuristic import HeuristicGamma
 from specpipe.decode.loop import Decoder
 from specpipe.decode.syncs import capture_hazards, host_reads, reads_per_step
 from specpipe.engine import FINAL, make_runner
-from specpipe.engine.static import Shape
+from specpipe.engine.static import WIDTH_MIN, Shape
 from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline, Request
 from specpipe.proposers.medusa import MedusaProposer
@@ -132,7 +132,7 @@ def test_exact_static_rows_are_bitwise_plain_steps_in_float32(precision, block, 
     for k in range(2, block + 1):
         runner.crop(0, len(PROMPT))
         assert torch.equal(feed(runner, draft[:k]).logits[0], singles[:k]), k
-    assert runner.static.shapes == {Shape(1, block, False, ())}
+    assert runner.static.shapes == {Shape(1, block, False, (), None, WIDTH_MIN)}  # a short sequence's width
     batch = static(model, device, kernels="exact", block=block, precision=precision)
     batch.reserve(3)  # three rows in a bucket of four
     prompts = [PROMPT, [3, 60, 22], [9, 9, 8, 7, 6, 5, 4, 3, 2, 1]]
@@ -144,6 +144,69 @@ def test_exact_static_rows_are_bitwise_plain_steps_in_float32(precision, block, 
         batch.crop(row, len(ids))
     verify = batch.forward(torch.tensor([[t + row for t in draft[:3]] for row in range(3)]).to(batch.device)).logits
     assert torch.equal(verify, torch.cat(steps, 1))
+
+
+def long_model(dtype=torch.float64):
+    """The tiny Llama with room for 1,024 positions: a cache wide enough for several attention widths."""
+    model = tiny_model(0, dtype=dtype)
+    model.config.max_position_embeddings = 1024
+    return model
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["none", "bf16"])
+def test_static_rows_do_not_depend_on_the_attention_width(precision, device):
+    """A static step attends over the narrowest width (256, 512, ... slots, or the whole
+    allocation) that holds what its rows' requests may hold (`Runner.expect`), so a short request
+    reads no slot a long one needs. The keys past a row's position are masked at any width, so
+    every width computes the same rows bitwise, one row or a ragged batch (kernels=exact's
+    construction holds whichever width a plain step or a verify block runs at: a batch's width
+    follows the longest request in it, which changes as requests come and go)."""
+    runner = static(long_model(torch.float32), device, kernels="exact", block=5, precision=precision)
+    assert runner.cache.width == 1088  # 1,024 slots and the padding rows' spare, aligned
+    runner.reserve(3)
+    prompts = [PROMPT, [3, 60, 22], [9, 9, 8, 7, 6, 5, 4, 3, 2, 1]]
+    block = torch.tensor([[20 + row, 21, 22, 23, 24] for row in range(3)]).to(runner.device)
+    rows = {}
+    for batch in (1, 3):
+        for expected in (0, 300, 700, 1024):
+            runner.reset()
+            for row in range(batch):
+                runner.expect(row, expected)
+                runner.prefill(row, prompts[row])
+            rows[batch, expected] = runner.forward(block[:batch], hidden=(FINAL,))
+    assert {shape.width for shape in runner.static.shapes} == {256, 512, 1024}
+    for (batch, expected), out in rows.items():
+        assert torch.equal(out.logits, rows[batch, 0].logits), (batch, expected)
+        assert torch.equal(out.hidden[FINAL], rows[batch, 0].hidden[FINAL]), (batch, expected)
+        assert torch.equal(out.logits[0], rows[1, 0].logits[0]), (batch, expected)  # row 0 alone or beside others
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_request_attends_over_its_own_width(device):
+    """Through the decode loop: a short request's steps attend over 256 slots, a long one's over
+    512, each at one width from its first step to its last, and the greedy output is the eager
+    plain decoding's. On a GPU a width is captured at the first step that runs at it, and a
+    second generation captures nothing."""
+    model = long_model()
+    target = LoadedModel("tiny", model, tiny_target().tokenizer)
+    long = [(7 * i) % 60 + 2 for i in range(300)]
+    prompts = [PROMPT, long]
+    eager = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(model, graphs="off", cache_len=1024))
+    want = [eager.run(p, max_new_tokens=20, speculative=False).token_ids for p in prompts]
+    pipe = Pipeline(target, NgramProposer(ngram_max=3, ngram_min=1), GreedyVerifier(), FixedGamma(4),
+                    runner=make_runner(model, device=device, graphs="on", cache_len=1024))
+    static = pipe.runner.static
+    widths = []
+    for prompt in prompts:
+        static.shapes.clear()
+        assert pipe.run(prompt, max_new_tokens=20).token_ids == want[len(widths)]
+        widths.append({shape.width for shape in static.shapes})
+    assert widths == [{256}, {512}]
+    captures = static.captures
+    assert captures == (2 if device == "cuda" else 0)  # kernels=exact: one shape, at two widths
+    assert [pipe.run(p, max_new_tokens=20).token_ids for p in prompts] == want
+    assert static.captures == captures
 
 
 def pipelines(kernels: str, proposer, controller, device="cpu"):
@@ -190,13 +253,13 @@ def test_generations_run_only_planned_shapes_captured_once(kernels, device):
     pipe, _ = pipelines(kernels, *PROPOSERS["ngram-adaptive"](device), device=device)
     pipe.runner.reserve(3)
     static = pipe.runner.static
-    planned = set(static.planned((), "greedy"))  # chains verified inside the graph
+    planned = set(static.planned((), "greedy", WIDTH_MIN))  # chains verified inside the graph; short requests
     widest = 1 + 6  # the heuristic controller's gamma_max
     if kernels == "exact":
-        assert planned == {Shape(4, widest, False, (), "greedy")}  # the bucket of the cache's rows, K
+        assert planned == {Shape(4, widest, False, (), "greedy", WIDTH_MIN)}  # the bucket of the cache's rows, K
     else:
-        assert planned == {Shape(b, k, False, (), "greedy") for b in (1, 2, 4) for k in (1, 2, 4, widest)} | {
-            Shape(1, k, True, ()) for k in (2, 4, widest)}
+        assert planned == {Shape(b, k, False, (), "greedy", WIDTH_MIN) for b in (1, 2, 4) for k in (1, 2, 4, widest)} | {
+            Shape(1, k, True, (), None, WIDTH_MIN) for k in (2, 4, widest)}
     pipe.generate_batch([REPEATING, PROMPT, [3, 60, 22]], max_new_tokens=16)
     captures = static.captures
     assert captures == (len(planned) if device == "cuda" else 0)
@@ -224,7 +287,7 @@ def test_a_draft_model_steps_in_planned_shapes_captured_once(device):
     eager = Pipeline(target, None, GreedyVerifier(), None, runner=make_runner(target.model, graphs="off"))
     want = [eager.run(p, max_new_tokens=16, speculative=False).token_ids for p in prompts]
     assert [o.token_ids for o in pipe.generate_batch(prompts, max_new_tokens=16)] == want
-    captures, planned = static.captures, set(static.planned((), "greedy pick"))  # the pick inside the graphs
+    captures, planned = static.captures, set(static.planned((), "greedy pick", WIDTH_MIN))  # the pick inside the graphs
     assert captures == (len(planned) if device == "cuda" else 0)
     runs = [pipe.run(p, max_new_tokens=16) for p in prompts]
     assert [r.token_ids for r in runs] == want and sum(r.stats.accepted for r in runs) > 0
@@ -598,7 +661,7 @@ def test_a_compiled_stack_runs_the_static_step_exactly():
     compiled = graphs_compiled()
     assert [pipe.run(p, max_new_tokens=20).token_ids for p in (REPEATING, PROMPT)] == want
     assert pipe.run(PROMPT, max_new_tokens=20, speculative=False).token_ids == want[1]
-    assert graphs_compiled() == compiled and pipe.runner.static.shapes == {Shape(1, 5, False, (), "greedy")}
+    assert graphs_compiled() == compiled and pipe.runner.static.shapes == {Shape(1, 5, False, (), "greedy", WIDTH_MIN)}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -631,7 +694,7 @@ def test_a_graphed_step_launches_a_few_operations_beside_its_graph():
     assert counts["plain", "off"] > 6 * counts["plain", "on"], counts  # 2 layers eager: ~60 launches
 
 
-def test_a_graphed_step_runs_fifteen_kernels_a_layer():
+def test_a_graphed_step_runs_fifteen_kernels_a_layer(monkeypatch):
     """What a replay costs the device: on a small model each kernel is ~1.3-2.8 µs on a GPU
     however it is launched, so the static step's operations a layer bound its speed. In bf16
     (a GPU's precision) a layer is 15: two norms, four matmuls (the residual adds inside the
@@ -639,9 +702,11 @@ def test_a_graphed_step_runs_fifteen_kernels_a_layer():
     the half swap, a multiply-add written into the projection's output), one cache write (keys
     and values side by side), the queries' and the output's regrouping, attention, the gate's
     two. A change that adds one to every layer fails here; the 2-layer and 4-layer steps differ
-    by exactly two layers' worth."""
+    by exactly two layers' worth. The bf16 matmuls take their dense path, a GPU's (on CPUs with
+    AMX they would take oneDNN's prepacked blocks: a padding and a separate add more)."""
     from specpipe.decode.syncs import per_step
 
+    monkeypatch.setattr("specpipe.models.quantize.has_amx", lambda: False)
     inside = {}
     for layers in (2, 4):
         target = LoadedModel("tiny", tiny_model(0, layers=layers), tiny_target().tokenizer)

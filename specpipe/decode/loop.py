@@ -305,6 +305,7 @@ class Decoder:
                    speculative)
         started = time.perf_counter()
         self.runner.reset(slot)
+        self.runner.expect(slot, len(ids) + max_new_tokens)  # one attention width for all its steps
         hidden = self.hidden if speculative else ()
         out = self.runner.prefill(slot, ids[:-1], hidden=hidden) if len(ids) > 1 else None
         if speculative:

@@ -143,7 +143,12 @@ class Runner(ABC):
 
     @abstractmethod
     def reset(self, row: int | None = None) -> None:
-        """Forget row `row`'s cached tokens (None: every row's)."""
+        """Forget row `row`'s cached tokens (None: every row's), and what it was told to expect."""
+
+    def expect(self, row: int, tokens: int) -> None:
+        """Row `row`'s request may hold up to `tokens` tokens (its prompt and budget), told after
+        the row's reset: a static step attends over a width that holds them from the request's
+        first step to its last (engine/static.py). Default: nothing to do."""
 
     @abstractmethod
     def prefill(self, row: int, ids: list[int], *, hidden: tuple[int, ...] = ()) -> TargetOutput:

@@ -67,6 +67,7 @@ class NativeRunner(Runner):
             self.cache = self.lm.new_cache(rows, self.lm.max_len, spare_slots(self.lm.max_len))
             self.static.bind(self.cache)
         self.lengths = [0] * rows
+        self.expected = [0] * rows  # tokens each row's request may hold (`expect`; 0: not told)
 
     def plan(self, block: int) -> None:
         if self.static is not None:
@@ -84,8 +85,12 @@ class NativeRunner(Runner):
     def reset(self, row: int | None = None) -> None:
         if row is None:
             self.lengths = [0] * len(self.lengths)
+            self.expected = [0] * len(self.expected)
         else:
-            self.lengths[row] = 0
+            self.lengths[row] = self.expected[row] = 0
+
+    def expect(self, row: int, tokens: int) -> None:
+        self.expected[row] = tokens
 
     def prefill(self, row: int, ids: list[int], *, hidden: tuple[int, ...] = ()) -> TargetOutput:
         start = self.lengths[row]
@@ -100,7 +105,9 @@ class NativeRunner(Runner):
         batch, n = ids.shape
         starts = self.lengths[:batch]
         self._check_room(max(starts) + n)
-        shape = None if self.static is None else self.static.shape(batch, n, tree, hidden, tail)
+        # the slots a static step attends over: what its rows' requests may hold, at least what they hold now
+        needed = max(max(starts) + n, *self.expected[:batch])
+        shape = None if self.static is None else self.static.shape(batch, n, tree, hidden, tail, needed)
         if shape is not None:
             out = self.static.forward(shape, ids, self.lengths, tree, tail)
         else:  # eager: the tail is the caller's

@@ -4,9 +4,16 @@ A forward of [B, n] tokens (a plain step or a verify block) runs as a [bucket, K
 persistent buffers: B padded to a batch bucket (1, 2, 4, 8, ...), n to a block size within the
 runner's plan (`plan`: 1 + the widest γ its pipeline's controller can pick, or its proposer's
 largest tree; wider blocks, such as a prompt fed through `forward`, run the eager forward).
-Attention runs over the cache's whole allocation through a mask built on the device from the
-rows' lengths (a device tensor the host fills each step), so no shape depends on a length
-(gpt-fast; vLLM's uniform decode). On CUDA each shape is captured once as a CUDA graph
+Attention runs over a fixed width of the cache's slots through a mask built on the device from
+the rows' lengths (a device tensor the host fills each step), so no shape depends on a length
+(gpt-fast; vLLM's uniform decode). The width is a bucket (`widths`: 256, 512, 1024, ... slots,
+and the whole allocation) of what the rows will hold: their requests' prompts and budgets where
+the runner was told them (`Runner.expect`), else their lengths after the block. A request's
+steps then all attend over one width, and a short request does not read the keys of a long
+one's slots (static caches attending over the whole allocation are what made transformers'
+StaticCache slower than its dynamic cache). Keys past a row's position are masked whatever the
+width, and the kernels' reductions over them add exact zeros, so a row's result does not depend
+on the width (tests/test_static.py checks it bitwise). On CUDA each shape is captured once as a CUDA graph
 (graphs.py) and replayed: a step copies its ids and lengths into the buffers (one copy from
 pinned memory) and launches one graph. A forward's `Tail` (the greedy or rejection verdict, a
 draft model's pick) runs inside the graph after the logits, reading its inputs (a sampling
@@ -36,7 +43,7 @@ the rows that attend over it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -49,6 +56,7 @@ from specpipe.types import ancestry_of, depths_of
 MAX_BLOCK = 32  # the widest block a plan may ask for (blocks wider than the plan run the eager forward)
 SPARE = MAX_BLOCK  # slots past a cache's capacity for padding rows (a block writes < MAX_BLOCK past a length)
 ALIGN = 64  # slots allocated per row, rounded up to this (aligned rows for the GPU's attention kernels)
+WIDTH_MIN = 256  # the narrowest attention width (a multiple of ALIGN)
 
 
 @dataclass(frozen=True)
@@ -60,11 +68,32 @@ class Shape:
     tree: bool  # rows laid out by a tree's parents (else a chain)
     hidden: tuple[int, ...]  # hidden-state keys returned
     tail: str | None = None  # the `Tail` computed inside (its name), whose output replaces the logits
+    width: int = 0  # cache slots attended over (`widths`)
+
+    @property
+    def inputs(self) -> "Shape":
+        """The shape whose buffers this one's graph reads: every width of a shape shares them."""
+        return replace(self, width=0)
 
 
 def bucket_of(rows: int) -> int:
     """The batch bucket of `rows` rows: the next power of two."""
     return 1 << max(rows - 1, 0).bit_length()
+
+
+def widths(full: int) -> list[int]:
+    """The attention widths a static step runs at over a cache of `full` slots a row: powers of
+    two from `WIDTH_MIN` below it, then `full` itself."""
+    out, width = [], WIDTH_MIN
+    while width < full:
+        out.append(width)
+        width *= 2
+    return out + [full]
+
+
+def width_of(needed: int, full: int) -> int:
+    """The narrowest width that holds `needed` slots (`full` at most)."""
+    return next(width for width in widths(full) if width >= min(needed, full))
 
 
 def spare_slots(capacity: int) -> int:
@@ -152,7 +181,7 @@ class StaticStep:
         self.cache: KVCache | None = None
         self.shapes: set[Shape] = set()  # every shape a forward ran
         self._buffers: dict[Shape, _Buffers] = {}
-        self._warm: set[tuple] = set()  # (hidden-state keys, tail name) whose planned shapes are captured
+        self._warm: set[tuple] = set()  # (hidden-state keys, tail name, width) whose planned shapes are captured
         self._tails: dict[str, Callable] = {}  # a tail's computation, by its name
 
     @property
@@ -180,28 +209,31 @@ class StaticStep:
         """The block sizes a forward pads to: K alone (exact), or powers of two below K and K (fast)."""
         return [self.block] if self.exact else sorted({min(bucket_of(n), self.block) for n in range(1, self.block + 1)})
 
-    def planned(self, hidden: tuple[int, ...], tail: str | None = None) -> list[Shape]:
-        """Every shape a forward asking for `hidden` (and a chain's `tail`) runs as, within the
-        plan (what a GPU captures at the first such forward): exact, one; fast, every bucket up
-        to the cache's rows by every block, and the tree blocks of one sequence (no tail: a tree
-        is verified from its logits)."""
+    def planned(self, hidden: tuple[int, ...], tail: str | None = None, width: int | None = None) -> list[Shape]:
+        """Every shape a forward asking for `hidden` (and a chain's `tail`) runs as at `width`
+        (None: the whole allocation), within the plan (what a GPU captures at the first such
+        forward): exact, one; fast, every bucket up to the cache's rows by every block, and the
+        tree blocks of one sequence (no tail: a tree is verified from its logits)."""
+        width = self.cache.width if width is None else width
         if self.exact:
-            return [Shape(self.cache.batch, self.block, False, hidden, tail)]
+            return [Shape(self.cache.batch, self.block, False, hidden, tail, width)]
         buckets = [1 << i for i in range(self.cache.batch.bit_length())]
-        return ([Shape(bucket, block, False, hidden, tail) for bucket in buckets for block in self.blocks()]
-                + [Shape(1, block, True, hidden) for block in self.blocks() if block > 1])
+        return ([Shape(bucket, block, False, hidden, tail, width) for bucket in buckets for block in self.blocks()]
+                + [Shape(1, block, True, hidden, None, width) for block in self.blocks() if block > 1])
 
     def shape(self, batch: int, n: int, tree: tuple[int, ...] | None, hidden: tuple[int, ...],
-              tail: Tail | None = None) -> Shape | None:
-        """The shape a forward of [batch, n] runs as, or None: a block wider than planned (a
-        prompt fed through `forward`) runs the eager forward, so no unplanned shape is made. A
-        tree's shape runs no tail."""
+              tail: Tail | None = None, needed: int = 0) -> Shape | None:
+        """The shape a forward of [batch, n] runs as, attending over the narrowest width that
+        holds `needed` slots a row, or None: a block wider than planned (a prompt fed through
+        `forward`) runs the eager forward, so no unplanned shape is made. A tree's shape runs no
+        tail."""
         if n > self.block:
             return None
         name = None if tail is None or tree is not None else tail.name
+        width = width_of(needed, self.cache.width)
         if self.exact:
-            return Shape(self.cache.batch, self.block, tree is not None, tuple(hidden), name)
-        return Shape(bucket_of(batch), min(bucket_of(n), self.block), tree is not None, tuple(hidden), name)
+            return Shape(self.cache.batch, self.block, tree is not None, tuple(hidden), name, width)
+        return Shape(bucket_of(batch), min(bucket_of(n), self.block), tree is not None, tuple(hidden), name, width)
 
     @torch.inference_mode()
     def forward(self, shape: Shape, ids: torch.Tensor | Split, lengths: list[int], tree: tuple[int, ...] | None,
@@ -212,8 +244,8 @@ class StaticStep:
         tail = tail if shape.tail is not None else None  # a tree's shape runs none
         if tail is not None:
             self._tails.setdefault(shape.tail, tail.compute)
-        if self.capture and shape not in self.graphs and (shape.hidden, shape.tail) not in self._warm:
-            self._capture_planned(shape.hidden, tail, lengths)
+        if self.capture and shape not in self.graphs and (shape.hidden, shape.tail, shape.width) not in self._warm:
+            self._capture_planned(shape.hidden, tail, lengths, shape.width)
         buffers = self._buffers_of(shape, tail)
         buffers.fill(shape, ids, lengths, tree, None if tail is None else tail.counts,
                      None if tail is None else tail.inputs)
@@ -232,31 +264,33 @@ class StaticStep:
         return t.clone() if self.capture else t
 
     def _buffers_of(self, shape: Shape, tail: Tail | None) -> _Buffers:
-        buffers = self._buffers.get(shape)
+        """The buffers of `shape`'s inputs, one set for all its widths."""
+        buffers = self._buffers.get(shape.inputs)
         if buffers is None:
             sizes = () if tail is None or tail.inputs is None else tail.inputs.sizes(shape.block, self.lm.vocab_size)
-            buffers = self._buffers[shape] = _Buffers(shape, self.cache, self.lm.device, sizes)
+            buffers = self._buffers[shape.inputs] = _Buffers(shape, self.cache, self.lm.device, sizes)
         return buffers
 
-    def _capture_planned(self, hidden: tuple[int, ...], tail: Tail | None, lengths: list[int]) -> None:
-        """Capture every planned shape not captured yet, on padding inputs: a token 0 at each
-        row's length (writing only slots past the rows' lengths), a tree block of padding rows,
-        counts 0, a tail's inputs as their buffers hold them."""
+    def _capture_planned(self, hidden: tuple[int, ...], tail: Tail | None, lengths: list[int], width: int) -> None:
+        """Capture every planned shape at `width` not captured yet, on padding inputs: a token 0
+        at each row's length (writing only slots past the rows' lengths), a tree block of padding
+        rows, counts 0, a tail's inputs as their buffers hold them. A width is captured at the
+        first forward that runs at it (a request longer than any before: its first step)."""
         pad = torch.zeros(1, 1, dtype=torch.long, device=self.lm.device)
         name = None if tail is None else tail.name
-        for shape in self.planned(hidden, name):
+        for shape in self.planned(hidden, name, width):
             if shape not in self.graphs:
                 buffers = self._buffers_of(shape, tail if shape.tail else None)
                 buffers.fill(shape, pad, lengths, () if shape.tree else None, [0] if shape.tail else None)
                 self.graphs.ensure(shape, partial(self._compute, shape, buffers))
-        self._warm.add((hidden, name))
+        self._warm.add((hidden, name, width))
 
     def _compute(self, shape: Shape, buffers: _Buffers) -> tuple[torch.Tensor | None, dict[int, torch.Tensor],
                                                                  torch.Tensor | None]:
         """The step, on the buffers alone (what a graph captures: no host reads, no new shapes)
         -> (logits [bucket, K, V], {key: [bucket, K, H]}, None), or with a tail (None, hidden,
         its output [bucket, C])."""
-        lm, bucket, block, width = self.lm, shape.bucket, shape.block, self.cache.width
+        lm, bucket, block, width = self.lm, shape.bucket, shape.block, shape.width
         meta = buffers.meta
         device = meta.ids.device
         starts = meta.lengths[:, None]  # [bucket, 1]: each row's length, its block's first slot
