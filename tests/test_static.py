@@ -386,6 +386,36 @@ def test_a_graphed_eagle_chain_drafts_what_the_eager_chain_drafts(head, controll
     assert graphed.proposer.graphs.captures == captures
 
 
+def test_a_graphed_eagle3_chain_attends_over_a_growing_width():
+    """A graphed EAGLE-3 feed and chain attend over the narrowest width of the head's slots
+    that holds the draft (256, 512, ...; a graph each), so a long request's drafts move to a
+    wider one as it grows: step for step they draft what the eager chain drafts, whose
+    attention reads exactly the rows cached, and the output is plain decoding's."""
+    from test_eagle3 import target4
+
+    target = target4()
+    target.model.config.max_position_embeddings = 1024
+    make = eagle_heads()["eagle3"]
+    pipes = [Pipeline(target, make(), GreedyVerifier(), FixedGamma(4),
+                      runner=make_runner(target.model, graphs=graphs, cache_len=1024)) for graphs in ("off", "on")]
+    graphs = pipes[1].proposer.graphs.graphs
+    keys, run = [], graphs.run
+    graphs.run = lambda key, compute: keys.append(key) or run(key, compute)
+    drafts, confidence = [recording(pipe) for pipe in pipes], [[], []]
+    for pipe, log in zip(pipes, confidence):  # each draft token's top probability: the head's output, to the bit
+        propose = pipe.proposer.propose
+        pipe.proposer.propose = lambda rows, gammas, propose=propose, log=log: (
+            lambda draft: log.append(draft.confidence[0, : int(draft.num_draft[0])].float()) or draft)(
+            propose(rows, gammas))
+    for length in range(244, 256):  # drafts start below 256 slots and pass them, at every offset
+        prompt = [(5 * i) % 60 + 2 for i in range(length)]
+        want = pipes[0].run(prompt, max_new_tokens=16, speculative=False).token_ids
+        assert [pipe.run(prompt, max_new_tokens=16).token_ids for pipe in pipes] == [want, want]
+    assert drafts[0] == drafts[1] and sum(len(rows[0]) for rows, _ in drafts[0]) > 100
+    torch.testing.assert_close(torch.cat(confidence[1]), torch.cat(confidence[0]), rtol=0, atol=1e-6)
+    assert {key[-1] for key in keys if key[0] == "chain"} == {256, 512}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("controller", ["fixed", "confidence"])
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])

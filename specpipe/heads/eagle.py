@@ -97,10 +97,11 @@ class SlotCache:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def at(self, slots: torch.Tensor) -> "_Slots":
-        """This cache, writing an append's rows at `slots` [n] (device) and attending over every
-        slot: the caller's mask says which to see. The length does not move (drafting rows)."""
-        return _Slots(self, slots)
+    def at(self, slots: torch.Tensor, width: int | None = None) -> "_Slots":
+        """This cache, writing an append's rows at `slots` [n] (device) and attending over its
+        first `width` slots (None: every slot): the caller's mask [.., width] says which to see.
+        The length does not move (drafting rows)."""
+        return _Slots(self, slots, width)
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -129,15 +130,15 @@ class SlotCache:
 
 
 class _Slots:
-    def __init__(self, cache: SlotCache, slots: torch.Tensor):
-        self.cache, self.slots = cache, slots
+    def __init__(self, cache: SlotCache, slots: torch.Tensor, width: int | None):
+        self.cache, self.slots, self.width = cache, slots, width
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cache = self.cache
         cache._allocate(keys, values)  # a row's first rows may come through a graph (the warm-up allocates)
         cache.keys.index_copy_(2, self.slots, keys)
         cache.values.index_copy_(2, self.slots, values)
-        return cache.keys, cache.values
+        return cache.keys[:, :, : self.width], cache.values[:, :, : self.width]
 
 
 class Attention(nn.Module):

@@ -8,8 +8,10 @@ top-ks: on a GPU some hundred small kernels, which launched one by one cost more
 computes. `HeadGraphs` runs a whole draft as one graph over persistent buffers: the root feature
 [H] (the guess of the last committed token's feature), the draft's first slot (a device scalar)
 and a chain's early-stop thresholds [γ]. Each head row is written at its slot of the row's
-`SlotCache` and attends over every slot through a mask built on the device, so no shape depends
-on a length. The feed before it writes the committed rows the same way, from buffers of
+`SlotCache` and attends through a mask built on the device over the narrowest width (256, 512,
+... slots, or all of them: `static.widths`) that holds the draft's last slot, so no shape depends
+on a length but the width's, and a short request's drafts do not read the whole cache (each
+width is a graph of its own, captured when a row's drafts first reach it). The feed before it writes the committed rows the same way, from buffers of
 `FEED_MAX` rows (its graph's key is how many a verdict kept: at most γ + 1; a longer backlog, a
 prompt's, is fed eagerly). A tree's shape is read back after the replay, as the eager search
 reads it. A sampled chain samples inside its graph from race draws made before the replay
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from specpipe.engine.graphs import Graphs
-from specpipe.engine.static import MAX_BLOCK
+from specpipe.engine.static import MAX_BLOCK, width_of
 from specpipe.heads.eagle import SlotCache
 from specpipe.proposers.eagle_tree import TreeSearch
 from specpipe.sampling import race
@@ -103,7 +105,8 @@ class HeadGraphs:
         inputs.tokens[:n].copy_(tokens)
         inputs.fed.fill_(start)
         cache = self._caches[row]
-        self.graphs.run(("feed", row, n), lambda: self._feed(inputs, n, cache, feed))
+        width = width_of(start + n, cache.capacity)
+        self.graphs.run(("feed", row, n, width), lambda: self._feed(inputs, n, cache, feed, width))
         inputs.start_at = start + n  # the feed's graph set the draft's root and first slot: no copies
         cache.filled(start + n)
         return inputs.root
@@ -139,8 +142,9 @@ class HeadGraphs:
             for i in range(gamma):
                 sampled.draw(i, draws[i])
         cache = self._caches[row]
-        compute = lambda: self._chain(inputs, gamma, cache, feed, top, sampled, draws)  # noqa: E731
-        return self.graphs.run(("chain", row, gamma, sampled is not None), compute)
+        width = width_of(start + gamma, cache.capacity)  # its rows sit at start .. start + γ - 2
+        compute = lambda: self._chain(inputs, gamma, cache, feed, top, sampled, draws, width)  # noqa: E731
+        return self.graphs.run(("chain", row, gamma, sampled is not None, width), compute)
 
     def tree(self, row: int, root: torch.Tensor, start: int, k: int, depth: int, feed: Feed,
              top: Top) -> tuple[torch.Tensor, ...]:
@@ -150,7 +154,9 @@ class HeadGraphs:
         on the host to learn that the search could stop (the CPU's eager search stops early)."""
         inputs = self._refill(row, root, start)
         cache = self._caches[row]
-        return self.graphs.run(("tree", row, k, depth), lambda: self._tree(inputs, k, depth, cache, feed, top))
+        width = width_of(start + depth * k, cache.capacity)  # its blocks' rows: start .. start + (depth - 1) · k - 1
+        return self.graphs.run(("tree", row, k, depth, width),
+                               lambda: self._tree(inputs, k, depth, cache, feed, top, width))
 
     def _inputs_of(self, row: int) -> _Inputs:
         grown = self._caches[row].grown
@@ -175,15 +181,15 @@ class HeadGraphs:
         return inputs
 
     @staticmethod
-    def _feed(inputs: _Inputs, n: int, cache: SlotCache, feed: Feed) -> None:
+    def _feed(inputs: _Inputs, n: int, cache: SlotCache, feed: Feed, width: int) -> None:
         """What a feed's graph captures: n rows at slots fed + [0, n), each attending over the
-        cache's rows before it and itself; the last row's guess is the draft's root, and the
-        slot after the rows its first slot, written into the draft's inputs."""
+        cache's rows before it and itself (within `width` slots); the last row's guess is the
+        draft's root, and the slot after the rows its first slot, written into the draft's inputs."""
         device = inputs.tokens.device
-        every = torch.arange(cache.capacity, device=device)  # [capacity] the cache's slots
+        every = torch.arange(width, device=device)  # [width] the slots attended over
         slots = inputs.fed + torch.arange(n, device=device)  # [n] the rows' slots and positions
-        mask = (every[None] <= slots[:, None])[None]  # [1, n, capacity]
-        guess = feed(inputs.features[:n], inputs.tokens[:n], slots, cache.at(slots), mask)[-1]  # [H]
+        mask = (every[None] <= slots[:, None])[None]  # [1, n, width]
+        guess = feed(inputs.features[:n], inputs.tokens[:n], slots, cache.at(slots, width), mask)[-1]  # [H]
         if inputs.root is None:  # the first capture: the root's buffer in the head's dtype
             inputs.root = torch.zeros_like(guess)
         # written, not read: a capture's warm-up and the replay after it write the same
@@ -191,13 +197,14 @@ class HeadGraphs:
         inputs.start.copy_(inputs.fed + n)
 
     def _chain(self, inputs: _Inputs, gamma: int, cache: SlotCache, feed: Feed, top: Top,
-               sampled: Sampled | None, draws: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """What a chain's graph captures: buffers in, no host read, every shape fixed by γ."""
+               sampled: Sampled | None, draws: torch.Tensor | None, width: int) -> tuple[torch.Tensor, ...]:
+        """What a chain's graph captures: buffers in, no host read, every shape fixed by γ and
+        the width attended over."""
         device = inputs.root.device
         hidden = inputs.root  # [H]
         alive = torch.ones((), dtype=torch.bool, device=device)
         count = torch.zeros((), dtype=torch.long, device=device)
-        every = torch.arange(cache.capacity, device=device)  # [capacity] the cache's slots
+        every = torch.arange(width, device=device)  # [width] the slots attended over
         tokens, probs, confidence = [], [], []
         for i in range(gamma):
             if sampled is None:
@@ -212,25 +219,25 @@ class HeadGraphs:
             alive &= ~(top_p < inputs.thresholds[i])  # a stop: later tokens are not counted
             if i + 1 < gamma:
                 slot = (inputs.start + i)[None]  # [1] this row's slot and position
-                mask = (every <= slot)[None, None]  # [1, 1, capacity] every committed row and the chain so far
-                hidden = feed(hidden[None], token[None], slot, cache.at(slot), mask)[-1]
+                mask = (every <= slot)[None, None]  # [1, 1, width] every committed row and the chain so far
+                hidden = feed(hidden[None], token[None], slot, cache.at(slot, width), mask)[-1]
         return torch.stack(tokens), torch.stack(probs) if probs else None, torch.stack(confidence), count
 
     def _tree(self, inputs: _Inputs, k: int, depth: int, cache: SlotCache, feed: Feed,
-              top: Top) -> tuple[torch.Tensor, ...]:
+              top: Top, width: int) -> tuple[torch.Tensor, ...]:
         """What a tree's graph captures: the eager search's steps (`EagleProposer._tree`), its
-        blocks' rows at slots start + (d - 1)·k + [0, k) and their masks over every slot."""
+        blocks' rows at slots start + (d - 1)·k + [0, k) and their masks over `width` slots."""
         root = inputs.root
-        every = torch.arange(cache.capacity, device=root.device)  # [capacity] the cache's slots
+        every = torch.arange(width, device=root.device)  # [width] the slots attended over
         values, ids = top(root, k)  # [k]
         search = TreeSearch(k, depth, root, values, ids)
         for d in range(1, depth):
             best = search.best()
             guesses, tokens = search.fed(best)
-            mask = search.slot_mask(best, inputs.start, every)  # [1, k, capacity]
+            mask = search.slot_mask(best, inputs.start, every)  # [1, k, width]
             slots = inputs.start + (d - 1) * k + torch.arange(k, device=root.device)  # [k]
             positions = (inputs.start + d - 1).expand(k)  # one depth: one position
-            hidden = feed(guesses, tokens, positions, cache.at(slots), mask)
+            hidden = feed(guesses, tokens, positions, cache.at(slots, width), mask)
             search.grow(best, hidden, *top(hidden, k))  # [k, k]
         made = slice(0, search.made)
         return search.scores[made], search.tokens[made], search.parents[made], search.depths[made]
