@@ -258,7 +258,8 @@ def test_generations_run_only_planned_shapes_captured_once(kernels, device):
     if kernels == "exact":
         assert planned == {Shape(4, widest, False, (), "greedy", WIDTH_MIN)}  # the bucket of the cache's rows, K
     else:
-        assert planned == {Shape(b, k, False, (), "greedy", WIDTH_MIN) for b in (1, 2, 4) for k in (1, 2, 4, widest)} | {
+        assert planned == {Shape(b, k, False, (), "greedy", WIDTH_MIN)
+                           for b in (1, 2, 4) for k in (1, 2, 4, widest)} | {
             Shape(1, k, True, (), None, WIDTH_MIN) for k in (2, 4, widest)}
     pipe.generate_batch([REPEATING, PROMPT, [3, 60, 22]], max_new_tokens=16)
     captures = static.captures

@@ -9,14 +9,14 @@ the rows' lengths (a device tensor the host fills each step), so no shape depend
 (gpt-fast; vLLM's uniform decode). The width is a bucket (`widths`: 256, 512, 1024, ... slots,
 and the whole allocation) of what the rows will hold: their requests' prompts and budgets where
 the runner was told them (`Runner.expect`), else their lengths after the block. A request's
-steps then all attend over one width, and a short request does not read the keys of a long
-one's slots (static caches attending over the whole allocation are what made transformers'
-StaticCache slower than its dynamic cache). Keys past a row's position are masked whatever the
-width, and the kernels' reductions over them add exact zeros, so a row's result does not depend
-on the width (tests/test_static.py checks it bitwise). On CUDA each shape is captured once as a CUDA graph
-(graphs.py) and replayed: a step copies its ids and lengths into the buffers (one copy from
-pinned memory) and launches one graph. A forward's `Tail` (the greedy or rejection verdict, a
-draft model's pick) runs inside the graph after the logits, reading its inputs (a sampling
+steps then all attend over one width, and a short request does not read the keys of a long one's
+slots (static caches attending over the whole allocation are what made transformers' StaticCache
+slower than its dynamic cache). Keys past a row's position are masked whatever the width, and
+the kernels' reductions over them add exact zeros, so a row's result does not depend on the
+width (tests/test_static.py checks it bitwise). On CUDA each shape is captured once as a CUDA
+graph (graphs.py) and replayed: a step copies its ids and lengths into the buffers (one copy
+from pinned memory) and launches one graph. A forward's `Tail` (the greedy or rejection verdict,
+a draft model's pick) runs inside the graph after the logits, reading its inputs (a sampling
 verdict's draws) from buffers of its own, and only its output leaves it. On the CPU the same
 code runs eagerly: what the tests check there.
 

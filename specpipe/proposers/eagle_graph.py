@@ -9,16 +9,16 @@ computes. `HeadGraphs` runs a whole draft as one graph over persistent buffers: 
 [H] (the guess of the last committed token's feature), the draft's first slot (a device scalar)
 and a chain's early-stop thresholds [γ]. Each head row is written at its slot of the row's
 `SlotCache` and attends through a mask built on the device over the narrowest width (256, 512,
-... slots, or all of them: `static.widths`) that holds the draft's last slot, so no shape depends
-on a length but the width's, and a short request's drafts do not read the whole cache (each
-width is a graph of its own, captured when a row's drafts first reach it). The feed before it writes the committed rows the same way, from buffers of
-`FEED_MAX` rows (its graph's key is how many a verdict kept: at most γ + 1; a longer backlog, a
-prompt's, is fed eagerly). A tree's shape is read back after the replay, as the eager search
-reads it. A sampled chain samples inside its graph from race draws made before the replay
-(`sampling.race_draws`): each row's draws come from its own host-seeded generator, which a
-graph cannot reseed, so the draws go into a buffer the graph reads, the same numbers the eager
-chain draws. On the CPU the same code runs without capture (graphs.py), which is what the tests
-check.
+... slots, or all of them: `static.widths`) that holds the draft's last slot, so no shape
+depends on a length but the width's, and a short request's drafts do not read the whole cache
+(each width is a graph of its own, captured when a row's drafts first reach it). The feed before
+it writes the committed rows the same way, from buffers of `FEED_MAX` rows (its graph's key is
+how many a verdict kept: at most γ + 1; a longer backlog, a prompt's, is fed eagerly). A tree's
+shape is read back after the replay, as the eager search reads it. A sampled chain samples
+inside its graph from race draws made before the replay (`sampling.race_draws`): each row's
+draws come from its own host-seeded generator, which a graph cannot reseed, so the draws go into
+a buffer the graph reads, the same numbers the eager chain draws. On the CPU the same code runs
+without capture (graphs.py), which is what the tests check.
 """
 
 from __future__ import annotations
