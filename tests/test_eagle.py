@@ -352,3 +352,38 @@ def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target
                        ("proposer.lookup_max=2", "1 <= lookup_min <= lookup_max")):
         with pytest.raises(SpecpipeError, match=words):
             Pipeline.from_config(compose([*base, "proposer.lookup=true", bad]))
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_decoding_head_stacks_its_projections_and_follows_its_weights(kind):
+    """In decoding (no autograd) a head's q, k, v projections are one matmul, its gate and up
+    another, over weights stacked once, and its output projections add the residual inside
+    their GEMM (five kernels fewer a head call on a GPU): the outputs are the Linears' one by
+    one (float64). A weight changed in place, as a training step changes it, is followed."""
+    from test_eagle3 import random_head
+
+    torch.manual_seed(3)
+    head = random_head(2) if kind == "eagle3" else EagleHead(SHAPE).double().eval()
+    if kind == "eagle":
+        with torch.no_grad():
+            for p in head.parameters():
+                p.normal_(0.0, 0.3)
+    embeds, features = torch.randn(1, 6, 32, dtype=torch.float64), torch.randn(1, 6, 32, dtype=torch.float64)
+    positions = torch.arange(6)[None]
+    layer = head.layers[0]
+
+    def both():
+        with torch.enable_grad():  # the training path: each Linear alone, the adds apart
+            want = head(embeds, features, positions).detach()
+        with torch.inference_mode():
+            got = head(embeds, features, positions)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        return got
+
+    before = both()
+    assert set(layer.self_attn.__dict__["_stacked"]) == {("q_proj", "k_proj", "v_proj")}
+    assert set(layer.mlp.__dict__["_stacked"]) == {("gate_proj", "up_proj")}
+    with torch.no_grad():  # an optimizer's step: in place
+        layer.self_attn.k_proj.weight.mul_(1.5)
+        layer.mlp.up_proj.weight.add_(0.05)
+    assert not torch.allclose(both(), before)

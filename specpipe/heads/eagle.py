@@ -158,12 +158,14 @@ class Attention(nn.Module):
         self.register_buffer("freqs", torch.cat([-inv_freq, inv_freq]), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                cache: HeadCache | None) -> torch.Tensor:
-        """x [B, n, width]; positions [B, n]; mask [B, n, past + n] bool (None: causal); -> [B, n, H]."""
+                cache: HeadCache | None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, n, width]; positions [B, n]; mask [B, n, past + n] bool (None: causal); -> [B, n, H],
+        added to `residual` [B, n, H] where one is given."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, n, d]
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._project(x)
+        q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, n, d]
+        k = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = self._tables(positions)  # one pair of tables for q and k
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if cache is not None:  # the earlier rows (decoding) or unrolled steps (training)
@@ -176,7 +178,16 @@ class Attention(nn.Module):
                 past = k.shape[2] - n
                 mask = torch.ones(n, past + n, dtype=torch.bool, device=k.device).tril(past)[None]
             out = self._grouped(q, k, v, mask)  # (None: a chain's draft row sees every row cached)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return project_add(self.o_proj, out.transpose(1, 2).reshape(b, n, -1), residual)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, n, heads · d or kv heads · d] of x: one matmul over the stacked weights in
+        decoding (`stacked`), three Linears where gradients flow."""
+        weight = None if torch.is_grad_enabled() else stacked(self, ("q_proj", "k_proj", "v_proj"))
+        if weight is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        d = self.head_dim
+        return F.linear(x, weight).split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1)
 
     def _grouped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention with each kv head's query heads folded into its rows, as the target's stack
@@ -227,8 +238,41 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(shape.hidden_size, shape.intermediate_size, bias=False)
         self.down_proj = nn.Linear(shape.intermediate_size, shape.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, n, H] -> [B, n, H], added to `residual` where one is given; the gate and up
+        projections one matmul in decoding (`stacked`)."""
+        weight = None if torch.is_grad_enabled() else stacked(self, ("gate_proj", "up_proj"))
+        gate, up = (self.gate_proj(x), self.up_proj(x)) if weight is None else F.linear(x, weight).chunk(2, -1)
+        return project_add(self.down_proj, F.silu(gate) * up, residual)
+
+
+def stacked(module: nn.Module, names: tuple[str, ...]) -> torch.Tensor | None:
+    """The weights of `module`'s Linears `names` stacked along their outputs [Σ out, in], so a
+    decoding step computes them in one matmul (one kernel on a GPU, where each was one). Kept
+    on the module while every weight is unchanged: the same storage at the same version (a
+    training step, a load or a move makes a new one). None where one is not a plain Linear
+    without bias (a packed CPU kernel computes its own). Decoding only: no gradient flows
+    through it."""
+    linears = [getattr(module, name) for name in names]
+    if not all(type(m) is nn.Linear and m.bias is None for m in linears):
+        return None
+    key = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in linears)
+    kept = module.__dict__.setdefault("_stacked", {})
+    if names not in kept or kept[names][0] != key:
+        kept[names] = key, torch.cat([m.weight for m in linears])
+    return kept[names][1]
+
+
+def project_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """residual + linear(x) (linear(x) where residual is None), x [B, n, in], residual
+    [B, n, out]: in decoding one GEMM that adds (`addmm`, beta = 1), one kernel where the
+    matmul and the add were two, where the Linear is a plain one without bias."""
+    if residual is None:
+        return linear(x)
+    if torch.is_grad_enabled() or type(linear) is not nn.Linear or linear.bias is not None:
+        return residual + linear(x)
+    rows = x.reshape(-1, x.shape[-1])
+    return torch.addmm(residual.reshape(-1, residual.shape[-1]), rows, linear.weight.t()).view(residual.shape)
 
 
 class DecoderLayer(nn.Module):
@@ -241,8 +285,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(shape)
 
     def forward(self, x, positions, mask, cache):
-        x = x + self.self_attn(x, positions, mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(x, positions, mask, cache, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class EagleHead(nn.Module):

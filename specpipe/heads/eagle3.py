@@ -80,8 +80,8 @@ class Eagle3Layer(nn.Module):
         normed = self.hidden_norm(features)
         residual = normed if self.norm_before_residual else features
         x = torch.cat([self.input_layernorm(embeds), normed], -1)  # [B, n, 2H]
-        x = residual + self.self_attn(x, positions, mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(x, positions, mask, cache, residual=residual)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class Eagle3Head(nn.Module):
