@@ -19,10 +19,10 @@
 #   5. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
 #      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3");
 #   6. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
-#   7. reads back to the host and kernel launches outside graphs per step; ngram with eager steps
-#      and with kernels=fast;
+#   7. reads back to the host and kernel launches outside graphs per step;
 #   8. attention a layer by width (256 to 2,112 slots) and layout (the stack's grouped queries,
-#      or each token its own batch entry), and the SDPA backend each takes;
+#      or each token its own batch entry), and the SDPA backend each takes; ngram with eager
+#      steps and with kernels=fast;
 #   9. the aims of the GPU engine, met or not (benchmarks/gpu_report.py --aims).
 # Each result lands in $OUT/report.md as soon as it is measured; $OUT holds at most 8 files
 # (logs and results.json files are packed into more.tar.gz).
@@ -122,15 +122,16 @@ within 60 python benchmarks/step_reads.py --device "$DEVICE" --model smollm2-135
     >> "$REPORT" 2> "$MORE/step_reads.log" || echo "(failed or cut: see step_reads.log in more.tar.gz)" >> "$REPORT"
 echo >> "$REPORT"; packed
 
+echo "## Attention a layer, by width and layout (random values)" >> "$REPORT"; started
+within 40 python benchmarks/attention_cost.py --device "$DEVICE" >> "$REPORT" 2> "$MORE/attention.log" \
+    || echo "(failed or cut: see attention.log in more.tar.gz)" >> "$REPORT"
+echo >> "$REPORT"; packed
+
 started
 bench ngram-eager 45 proposer=ngram gamma=4 graphs=off prompts=dev
 bench ngram-fast 45 proposer=ngram gamma=4 kernels=fast prompts=dev
 table "ngram: eager steps, static exact (above), static fast" ngram-eager ngram ngram-fast
 
-echo "## Attention a layer, by width and layout (random values)" >> "$REPORT"; started
-within 40 python benchmarks/attention_cost.py --device "$DEVICE" >> "$REPORT" 2> "$MORE/attention.log" \
-    || echo "(failed or cut: see attention.log in more.tar.gz)" >> "$REPORT"
-echo >> "$REPORT"; packed
 { echo "## The GPU engine's aims"; python benchmarks/gpu_report.py --aims "$MORE"; echo; } >> "$REPORT"
 echo "<!-- done at ${SECONDS}s -->" >> "$REPORT"; packed
 echo "results in $OUT/ (report.md; logs in more.tar.gz)"
