@@ -387,3 +387,6 @@ def test_a_decoding_head_stacks_its_projections_and_follows_its_weights(kind):
         layer.self_attn.k_proj.weight.mul_(1.5)
         layer.mlp.up_proj.weight.add_(0.05)
     assert not torch.allclose(both(), before)
+    with torch.inference_mode():  # a head moved under inference mode: its weights track no version
+        head.to(torch.float32).to(torch.float64)
+        both()

@@ -256,11 +256,17 @@ def stacked(module: nn.Module, names: tuple[str, ...]) -> torch.Tensor | None:
     linears = [getattr(module, name) for name in names]
     if not all(type(m) is nn.Linear and m.bias is None for m in linears):
         return None
-    key = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in linears)
+    key = tuple((m.weight.data_ptr(), _version(m.weight), m.weight.dtype) for m in linears)
     kept = module.__dict__.setdefault("_stacked", {})
     if names not in kept or kept[names][0] != key:
         kept[names] = key, torch.cat([m.weight for m in linears])
     return kept[names][1]
+
+
+def _version(weight: torch.Tensor) -> int:
+    """A weight's in-place changes so far; an inference tensor (made under `inference_mode`,
+    where no training step runs) tracks none: -1."""
+    return -1 if weight.is_inference() else weight._version
 
 
 def project_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
