@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -124,7 +125,8 @@ def main() -> None:
         for block in args.blocks:
             for width in args.widths:
                 calls = layouts(heads, kv, dim, block, width, args.device, dtype)
-                cost = {name: attempt(call, calls["grouped"][0], args) for name, (call, _) in calls.items()}
+                cost = {name: attempt(call, calls["grouped"][0], args, f"{model} K={block} width={width} {name}")
+                        for name, (call, _) in calls.items()}
                 ratio = (f"{cost['tokens'] / cost['grouped']:.2f}"
                          if all(isinstance(c, float) for c in cost.values()) else "-")
                 cells = [f"{c:.2f}" if isinstance(c, float) else c for c in cost.values()]
@@ -132,13 +134,14 @@ def main() -> None:
                       f"{backend(calls['grouped'][1]())}, {backend(calls['tokens'][1]())} |", flush=True)
 
 
-def attempt(call, reference, args) -> float | str:
+def attempt(call, reference, args, what: str) -> float | str:
     """µs a call, checked against the stack's layout first; a layout a device refuses is a
-    table cell ("failed: ..."), not the end of the table."""
+    table cell ("failed: ..."; the error in full on stderr), not the end of the table."""
     try:
         torch.testing.assert_close(call(), reference(), rtol=2e-2, atol=2e-2)  # the same attention
         return timed(call, args.device, args.repeats)
     except Exception as error:  # noqa: BLE001 (what the device refused is the result)
+        print(f"{what}: {error!r}", file=sys.stderr)
         return f"failed: {type(error).__name__}"
 
 

@@ -4,7 +4,8 @@
 # device tensors mixed, a host tensor indexed by device indices, a host generator drawing into a
 # device tensor, a CPU-only kernel) is counted at the end. Run it before spending GPU time on a
 # change. It cannot show timings, kernels or graph capture (graphed computations run eagerly),
-# the profiler's CUDA activity (step_profile.py is cut), the compiled engine rows (dynamo and
+# the profiler's CUDA activity (step_profile.py is cut), attention_cost.py's timings (its CUDA
+# graphs: every cell reads "failed"), the compiled engine rows (dynamo and
 # inductor call CUDA itself: "Torch not compiled with CUDA enabled"), host reads per step
 # (the simulation counts each twice, so the CUDA tests that count reads or captures fail), or
 # launches per step in step_reads.py's cuda table (counted by device below the simulation, where
