@@ -387,6 +387,19 @@ def test_a_graphed_eagle_chain_drafts_what_the_eager_chain_drafts(head, controll
     assert graphed.proposer.graphs.captures == captures
 
 
+def confidences(pipe: Pipeline) -> list:
+    """Each step's draft confidence (row 0, the tokens counted), from now on."""
+    propose, log = pipe.proposer.propose, []
+
+    def logged(rows, gammas):
+        draft = propose(rows, gammas)
+        log.append(draft.confidence[0, : int(draft.num_draft[0])].float())
+        return draft
+
+    pipe.proposer.propose = logged
+    return log
+
+
 def test_a_graphed_eagle3_chain_attends_over_a_growing_width():
     """A graphed EAGLE-3 feed and chain attend over the narrowest width of the head's slots
     that holds the draft (256, 512, ...; a graph each), so a long request's drafts move to a
@@ -402,12 +415,8 @@ def test_a_graphed_eagle3_chain_attends_over_a_growing_width():
     graphs = pipes[1].proposer.graphs.graphs
     keys, run = [], graphs.run
     graphs.run = lambda key, compute: keys.append(key) or run(key, compute)
-    drafts, confidence = [recording(pipe) for pipe in pipes], [[], []]
-    for pipe, log in zip(pipes, confidence):  # each draft token's top probability: the head's output, to the bit
-        propose = pipe.proposer.propose
-        pipe.proposer.propose = lambda rows, gammas, propose=propose, log=log: (
-            lambda draft: log.append(draft.confidence[0, : int(draft.num_draft[0])].float()) or draft)(
-            propose(rows, gammas))
+    drafts = [recording(pipe) for pipe in pipes]
+    confidence = [confidences(pipe) for pipe in pipes]  # each draft token's top probability: the head's output
     for length in range(244, 256):  # drafts start below 256 slots and pass them, at every offset
         prompt = [(5 * i) % 60 + 2 for i in range(length)]
         want = pipes[0].run(prompt, max_new_tokens=16, speculative=False).token_ids
