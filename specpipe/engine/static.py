@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cache, partial
 
 import torch
 
@@ -81,14 +81,15 @@ def bucket_of(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
-def widths(full: int) -> list[int]:
+@cache
+def widths(full: int) -> tuple[int, ...]:
     """The attention widths a static step runs at over a cache of `full` slots a row: powers of
-    two from `WIDTH_MIN` below it, then `full` itself."""
+    two from `WIDTH_MIN` below it, then `full` itself (once per cache: every step asks)."""
     out, width = [], WIDTH_MIN
     while width < full:
         out.append(width)
         width *= 2
-    return out + [full]
+    return (*out, full)
 
 
 def width_of(needed: int, full: int) -> int:
