@@ -2,6 +2,7 @@
 
     python benchmarks/suffix.py --model smollm2-135m [--per-category 2] [--tokens 128]
                                 [--gamma-ngram 4] [--gamma-suffix 8] [--passes 2]
+                                [--head-recipe recipes/smollm2-135m/eagle.yaml]
 
 One process, one target (its configured precision, native engine), greedy. Each pass serves the
 dev prompts (`--per-category` of each category) in order; for every prompt the plain target,
@@ -10,6 +11,10 @@ the same prompt in the same pass. The suffix proposer keeps its global tree acro
 passes (what a server would): on the second pass it has seen every answer once. Prints one line
 per run and, per pass, a table: tokens/s of the plain target, each proposer's speedup (mean of
 per-prompt speedups), τ and whether every greedy output equals the plain target's.
+
+With --head-recipe (a recipe of EAGLE or EAGLE-3 heads), that recipe runs too, once with
+each lookup before its head (`proposer.lookup=ngram` and `=suffix`, whose global tree, like
+proposer=suffix's, keeps every answer it served).
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ def pipelines(args) -> dict[str, Pipeline]:
             f"ngram γ={args.gamma_ngram}": on_target(NgramProposer(4, 2), args.gamma_ngram),
             f"suffix γ≤{args.gamma_suffix}": on_target(suffix.build(
                 context=None, tree=not args.chain, min_token_prob=args.min_token_prob,
-                max_spec_factor=args.max_spec_factor), args.gamma_suffix)}
+                max_spec_factor=args.max_spec_factor), args.gamma_suffix),
+            **{f"head+{lookup}": Pipeline.from_config(compose([f"recipe={args.head_recipe}", f"proposer.lookup={lookup}"]))
+               for lookup in (("ngram", "suffix") if args.head_recipe else ())}}
 
 
 def main() -> None:
@@ -55,6 +62,7 @@ def main() -> None:
     parser.add_argument("--min-token-prob", type=float, default=0.1)
     parser.add_argument("--max-spec-factor", type=float, default=1.0)
     parser.add_argument("--categories", nargs="+", default=CATEGORIES)
+    parser.add_argument("--head-recipe", help="also this recipe of heads, with an ngram and with a suffix lookup")
     args = parser.parse_args()
     torch.manual_seed(0)
     pipes = pipelines(args)

@@ -19,9 +19,10 @@ from specpipe.heads.io import load_eagle, save_eagle
 from specpipe.engine import FINAL, make_runner
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
-from specpipe.proposers.eagle import EagleProposer, TreeShape
+from specpipe.proposers.eagle import EagleProposer, TreeShape, make_lookup
 from specpipe.proposers.eagle_tree import rerank
 from specpipe.proposers.ngram import NgramProposer
+from specpipe.proposers.suffix import SuffixProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
@@ -306,25 +307,31 @@ def test_steps_without_a_draft_keep_every_row_for_the_head():
     assert out.token_ids == plain.token_ids
 
 
-class CountingLookup(NgramProposer):
-    """Prompt lookup that counts the drafts it found (to show a run used both sources)."""
+def counting(lookup):
+    """`lookup` counting the drafts it found (to show a run used both sources) in `lookup.found`."""
+    find = lookup.lookup
 
-    found = 0
-
-    def lookup(self, committed, gamma, row=None):
-        block = super().lookup(committed, gamma, row)
-        self.found += block is not None
+    def counted(*args, **kwargs):
+        block = find(*args, **kwargs)
+        lookup.found += block is not None
         return block
+    lookup.found, lookup.lookup = 0, counted
+    return lookup
+
+
+LOOKUPS = {"ngram": lambda: NgramProposer(ngram_max=3, ngram_min=1),
+           "suffix": lambda: make_lookup("suffix", 3, 4, lookup_score=1.0)}
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 8)])
 @pytest.mark.parametrize("gamma", [1, 4])
-def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(tree, gamma):
-    """proposer.lookup: steps drafted by prompt lookup feed the head nothing; its rows wait and
+@pytest.mark.parametrize("method", LOOKUPS)
+def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(tree, gamma, method):
+    """proposer.lookup: steps drafted by the lookup feed the head nothing; its rows wait and
     are fed at the head's next draft, so the head cache still equals one pass over every
     committed (feature, next token) pair, and the output equals plain decoding."""
-    target = tiny_target()
-    lookup = CountingLookup(ngram_max=3, ngram_min=1)
+    target = tiny_target(eos=2)  # its greedy text runs the whole budget: no block accepts past a stop token
+    lookup = counting(LOOKUPS[method]())
     proposer = EagleProposer(random_head(8), GREEDY, tree, lookup=lookup)
     plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(gamma), tokens=60)
     for out in outs:
@@ -348,10 +355,15 @@ def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target
     assert (pipeline.proposer.lookup.ngram_min, pipeline.proposer.lookup.ngram_max) == (1, 4)
     spec = pipeline.run(PROMPT, max_new_tokens=24)
     assert spec.token_ids == pipeline.run(PROMPT, max_new_tokens=24, speculative=False).token_ids
+    suffix = Pipeline.from_config(compose([*base, "proposer.lookup=suffix", "proposer.lookup_score=1.5"]))
+    assert isinstance(suffix.proposer.lookup, SuffixProposer) and suffix.proposer.lookup.min_score == 1.5
+    assert suffix.run(PROMPT, max_new_tokens=24).token_ids == spec.token_ids
     for bad, words in (("proposer.lookup_min=abc", "is not an integer"),
-                       ("proposer.lookup_max=2", "1 <= lookup_min <= lookup_max")):
+                       ("proposer.lookup_max=2", "1 <= lookup_min <= lookup_max"),
+                       ("proposer.lookup=prefix", "is not a lookup: use ngram"),
+                       ("proposer.lookup_score=-1", "lookup_score=-1 must be a number of tokens")):
         with pytest.raises(SpecpipeError, match=words):
-            Pipeline.from_config(compose([*base, "proposer.lookup=true", bad]))
+            Pipeline.from_config(compose([*base, *([] if "lookup=" in bad else ["proposer.lookup=true"]), bad]))
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

@@ -10,7 +10,8 @@ from conftest import PROMPT, feed, one_row, tiny_target
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Pipeline
-from specpipe.proposers.suffix import NODE_BYTES, RequestCache, SuffixTree, build, grow, validate_options
+from specpipe.proposers.suffix import (NODE_BYTES, RequestCache, SuffixProposer, SuffixTree, build, grow,
+                                      validate_options)
 from specpipe.sampling import SamplingParams
 from specpipe.types import DraftTree
 from specpipe.verifiers.greedy import GreedyVerifier
@@ -98,6 +99,29 @@ def test_a_long_match_earns_a_long_draft():
     short = list(range(2, 30)) + [2, 3]
     suffix.prefill(0, short, None)
     assert suffix.propose_row(0, one_row(short), 16).tokens.tolist() == [4, 5]  # match 2 -> 2 tokens
+
+
+def test_as_a_lookup_a_draft_is_taken_only_where_its_score_reaches_the_bar():
+    """proposer.lookup=suffix: a draft whose score (expected accepted tokens) is below
+    `min_score` (None: the step's γ), or that follows a match shorter than `min_match`, is not
+    worth skipping the head for: None, the head drafts."""
+    lookup = lambda min_score: SuffixProposer(RequestCache(24, 1000, 50000), min_score=min_score)  # noqa: E731
+    prompt = list(range(2, 30)) + list(range(2, 12))  # the end repeats the start once: each next token 1/2
+    strict, loose = lookup(None), lookup(2.5)
+    for suffix in (strict, loose):
+        suffix.prefill(0, prompt, None)
+    assert strict.lookup(prompt, 6, 0) is None  # scores 6 × 1/2 = 3 < γ = 6
+    assert loose.lookup(prompt, 6, 0).tokens.tolist() == list(range(12, 18))  # 3 >= 2.5
+    assert loose.lookup(prompt, 4, 0) is None  # 4 tokens score 2 < 2.5
+    assert loose.propose_row(0, one_row(prompt), 4).tokens.tolist() == [12, 13, 14, 15]  # a proposer: any score
+    longer = SuffixProposer(RequestCache(24, 1000, 50000), min_score=0.0, min_match=11)
+    longer.prefill(0, prompt, None)
+    assert longer.lookup(prompt, 6, 0) is None  # the text's end matches 10 tokens: fewer than min_match
+    # a finished request (`release`) joins the global tree, where its text is the one continuation
+    strict.release(0, prompt + list(range(12, 30)))
+    asked = [50, 51, *range(2, 12)]
+    strict.prefill(1, asked, None)
+    assert strict.lookup(asked, 6, 1).tokens.tolist() == list(range(12, 18))  # each token certain: 6 = γ
 
 
 def exhaustive(suffix, row: int, committed: list[int], gamma: int, branch: bool) -> tuple[list[int], list[int]]:

@@ -18,12 +18,14 @@ tree mask on the head's cache), then rerank every node made and keep the best `n
 Since a child's score never exceeds its parent's, the kept set is a tree, and the expansion
 stops early once `nodes` nodes outscore the whole frontier (deeper nodes could not be kept).
 
-With `lookup` (prompt lookup, proposer=ngram's matcher) a step first looks for an earlier
-occurrence of the text's last n tokens and, when one is found, drafts what followed it instead
-of asking the head: Arctic Inference's hybrid of suffix decoding and a model speculator. Lookup
-wins where the answer copies its input (code edits, summaries), the head where there is nothing
-to copy (chat, math). The head skips those steps; their committed rows wait in `pending` and
-are fed, in order, at its next draft, so its cache stays exact.
+With `lookup` a step first tries a model-free draft and asks the head only where it finds
+none: `ngram` (prompt lookup, proposer=ngram's matcher) drafts what followed an earlier
+occurrence of the text's last n tokens; `suffix` (proposer=suffix's trees, over this request
+and earlier requests' answers) drafts where its draft's score reaches `lookup_score`: Arctic
+Inference's hybrid of suffix decoding and a model speculator. A lookup wins where the answer
+copies its input or an earlier answer (code edits, summaries, repeated requests), the head where
+there is nothing to copy (chat, math). The head skips those steps; their committed rows wait
+in `pending` and are fed, in order, at its next draft, so its cache stays exact.
 
 Where the target's steps are graphed (CUDA graphs on a GPU) a chain, greedy or sampled, and a
 tree search run as one graph each (eagle_graph.py) over a head cache of preallocated slots.
@@ -47,10 +49,12 @@ from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.eagle_graph import HeadGraphs, Sampled
 from specpipe.proposers.eagle_tree import TreeSearch, rerank
 from specpipe.proposers.ngram import NgramProposer
+from specpipe.proposers.suffix import RequestCache, SuffixProposer
 from specpipe.sampling import DRAFT, SamplingParams, race_draws, sample
 from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
+SUFFIX_DEPTH, SUFFIX_REQUESTS, SUFFIX_TOKENS = 24, 1000, 50000  # a suffix lookup's trees: conf/proposer/suffix.yaml's
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ class _HeadRow:
 class EagleProposer(RowProposer):
     def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
                  quantize: str = "none", layers: tuple[int, ...] = (FINAL,),
-                 draft_lm: Callable[[Runner], "DraftLM"] | None = None, lookup: NgramProposer | None = None):
+                 draft_lm: Callable[[Runner], "DraftLM"] | None = None,
+                 lookup: NgramProposer | SuffixProposer | None = None):
         """layers: the target's hidden-state keys the head reads, in the order its `fuse` takes
         them; draft_lm: target -> the head's token scorer (default: the target's LM-head rows
         of the head's draft vocabulary, in the `quantize` precision); lookup: prompt lookup
@@ -133,7 +138,7 @@ class EagleProposer(RowProposer):
     @torch.inference_mode()
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
         if self.lookup is not None:
-            copied = self.lookup.lookup(rows.tokens[row], gamma, row)
+            copied = self.lookup.lookup(rows.tokens[row], gamma, row, trees=rows.trees and self.tree is not None)
             if copied is not None:
                 return copied  # the head's pending rows wait for its next draft
         state = self.rows[row]
@@ -157,10 +162,15 @@ class EagleProposer(RowProposer):
             return "a tree draft's mask differs per row, which the batched forward does not take yet"
         return None
 
+    def release(self, row: int, tokens: list[int]) -> None:
+        if self.lookup is not None:  # a suffix lookup's global tree takes the finished output
+            self.lookup.release(row, tokens)
+
     def memory(self) -> dict[str, int]:
         rows = 0 if self.lm is None or self.lm.rows is None else module_bytes(self.lm.rows)
+        lookup = {} if self.lookup is None else self.lookup.memory()
         return {"heads": module_bytes(self.head) + rows,
-                "head KV cache": sum(state.cache.bytes() for state in self.rows.values())}
+                "head KV cache": sum(state.cache.bytes() for state in self.rows.values()), **lookup}
 
     def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
         for row, state in self.rows.items():
@@ -310,8 +320,9 @@ def _span(start: int, count: int, device: torch.device) -> torch.Tensor:
 
 
 def validate_options(options: dict) -> None:
-    """EAGLE-2's tree shape and the lookup's match lengths, checked before the head loads."""
-    make_lookup(True, options.get("lookup_min", 3), options.get("lookup_max", 4))
+    """EAGLE-2's tree shape and the lookup's settings, checked before the head loads."""
+    make_lookup(options.get("lookup", False), options.get("lookup_min", 3), options.get("lookup_max", 4),
+                options.get("lookup_score"))
     tree = options.get("tree")
     if tree is not None and (set(tree) - {"top_k", "nodes"} or not all(type(v) is int for v in tree.values())):
         raise SpecpipeError(f"proposer.tree={tree!r} must be {{top_k: N, nodes: M}} with integers, e.g. "
@@ -320,33 +331,52 @@ def validate_options(options: dict) -> None:
         TreeShape(**tree)
 
 
-def make_lookup(lookup: bool, lookup_min: int, lookup_max: int) -> NgramProposer | None:
-    """proposer.lookup=true: prompt lookup over matches of lookup_min..lookup_max tokens
-    (proposer=ngram's ngram_min / ngram_max; vLLM's prompt_lookup_min / _max); false: none."""
+LOOKUPS = ("ngram", "suffix")  # proposer.lookup's methods (true: ngram)
+
+
+def make_lookup(lookup: bool | str, lookup_min: int, lookup_max: int,
+                lookup_score: float | None = None) -> NgramProposer | SuffixProposer | None:
+    """proposer.lookup=ngram (or true): prompt lookup over matches of lookup_min..lookup_max
+    tokens (proposer=ngram's ngram_min / ngram_max; vLLM's prompt_lookup_min / _max), whose
+    every match drafts; suffix: suffix decoding with proposer=suffix's defaults, whose draft is
+    taken where its score (expected accepted tokens) reaches lookup_score (null: the step's γ,
+    Arctic Inference's rule beside its speculator, which leaves weaker heads too many steps;
+    default 1: on a single pass it drafts about as ngram does, and it also matches earlier
+    requests' answers); false: none."""
+    method = ("ngram" if lookup else None) if type(lookup) is bool else lookup
+    if method is not None and method not in LOOKUPS:
+        raise SpecpipeError(f"proposer.lookup={lookup!r} is not a lookup: use ngram (or true), suffix, or false.")
     if not (type(lookup_min) is int and type(lookup_max) is int and 1 <= lookup_min <= lookup_max):
         raise SpecpipeError(f"proposer.lookup_min={lookup_min!r} and proposer.lookup_max={lookup_max!r} must be "
                             "integers with 1 <= lookup_min <= lookup_max (e.g. lookup_min=3 lookup_max=4).")
-    return NgramProposer(ngram_max=lookup_max, ngram_min=lookup_min) if lookup else None
+    if lookup_score is not None and (type(lookup_score) not in (int, float) or lookup_score < 0):
+        raise SpecpipeError(f"proposer.lookup_score={lookup_score!r} must be a number of tokens >= 0 (e.g. 2.5), "
+                            "or null for the step's γ.")
+    if method == "suffix":
+        cache = RequestCache(SUFFIX_DEPTH, SUFFIX_REQUESTS, SUFFIX_TOKENS)
+        return SuffixProposer(cache, min_score=lookup_score, min_match=lookup_min)
+    return NgramProposer(ngram_max=lookup_max, ngram_min=lookup_min) if method == "ngram" else None
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "auto", lookup: bool = False,
-          lookup_min: int = 3, lookup_max: int = 4) -> EagleProposer:
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "auto", lookup: bool | str = False,
+          lookup_min: int = 3, lookup_max: int = 4, lookup_score: float | None = 1.0) -> EagleProposer:
     """heads: a folder written by `specpipe train proposer=eagle` (checked against the target
     before any weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a
     chain; quantize: the head's precision (drafts may use any: the target verifies them);
-    lookup: prompt lookup (matches of lookup_min..lookup_max tokens) tried before the head each
-    step (false: the head only)."""
+    lookup: ngram (or true; matches of lookup_min..lookup_max tokens) or suffix (drafts scoring
+    lookup_score) tried before the head each step (false: the head only; see `make_lookup`)."""
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     quantize = quantize if context.device == "cpu" else "none"  # packed kernels are the CPU's; a head is small
     shape = None if tree is None else TreeShape(**dict(tree))
     # float32 first whatever the file holds: plain half-precision Linear layers are slow on CPUs
     # without native half arithmetic (this one has none); fbgemm's kernels read fp16 and compute in fp32
     head = quantize_model(load_eagle(heads).float(), quantize)
-    return EagleProposer(head, context.sampling, shape, quantize, lookup=make_lookup(lookup, lookup_min, lookup_max))
+    lookup = make_lookup(lookup, lookup_min, lookup_max, lookup_score)
+    return EagleProposer(head, context.sampling, shape, quantize, lookup=lookup)
 
 
 def lookup_warning(plan, engine: str) -> None:
-    """The lookup runs in specpipe only: neither serving engine pairs prompt lookup with a head."""
+    """The lookup runs in specpipe only: neither serving engine pairs a lookup with a head."""
     if plan.options.get("lookup"):
         plan.warnings.append(f"proposer.lookup: {engine} has no prompt lookup beside an EAGLE head (one method per "
                              "server); exported as the head alone.")

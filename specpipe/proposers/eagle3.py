@@ -36,19 +36,20 @@ def validate_options(options: dict) -> None:
     _validate_tree(options)
 
 
-def build(*, context, heads: str, tree: dict | None = None, quantize: str = "auto", lookup: bool = False,
-          lookup_min: int = 3, lookup_max: int = 4) -> EagleProposer:
+def build(*, context, heads: str, tree: dict | None = None, quantize: str = "auto", lookup: bool | str = False,
+          lookup_min: int = 3, lookup_max: int = 4, lookup_score: float | None = 1.0) -> EagleProposer:
     """heads: a speculators EAGLE-3 checkpoint folder (checked against the target before any
     weights load); tree: {top_k, nodes} for EAGLE-2's dynamic tree, or None for a chain;
     quantize: the head's precision (drafts may use any: the target verifies them); lookup:
-    prompt lookup (matches of lookup_min..lookup_max tokens) tried before the head each step
-    (false: the head only)."""
+    ngram (or true; matches of lookup_min..lookup_max tokens) or suffix (drafts scoring
+    lookup_score) tried before the head each step (false: the head only; see `make_lookup`)."""
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     quantize = quantize if context.device == "cpu" else "none"  # packed kernels are the CPU's; a head is small
     shape = None if tree is None else TreeShape(**dict(tree))
     layers = context.target.model.config.num_hidden_layers  # for a head that names no aux layers
     head = quantize_model(load_eagle3(heads, layers).float(), quantize)  # float32 first: see proposer=eagle's build
-    return proposer_for(head, context.sampling, shape, quantize, make_lookup(lookup, lookup_min, lookup_max))
+    lookup = make_lookup(lookup, lookup_min, lookup_max, lookup_score)
+    return proposer_for(head, context.sampling, shape, quantize, lookup)
 
 
 def _vllm(plan) -> dict:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -143,6 +143,7 @@ class Speculation:
     parents: list[int]  # -1: follows the last committed token
     score: float  # expected accepted tokens under the tree's counts
     node: int = 0  # the matched node (its `last` sequence is touched when used)
+    shared: bool = False  # grown from the global tree (earlier requests), not the request's own
 
 
 NOTHING = Speculation([], [], 0.0)
@@ -252,10 +253,15 @@ class _Local:
 
 class SuffixProposer(RowProposer):
     def __init__(self, cache: RequestCache, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
-                 min_token_prob: float = 0.1, tree: bool = True):
+                 min_token_prob: float = 0.1, tree: bool = True, min_score: float | None = None,
+                 min_match: int = 1):
+        """min_score: as another proposer's lookup (`lookup`), the score a draft needs to be taken
+        (None: the step's γ, Arctic Inference's rule against a model speculator); min_match: the
+        shortest match of the text's last tokens that drafts."""
         self.cache = cache  # the global tree, shared by every row
         self.factor, self.offset, self.min_prob = max_spec_factor, max_spec_offset, min_token_prob
         self.trees = tree  # False: the best path only (a step that takes no tree gets it anyway)
+        self.min_score, self.min_match = min_score, min_match
         self.local: dict[int, _Local] = {}  # per row: its request's tree
 
     def prefill(self, row: int, prompt: list[int], out=None) -> None:
@@ -271,28 +277,44 @@ class SuffixProposer(RowProposer):
             self.cache.add(tokens[start:], local.prompt_len - start)
 
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
-        local, committed = self.local[row], rows.tokens[row]
+        return self._use(self._speculate(row, rows.tokens[row], gamma, rows.trees))
+
+    def lookup(self, committed: list[int], gamma: int, row: int, trees: bool = False) -> DraftBlock | DraftTree | None:
+        """The draft where its score (expected accepted tokens) reaches `min_score` (None: γ),
+        else None: suffix decoding as the lookup a model speculator tries first, where only a
+        draft expected to do at least as well as the model's is worth skipping it for."""
+        speculation = self._speculate(row, committed, gamma, trees)
+        least = gamma if self.min_score is None else self.min_score
+        return self._use(speculation) if speculation.tokens and speculation.score >= least - 1e-9 else None
+
+    def _speculate(self, row: int, committed: list[int], gamma: int, trees: bool) -> Speculation:
+        local = self.local[row]
         new = committed[local.seen:]  # what was committed since
         local.open = local.tree.extend(local.open, new)
         local.seen = len(committed)
         context = committed[-local.tree.depth:]
         # the local tree holds every suffix of the text: its open suffixes are its matches
         own = [(local.open[length], length) for length in range(1, len(context))]
-        best, source = NOTHING, None
+        best = NOTHING
         for tree, found in ((local.tree, own), (self.cache.tree, self._shared(local, context, new))):
             for node, length in reversed(found):  # every match length, the longest first: it wins ties
                 # (and the local tree's draft wins a tie with the global one's: it comes first)
+                if length < self.min_match:
+                    break
                 if not tree.children[node]:  # seen only where a text ends, nothing to draft: the local
                     continue  # tree's longest suffixes, each at the one place it occurs, are most of them
                 limit = min(gamma, int(length * self.factor + self.offset + 1e-6))
                 if limit <= best.score:  # a draft scores at most its length, and shorter matches earn no longer
                     break
-                speculation = grow(tree, node, limit, self.min_prob, self.trees and rows.trees)
+                speculation = grow(tree, node, limit, self.min_prob, self.trees and trees)
                 if speculation.score > best.score:
-                    best, source = speculation, tree
-        if source is self.cache.tree:
-            self.cache.touch(self.cache.tree.last[best.node])
-        return _draft(best)
+                    best = replace(speculation, shared=tree is self.cache.tree)
+        return best
+
+    def _use(self, speculation: Speculation) -> DraftBlock | DraftTree | None:
+        if speculation.shared:  # a draft from an earlier request keeps that request cached
+            self.cache.touch(self.cache.tree.last[speculation.node])
+        return _draft(speculation)
 
     def _shared(self, local: _Local, context: list[int], new: list[int]) -> list[tuple[int, int]]:
         """`matches` of the global tree: the row's held suffixes walked on by the new tokens, or
