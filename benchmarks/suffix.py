@@ -46,7 +46,8 @@ def pipelines(args) -> dict[str, Pipeline]:
             f"suffix γ≤{args.gamma_suffix}": on_target(suffix.build(
                 context=None, tree=not args.chain, min_token_prob=args.min_token_prob,
                 max_spec_factor=args.max_spec_factor), args.gamma_suffix),
-            **{f"head+{lookup}": Pipeline.from_config(compose([f"recipe={args.head_recipe}", f"proposer.lookup={lookup}"]))
+            **{f"head+{lookup}": Pipeline.from_config(compose([f"recipe={args.head_recipe}",
+                                                               f"proposer.lookup={lookup}"]))
                for lookup in (("ngram", "suffix") if args.head_recipe else ())}}
 
 

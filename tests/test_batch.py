@@ -16,6 +16,7 @@ from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.eagle import EagleProposer, TreeShape
+from specpipe.proposers.suffix import as_lookup
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
@@ -41,6 +42,8 @@ PROPOSERS = {
     "medusa": lambda t: MedusaProposer(random_heads(1), GREEDY),
     "eagle-copy": lambda t: EagleProposer(copy_head(), GREEDY),
     "eagle-random": lambda t: EagleProposer(random_head(1), GREEDY),
+    # suffix decoding first: rows finish and join the global tree while others still draft from it
+    "eagle-suffix": lambda t: EagleProposer(random_head(1), GREEDY, lookup=as_lookup(1.0, 1)),
     "eagle-tree": lambda t: EagleProposer(copy_head(), GREEDY, TreeShape(3, 8)),  # one row at a time
     "medusa-tree": lambda t: MedusaProposer(random_heads(1), GREEDY, [[0], [1], [0, 0], [0, 1], [0, 0, 0]]),
 }

@@ -22,12 +22,13 @@ from specpipe.pipeline import Pipeline
 from specpipe.proposers.eagle import EagleProposer, TreeShape, make_lookup
 from specpipe.proposers.eagle_tree import rerank
 from specpipe.proposers.ngram import NgramProposer
-from specpipe.proposers.suffix import SuffixProposer
+from specpipe.proposers.suffix import SuffixProposer, as_lookup
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from specpipe.verifiers.typical import TypicalVerifier
 from test_medusa import target_dir  # noqa: F401 (fixture)
+from test_rejection import CHI2_CRITICAL_1E6_DF7
 
 GREEDY = SamplingParams()
 SHAPE = EagleShape(hidden_size=32, vocab_size=VOCAB, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -308,30 +309,32 @@ def test_steps_without_a_draft_keep_every_row_for_the_head():
 
 
 def counting(lookup):
-    """`lookup` counting the drafts it found (to show a run used both sources) in `lookup.found`."""
+    """`lookup` counting the drafts it found in `lookup.found` and the steps it left to the head
+    in `lookup.missed` (to show a run used both sources)."""
     find = lookup.lookup
 
     def counted(*args, **kwargs):
         block = find(*args, **kwargs)
         lookup.found += block is not None
+        lookup.missed += block is None
         return block
-    lookup.found, lookup.lookup = 0, counted
+    lookup.found, lookup.missed, lookup.lookup = 0, 0, counted
     return lookup
 
 
-LOOKUPS = {"ngram": lambda: NgramProposer(ngram_max=3, ngram_min=1),
+MADE = {"ngram": lambda: NgramProposer(ngram_max=3, ngram_min=1),
            "suffix": lambda: make_lookup("suffix", 3, 4, lookup_score=1.0)}
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 8)])
 @pytest.mark.parametrize("gamma", [1, 4])
-@pytest.mark.parametrize("method", LOOKUPS)
+@pytest.mark.parametrize("method", MADE)
 def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(tree, gamma, method):
     """proposer.lookup: steps drafted by the lookup feed the head nothing; its rows wait and
     are fed at the head's next draft, so the head cache still equals one pass over every
     committed (feature, next token) pair, and the output equals plain decoding."""
     target = tiny_target(eos=2)  # its greedy text runs the whole budget: no block accepts past a stop token
-    lookup = counting(LOOKUPS[method]())
+    lookup = counting(MADE[method]())
     proposer = EagleProposer(random_head(8), GREEDY, tree, lookup=lookup)
     plain, outs = run_both(target, proposer, GreedyVerifier(), FixedGamma(gamma), tokens=60)
     for out in outs:
@@ -346,6 +349,45 @@ def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(
     with torch.no_grad():
         proposer.head(embeds[None], features[None, :n], torch.arange(n)[None], cache=fresh)
     torch.testing.assert_close(proposer.rows[0].cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
+
+
+def test_sampling_with_a_suffix_lookup_keeps_the_target_distribution():
+    """Steps drafted by the suffix lookup (one-hot) and by the head (its distribution) mix in
+    one generation; the emitted second token's marginal over many seeds equals the target's
+    exact marginal (chi-square at 1e-6 over the 7 likeliest tokens and the rest, fixed seeds)."""
+    sampling = SamplingParams(temperature=0.3)
+    target = tiny_target(seed=0, eos=63)
+    answer = Pipeline(target, None, GreedyVerifier(), None).run([3, 60, 22], max_new_tokens=8).token_ids
+    prompt = [3, 60, 22, *answer, 3, 60, 22]  # the lookup drafts the greedy answer again: often kept
+    lookup = counting(as_lookup(1.0, 1))
+    proposer = EagleProposer(random_head(8), sampling, lookup=lookup)
+    pipe = Pipeline(target, proposer, RejectionVerifier(sampling), FixedGamma(4), sampling)
+    plain = Pipeline(target, None, RejectionVerifier(sampling), None, sampling)
+
+    def next_probs(ids):  # [V] the target's sampling distribution after ids
+        plain.runner.reset()
+        return sampling.probs(feed(plain.runner, ids).logits[0, -1:])[0]
+
+    first, eos = next_probs(prompt), 63  # a first token of EOS ends the output: counted with the rest
+    marginal = sum(first[t] * next_probs(prompt + [t]) for t in range(first.numel()) if t != eos)  # [V]
+    draws, counts, ended = 1500, torch.zeros(first.numel()), 0
+    for seed in range(draws):
+        # 3 tokens: where the lookup's first draft is rejected, the text leaves the repeated
+        # answer and the second token comes from a step the head drafts
+        generation = pipe.run(prompt, max_new_tokens=3, seed=seed)
+        if len(generation.token_ids) < 2:
+            ended += 1
+        else:
+            counts[generation.token_ids[1]] += 1
+    assert lookup.found > draws / 10 and lookup.missed > draws / 10  # the lookup's drafts and the head's
+    top = marginal.argsort(descending=True)[:7]
+    rest = torch.ones_like(marginal, dtype=torch.bool)
+    rest[top] = False
+    cells = torch.cat([counts[top], counts[rest].sum()[None] + ended])
+    expected = torch.cat([marginal[top], marginal[rest].sum()[None] + first[eos]])
+    assert float(((cells - expected * draws) ** 2 / (expected * draws)).sum()) < CHI2_CRITICAL_1E6_DF7
+    wrong = torch.roll(expected, 1)  # the test has power: a shifted distribution fails it
+    assert float(((cells - wrong * draws) ** 2 / (wrong * draws)).sum()) > 10 * CHI2_CRITICAL_1E6_DF7
 
 
 def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target_dir):  # noqa: F811

@@ -224,8 +224,9 @@ def test_eagle_exports_its_heads_folder_to_vllm_and_sglang(tmp_path, tree):
     from specpipe.heads.io import save_eagle
 
     save_eagle(EagleHead(SHAPE), tmp_path / "eagle", target="smollm2-135m")
-    cfg = compose(["model=smollm2-135m", "proposer=eagle", f"proposer.heads={tmp_path / 'eagle'}", "gamma=5",
-                   *([f"proposer.tree={tree}"] if tree else [])])
+    args = ["model=smollm2-135m", "proposer=eagle", f"proposer.heads={tmp_path / 'eagle'}", "gamma=5",
+            *([f"proposer.tree={tree}"] if tree else [])]
+    cfg = compose(args)
     v = vllm.export(plan_of(cfg))
     assert v.settings == {"method": "eagle", "model": str((tmp_path / "eagle").resolve()), "num_speculative_tokens": 5}
     assert set(v.settings) <= set(VLLM_0_34_0_SPECULATIVE_CONFIG_KEYS)
@@ -235,6 +236,8 @@ def test_eagle_exports_its_heads_folder_to_vllm_and_sglang(tmp_path, tree):
     assert s["--speculative-draft-model-path"] == str((tmp_path / "eagle").resolve())
     expected = (5, 4, 13) if tree else (5, 1, 6)  # steps, top-k, draft tokens (incl. the verified one)
     assert (s["--speculative-num-steps"], s["--speculative-eagle-topk"], s["--speculative-num-draft-tokens"]) == expected
+    suffix = vllm.export(plan_of(compose([*args, "proposer.lookup=suffix"])))  # the head alone, said so
+    assert suffix.settings == v.settings and any("no suffix decoding beside an EAGLE head" in w for w in suffix.warnings)
 
 
 def _export(capsys, *args) -> tuple[int, str, str]:

@@ -49,12 +49,11 @@ from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.eagle_graph import HeadGraphs, Sampled
 from specpipe.proposers.eagle_tree import TreeSearch, rerank
 from specpipe.proposers.ngram import NgramProposer
-from specpipe.proposers.suffix import RequestCache, SuffixProposer
+from specpipe.proposers.suffix import SuffixProposer, as_lookup
 from specpipe.sampling import DRAFT, SamplingParams, race_draws, sample
 from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
-SUFFIX_DEPTH, SUFFIX_REQUESTS, SUFFIX_TOKENS = 24, 1000, 50000  # a suffix lookup's trees: conf/proposer/suffix.yaml's
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,8 @@ class EagleProposer(RowProposer):
                  lookup: NgramProposer | SuffixProposer | None = None):
         """layers: the target's hidden-state keys the head reads, in the order its `fuse` takes
         them; draft_lm: target -> the head's token scorer (default: the target's LM-head rows
-        of the head's draft vocabulary, in the `quantize` precision); lookup: prompt lookup
-        tried before the head each step (None: the head always drafts)."""
+        of the head's draft vocabulary, in the `quantize` precision); lookup: a model-free draft
+        (`make_lookup`) tried before the head each step (None: the head always drafts)."""
         self.head = head
         self.lookup = lookup
         self.sampling = sampling
@@ -340,9 +339,9 @@ def make_lookup(lookup: bool | str, lookup_min: int, lookup_max: int,
     tokens (proposer=ngram's ngram_min / ngram_max; vLLM's prompt_lookup_min / _max), whose
     every match drafts; suffix: suffix decoding with proposer=suffix's defaults, whose draft is
     taken where its score (expected accepted tokens) reaches lookup_score (null: the step's γ,
-    Arctic Inference's rule beside its speculator, which leaves weaker heads too many steps;
-    default 1: on a single pass it drafts about as ngram does, and it also matches earlier
-    requests' answers); false: none."""
+    Arctic Inference's rule beside its speculator, which leaves a weak head most steps; the
+    default, 1, drafted as often as ngram on a first pass beside the shipped heads, and it
+    also matches earlier requests' answers); false: none."""
     method = ("ngram" if lookup else None) if type(lookup) is bool else lookup
     if method is not None and method not in LOOKUPS:
         raise SpecpipeError(f"proposer.lookup={lookup!r} is not a lookup: use ngram (or true), suffix, or false.")
@@ -353,8 +352,7 @@ def make_lookup(lookup: bool | str, lookup_min: int, lookup_max: int,
         raise SpecpipeError(f"proposer.lookup_score={lookup_score!r} must be a number of tokens >= 0 (e.g. 2.5), "
                             "or null for the step's γ.")
     if method == "suffix":
-        cache = RequestCache(SUFFIX_DEPTH, SUFFIX_REQUESTS, SUFFIX_TOKENS)
-        return SuffixProposer(cache, min_score=lookup_score, min_match=lookup_min)
+        return as_lookup(lookup_score, lookup_min)
     return NgramProposer(ngram_max=lookup_max, ngram_min=lookup_min) if method == "ngram" else None
 
 
@@ -378,7 +376,8 @@ def build(*, context, heads: str, tree: dict | None = None, quantize: str = "aut
 def lookup_warning(plan, engine: str) -> None:
     """The lookup runs in specpipe only: neither serving engine pairs a lookup with a head."""
     if plan.options.get("lookup"):
-        plan.warnings.append(f"proposer.lookup: {engine} has no prompt lookup beside an EAGLE head (one method per "
+        kind = "suffix decoding" if plan.options["lookup"] == "suffix" else "prompt lookup"
+        plan.warnings.append(f"proposer.lookup: {engine} has no {kind} beside an EAGLE head (one method per "
                              "server); exported as the head alone.")
 
 

@@ -37,7 +37,8 @@ class NgramProposer(RowProposer):
     def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | None:
         return self.lookup(rows.tokens[row], gamma, row)
 
-    def lookup(self, committed: list[int], gamma: int, row: int | None = None, trees: bool = False) -> DraftBlock | None:
+    def lookup(self, committed: list[int], gamma: int, row: int | None = None,
+               trees: bool = False) -> DraftBlock | None:
         """What followed the latest earlier occurrence of the text's last n tokens (n from
         ngram_max down), at most γ tokens; None where nothing matches. Host work only. With the
         `row` of a request this proposer was told of (`prefill`), from the row's index of its

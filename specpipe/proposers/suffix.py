@@ -30,6 +30,7 @@ from specpipe.proposers.declaration import Declaration
 from specpipe.types import DraftBlock, DraftTree
 
 NODE_BYTES = 200  # one node: its children dict and three list slots (sys.getsizeof, a few children)
+DEFAULT_BOUNDS = (24, 1000, 50000)  # max_depth, max_cached_requests, max_cached_tokens: conf/proposer/suffix.yaml's
 
 
 class SuffixTree:
@@ -329,6 +330,12 @@ class SuffixProposer(RowProposer):
     def memory(self) -> dict[str, int]:
         local = sum(state.tree.nodes for state in self.local.values()) * NODE_BYTES
         return {"suffix trees": self.cache.bytes() + local}
+
+
+def as_lookup(min_score: float | None, min_match: int) -> SuffixProposer:
+    """proposer=suffix with its defaults, as the lookup another proposer tries first
+    (`SuffixProposer.lookup`; proposer.lookup=suffix of eagle and eagle3)."""
+    return SuffixProposer(RequestCache(*DEFAULT_BOUNDS), min_score=min_score, min_match=min_match)
 
 
 def _draft(speculation: Speculation) -> DraftBlock | DraftTree | None:
