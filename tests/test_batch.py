@@ -16,10 +16,10 @@ from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.eagle import EagleProposer, TreeShape
-from specpipe.proposers.suffix import as_lookup
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
+from specpipe.proposers.suffix import as_lookup
 from specpipe.sampling import SamplingParams
 from specpipe.types import RowVerdict, StepTiming
 from specpipe.verifiers.greedy import GreedyVerifier

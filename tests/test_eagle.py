@@ -322,8 +322,8 @@ def counting(lookup):
     return lookup
 
 
-MADE = {"ngram": lambda: NgramProposer(ngram_max=3, ngram_min=1),
-           "suffix": lambda: make_lookup("suffix", 3, 4, lookup_score=1.0)}
+MADE = {"ngram": lambda: NgramProposer(ngram_max=3, ngram_min=1),  # each lookup, as make_lookup builds it
+        "suffix": lambda: make_lookup("suffix", 1, 4, lookup_score=1.0)}
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 8)])
