@@ -111,7 +111,8 @@ def test_every_proposer_runs_on_a_simulated_gpu_without_mixing_host_and_device(n
 
 
 @pytest.mark.slow  # the real SmolLM2 (zoo)
-@pytest.mark.parametrize("recipe", ["", "/eagle.yaml", "/eagle3.yaml", "/medusa.yaml"])
+@pytest.mark.parametrize("recipe", ["", "/eagle.yaml", "/eagle3.yaml", "/medusa.yaml",
+                                    "/eagle3.yaml proposer.lookup=suffix"])  # suffix decoding before the head
 def test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_device(recipe):
     """The recipes as `gpu_check` runs them (graphs=auto: the static step and graphed drafts on
     a GPU), speculation forced on (fixed γ, no guard) so every draft path runs: nothing a GPU
@@ -119,13 +120,18 @@ def test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_devi
     from specpipe.config import compose
 
     prompt = "Write a Python function that returns the sum of a list of numbers."
+    path, *options = recipe.split(" ")
     with simulated_cuda() as refused:
-        pipe = Pipeline.from_config(compose(["device=cuda", f"recipe=recipes/smollm2-135m{recipe}",
-                                             "controller=fixed", "gamma=3", "guard=false"]))
+        pipe = Pipeline.from_config(compose(["device=cuda", f"recipe=recipes/smollm2-135m{path}",
+                                             "controller=fixed", "gamma=3", "guard=false", *options]))
         run = pipe.run(prompt, max_new_tokens=24)
+        again = pipe.run(prompt, max_new_tokens=24)  # the same request: a suffix lookup drafts the first answer
         plain = pipe.run(prompt, max_new_tokens=24, speculative=False)
     assert refused == [] and pipe.runner.step == "static exact"
     assert sum(run.stats.accepted_at) > 0 and run.token_ids == plain.token_ids  # drafts ran and were kept
+    assert again.token_ids == plain.token_ids
+    if options:  # the suffix lookup's drafts ran on the device's step: whole blocks of the earlier answer kept
+        assert again.stats.steps < run.stats.steps
 
 
 def test_a_graphed_step_makes_few_launches_beside_its_graph():
