@@ -11,13 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
-
-
-def specpipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specpipe", *args], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
+from zygote import specpipe  # `python -m specpipe`, forked from a process that has imported it
 
 
 @pytest.fixture(scope="module")
