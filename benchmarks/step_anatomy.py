@@ -59,8 +59,8 @@ class SourceLog:
 
     def _wrap(self, lookup):
         """The head asks its lookup first in every step it drafts; a match is the step's draft."""
-        def tagged(committed, gamma):
-            copied = lookup(committed, gamma)
+        def tagged(*args, **kwargs):  # the lookup's own signature (committed, gamma, row, trees)
+            copied = lookup(*args, **kwargs)
             self.steps.append("L" if copied is not None else "H")
             return copied
         return tagged
