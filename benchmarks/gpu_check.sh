@@ -17,7 +17,8 @@
 #      overlapped, the recipe, EAGLE-3):
 #      device busy and idle time, kernels, graph launches and copies a step;
 #   5. the Medusa and EAGLE-3 recipes (their heads must be carried: stage with
-#      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3");
+#      KEEP="recipes/smollm2-135m/medusa recipes/smollm2-135m/eagle3"), and the EAGLE-3 head as an
+#      EAGLE-2 tree of 8 nodes (kernels=fast: trees have no exact construction; per prompt exactness);
 #   6. request loads at concurrency 1, 8 and 32 (suffix, the guard on), plain vs speculative;
 #   7. reads back to the host and kernel launches outside graphs per step;
 #   8. attention a layer by width (256 to 2,112 slots) and layout (the stack's grouped queries,
@@ -103,7 +104,10 @@ echo >> "$REPORT"; packed
 started
 bench medusa 45 recipe=recipes/smollm2-135m/medusa.yaml prompts=dev
 bench eagle3 45 recipe=recipes/smollm2-135m/eagle3.yaml prompts=dev
-table "Head recipes, dev prompts" medusa eagle3
+# a tree raises τ (2.41 -> 3.07 on 20 dev prompts on a CPU) where a verify of 9 rows should cost one
+bench eagle3-tree 45 recipe=recipes/smollm2-135m/eagle3.yaml kernels=fast 'proposer.tree={top_k:4,nodes:8}' \
+    controller=fixed gamma=8 gamma_max=8 proposer.lookup_min=2 prompts=dev
+table "Head recipes, dev prompts" medusa eagle3 eagle3-tree
 
 { echo "## Request loads (suffix, 32 requests of 64 tokens): plain vs speculative throughput"
   echo "| concurrency | plain tok/s | spec tok/s | ratio | P99 ms plain / spec | exact | guard-held row steps |"

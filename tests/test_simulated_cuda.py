@@ -112,11 +112,14 @@ def test_every_proposer_runs_on_a_simulated_gpu_without_mixing_host_and_device(n
 
 @pytest.mark.slow  # the real SmolLM2 (zoo)
 @pytest.mark.parametrize("recipe", ["", "/eagle.yaml", "/eagle3.yaml", "/medusa.yaml",
-                                    "/eagle3.yaml proposer.lookup=suffix"])  # suffix decoding before the head
+                                    "/eagle3.yaml proposer.lookup=suffix",  # suffix decoding before the head
+                                    "/eagle3.yaml kernels=fast proposer.lookup=false proposer.tree={top_k:4,nodes:8}"])
 def test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_device(recipe):
     """The recipes as `gpu_check` runs them (graphs=auto: the static step and graphed drafts on
     a GPU), speculation forced on (fixed γ, no guard) so every draft path runs: nothing a GPU
-    would refuse, and their greedy outputs are plain's (the static step's `exact`)."""
+    would refuse, and their greedy outputs are plain's (the static step's `exact`). A tree runs
+    with `kernels=fast`, which promises plain's output within tolerance only: there the test
+    asks that the tree's drafts ran and were kept."""
     from specpipe.config import compose
 
     prompt = "Write a Python function that returns the sum of a list of numbers."
@@ -124,12 +127,20 @@ def test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_devi
     with simulated_cuda() as refused:
         pipe = Pipeline.from_config(compose(["device=cuda", f"recipe=recipes/smollm2-135m{path}",
                                              "controller=fixed", "gamma=3", "guard=false", *options]))
+        searches = []  # the heads' graphed tree searches run (the real search, counted)
+        if hasattr(pipe.proposer, "_graphed_tree"):
+            search = pipe.proposer._graphed_tree
+            pipe.proposer._graphed_tree = lambda *args: searches.append(1) or search(*args)
         run = pipe.run(prompt, max_new_tokens=24)
         again = pipe.run(prompt, max_new_tokens=24)  # the same request: a suffix lookup drafts the first answer
         plain = pipe.run(prompt, max_new_tokens=24, speculative=False)
-    assert refused == [] and pipe.runner.step == "static exact"
-    assert sum(run.stats.accepted_at) > 0 and run.token_ids == plain.token_ids  # drafts ran and were kept
-    assert again.token_ids == plain.token_ids
+    tree = "kernels=fast" in options
+    assert refused == [] and pipe.runner.step == ("static fast" if tree else "static exact")
+    assert sum(run.stats.accepted_at) > 0 and len(run.token_ids) == len(plain.token_ids)  # drafts ran and were kept
+    assert (len(searches) > 0) == tree  # a tree is searched only where one is set
+    if tree:
+        return
+    assert run.token_ids == plain.token_ids and again.token_ids == plain.token_ids
     if options:  # the suffix lookup's drafts ran on the device's step: whole blocks of the earlier answer kept
         assert again.stats.steps < run.stats.steps
 
