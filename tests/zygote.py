@@ -70,6 +70,7 @@ class Zygote:
     def __init__(self):
         self.process: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
+        self.unread = b""  # of its replies (read from the pipe's fd: a buffered reader would hide them from select)
 
     def forks(self, env: dict[str, str]) -> bool:
         if os.environ.get("SPECPIPE_TEST_SPAWN") == "1":
@@ -82,20 +83,34 @@ class Zygote:
             self.env = dict(os.environ)
             self.process = subprocess.Popen([sys.executable, "-c", SERVER, *PRELOAD], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
+            self.unread = b""
         with tempfile.TemporaryDirectory() as folder:
             out, err = Path(folder) / "out", Path(folder) / "err"
             out.touch(), err.touch()
             job = {"args": args, "env": env, "cwd": os.getcwd(), "out": str(out), "err": str(err)}
             self.process.stdin.write(json.dumps(job) + "\n")
-            pid = int(self.process.stdout.readline())
-            ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                self.process.stdout.readline()
-                raise subprocess.TimeoutExpired(args, timeout)
-            code = int(self.process.stdout.readline())
+            pid = int(self._reply(None))
+            try:
+                code = int(self._reply(timeout))
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)  # not reaped yet: the zygote replies once it has waited for it
+                self._reply(None)
+                raise subprocess.TimeoutExpired(args, timeout) from None
             return subprocess.CompletedProcess([sys.executable, "-m", "specpipe", *args], code,
                                                out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+    def _reply(self, timeout: float | None) -> str:
+        """The zygote's next reply line, waiting at most `timeout` seconds for it (None: no limit)."""
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self.unread:
+            if not select.select([fd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired("zygote", timeout)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError("the test zygote exited")
+            self.unread += chunk
+        line, self.unread = self.unread.split(b"\n", 1)
+        return line.decode()
 
 
 ZYGOTE = Zygote()
