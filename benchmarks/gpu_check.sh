@@ -104,9 +104,10 @@ echo >> "$REPORT"; packed
 started
 bench medusa 45 recipe=recipes/smollm2-135m/medusa.yaml prompts=dev
 bench eagle3 45 recipe=recipes/smollm2-135m/eagle3.yaml prompts=dev
-# a tree raises τ (2.56 -> 3.23 on 20 dev prompts on a CPU) where a verify of 9 rows should cost one
+# a tree raises τ (2.56 -> 3.23 on 20 dev prompts on a CPU, prompt lookup first) where a verify of 9 rows
+# should cost one
 bench eagle3-tree 45 recipe=recipes/smollm2-135m/eagle3.yaml kernels=fast 'proposer.tree={top_k:4,nodes:8}' \
-    controller=fixed gamma=8 gamma_max=8 proposer.lookup_min=2 prompts=dev
+    controller=fixed gamma=8 gamma_max=8 proposer.lookup=ngram proposer.lookup_min=2 prompts=dev
 table "Head recipes, dev prompts" medusa eagle3 eagle3-tree
 
 { echo "## Request loads (suffix, 32 requests of 64 tokens): plain vs speculative throughput"

@@ -36,7 +36,7 @@ SHIPPED = {  # the heads shipped in recipes/, as `specpipe generate recipe=...` 
     "medusa": [f"recipe={RECIPES / 'medusa.yaml'}"],
     "eagle3": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.lookup=false"],  # the head alone (eagle: with lookup)
     "eagle3-tree": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.tree={top_k: 3, nodes: 8}"],
-    "eagle3-suffix": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.lookup=suffix"],  # suffix decoding, then the head
+    "eagle3-ngram": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.lookup=ngram"],  # prompt lookup (the recipe: suffix)
 }
 
 
@@ -75,7 +75,7 @@ def greedy_equal_on(pipeline, prompts, tokens: int) -> int:
                                                   pytest.param("eagle-tree", None, marks=pytest.mark.full),
                                                   ("medusa", None), ("eagle3", None),
                                                   # in CI through test_simulated_cuda's shipped recipes
-                                                  pytest.param("eagle3-suffix", None, marks=pytest.mark.full),
+                                                  pytest.param("eagle3-ngram", None, marks=pytest.mark.full),
                                                   pytest.param("eagle3-tree", None, marks=pytest.mark.full)])
 def test_smollm2_greedy_equals_plain(proposer, controller, prompts):
     overrides = SHIPPED.get(proposer) or [f"proposer={proposer}", f"controller={controller}"]
