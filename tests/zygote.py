@@ -2,9 +2,10 @@
 
 Each command the CLI tests run spent ~2 s importing torch, transformers, Hydra and specpipe
 before doing anything (the CLI, hardening and stranger-input tests' 53 commands: 159 s spawned,
-62 s forked, on 2 cores). A zygote (Android's name for the trick) imports them once and forks a child for each command:
-the child is still its own process, with its own exit code, output files, working directory and
-environment, starting from the state of a fresh interpreter that has imported those modules.
+62 s forked, on 2 cores). A zygote (Android's name for the trick) imports them once and forks a
+child for each command: the child is still its own process, with its own exit code, output
+files, working directory and environment, starting from the state of a fresh interpreter that
+has imported those modules.
 
 A variable that a library reads once at import (HF_*, TORCH*, PYTHON*, ...) cannot be changed in
 a forked child, so a command whose environment differs from the zygote's in anything other than
