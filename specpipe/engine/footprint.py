@@ -4,10 +4,10 @@ runners really hold (`Runner.memory()`); the two agree to a few percent (tests/t
 
 from __future__ import annotations
 
-from specpipe.models.quantize import EXACT
+from specpipe.models.quantize import BF16
 
 # bytes per weight by precision (int8: one byte plus a per-channel scale, negligible)
-WEIGHT_BYTES = {"none": 4, "fp16": 2, "int8": 1, "bf16": 2, "w8a16": 1}
+WEIGHT_BYTES = {"none": 4, "fp16": 2, "int8": 1, "bf16": 2, "w8a16": 1, "w8a32": 1, "w8a8": 1}
 
 
 def parameters(config) -> tuple[int, int]:
@@ -32,7 +32,7 @@ def cache_bytes(config, precision: str, tokens: int) -> int:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    element = 2 if precision in EXACT else 4
+    element = 2 if precision in BF16 else 4
     return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * element
 
 

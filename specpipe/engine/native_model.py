@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specpipe.engine.base import FINAL, wide
+from specpipe.engine.native_fused import FusedStack
 from specpipe.types import ancestry_of, depths_of
 from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel
 
@@ -138,6 +139,7 @@ class NativeLM:
         self.max_len = max_len
         if self.device.type != "cpu":
             self._to_device()
+        self.fused = FusedStack.of(self)  # the stack in one C call a forward, where the weights are on the kernel
 
     @property
     def num_layers(self) -> int:
@@ -161,6 +163,10 @@ class NativeLM:
         read back from the device); tree: a tree block's parents (None: causal), its rows at
         position start + depth. -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
         batch, n = ids.shape
+        if self.fused is not None:  # the whole stack in one kernel call (native_fused.py)
+            x, out = self.fused(self.embed(ids.reshape(-1)), starts, n, cache.layers, tree, hidden)
+            last = x.view(batch, n, -1)[:, -1].contiguous() if last_only else x
+            return self.head.matmul(last).view(batch, 1 if last_only else n, -1), out
         device = ids.device
         width = max(starts) + n  # slots any row may see
         start = torch.tensor(starts, dtype=torch.long).to(device, non_blocking=True)  # [B]

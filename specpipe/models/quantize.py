@@ -15,6 +15,16 @@ Modes (measured on a 2-core AMD EPYC with AVX2; the tables are in docs/engine.md
 - `w8a16`: int8 per-channel weights, bf16 activations (`_weight_int8pack_mm`, its AVX2 kernel is
   bf16-only: with fp32 activations it falls back to a scalar loop 7-20x slower), native engine
   only. Each output is one fixed-order loop over K: `exact` too, at half bf16's weight bytes.
+- `w8a32`: int8 per-channel weights, fp32 activations, on specpipe's own C kernel
+  (cpu_kernels.c): half fp16's bytes, `exact` on the native engine. Needs the kernel.
+- `w8a8`: int8 per-channel weights, int8 activations with one scale per row (per token), on
+  the C kernel: int32 sums, exact in any order, so `exact` on the native engine, and four times
+  fp32's multiply-adds per instruction with AVX512-VNNI: a verify block costs little more than
+  one token. The rows' rounding to int8 is the price (see docs/engine.md for what it measured).
+Where specpipe's C kernel builds (a C compiler and AVX2/FMA/F16C: cpu_kernels.py), `fp16` runs on
+it too, instead of fbgemm: each output one dot product in a fixed order whatever the row count,
+so `fp16` is `exact` on the native engine there (fbgemm's fp16 GEMM sums each row count in
+another order: `tolerance`).
 int4 is not offered: torch's CPU int4 weight-only kernel has no fast path for this CPU's
 activations, and fbgemm has no int4 kernel.
 """
@@ -32,15 +42,19 @@ from torch import nn
 
 from specpipe.errors import SpecpipeError
 
-MODES = ("none", "fp16", "int8", "bf16", "w8a16")
-TARGET_SAFE = ("none", "fp16", "bf16", "w8a16")  # verify rows equal one-token rows (within tolerance or bitwise)
-EXACT = ("bf16", "w8a16")  # bitwise: a k-row block's rows equal one-row calls (native engine)
-NATIVE_ONLY = EXACT  # they need bf16 activations end to end, which only the native forward keeps
-GUARANTEE = {"none": "tolerance", "fp16": "tolerance", "int8": "draft only", "bf16": "exact", "w8a16": "exact"}
+MODES = ("none", "fp16", "int8", "bf16", "w8a16", "w8a32", "w8a8")
+TARGET_SAFE = ("none", "fp16", "bf16", "w8a16", "w8a32", "w8a8")  # verify rows equal one-token rows (within tolerance or bitwise)
+BF16 = ("bf16", "w8a16")  # bf16 activations (and KV cache) end to end
+EXACT = BF16  # attention row by row in the torch forward: what a bitwise verify needs (native_model.py)
+NATIVE_ONLY = BF16  # they need bf16 activations end to end, which only the native forward keeps
+ON_KERNEL = ("fp16", "w8a32", "w8a8")
+NEEDS_KERNEL = ("w8a32", "w8a8")  # no torch kernel stands in for these  # run on specpipe's C kernel where it builds (cpu_kernels.py)
+GUARANTEE = {"none": "tolerance", "fp16": "tolerance", "int8": "draft only", "bf16": "exact", "w8a16": "exact",
+             "w8a32": "exact", "w8a8": "exact"}  # what each gives without specpipe's C kernel (see `guarantee`)
 GGUF = "gguf"  # engine=llamacpp: the GGUF file's own quantization runs (not a mode of this module)
 AUTO = "auto"  # the device's own: the fastest precision it runs with the strongest guarantee it has
 BY_DEVICE = {"cpu": "fp16", "cuda": "bf16"}  # fbgemm fp16 weights on the CPU; bf16 on cuBLAS
-CPU_ONLY = ("fp16", "int8")  # fbgemm kernels: no CUDA kernel
+CPU_ONLY = ("fp16", "int8", "w8a32", "w8a8")  # fbgemm and specpipe's C kernels: no CUDA kernel
 
 
 def resolve_precision(mode: str, device: str, draft: bool = False, engine: str = "auto") -> str:
@@ -58,7 +72,7 @@ def resolve_precision(mode: str, device: str, draft: bool = False, engine: str =
 def activation_dtype(mode: str, model_dtype: torch.dtype = torch.float32) -> torch.dtype:
     """The dtype activations flow in between layers of a native forward in `mode` (`none`
     keeps the model's own float dtype: float64 tiny models in tests stay float64)."""
-    if mode in EXACT:
+    if mode in BF16:
         return torch.bfloat16
     return model_dtype if mode == "none" else torch.float32
 
@@ -289,7 +303,100 @@ class W8A16Linear(_PackedLinear):
         return self.qweight.float() * self.scales.float()[:, None]
 
 
+class KernelLinear(_Opaque, _PackedLinear):
+    """fp16 or int8 (per output channel) weights on specpipe's C kernel (cpu_kernels.c), fp32
+    activations, or int8 ones rounded per row (`kind` W_Q8): every output one dot product in a
+    fixed order (or an int32 sum), so a row's result does not depend on how many rows the call
+    has. The residual add of `matmul_add` runs in the kernel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: int = 0):
+        from specpipe.models.cpu_kernels import W_F16
+
+        super().__init__(weight, bias)
+        self.kind = kind
+        weight = weight.float()
+        self.scale = self.colsum = None
+        if kind == W_F16:
+            self.weight = weight.to(torch.float16).contiguous()
+        else:
+            scale = (weight.abs().amax(1) / 127.0).clamp_min(1e-8)  # [out]
+            self.weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+            self.scale = scale.contiguous()
+            self.colsum = self.weight.sum(1, dtype=torch.int32).contiguous()  # [out]
+        self.bias = None if bias is None else bias.float().contiguous()
+        self._register()
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        from specpipe.models import cpu_kernels
+
+        return cpu_kernels.linear(self.kind, x, self.weight, self.scale, self.bias, self.colsum)
+
+    def matmul_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() or not residual.is_contiguous() or residual.dtype != torch.float32:
+            return super().matmul_add(x, residual)
+        from specpipe.models import cpu_kernels
+
+        return cpu_kernels.linear(self.kind, x, self.weight, self.scale, self.bias, self.colsum, out=residual,
+                                  accumulate=True)
+
+    def dense_weight(self) -> torch.Tensor:
+        weight = self.weight.float()
+        return weight if self.scale is None else weight * self.scale[:, None]
+
+
+def on_kernel(mode: str) -> bool:
+    """Whether `mode` runs on specpipe's C kernel here (else torch's kernel, or refused: w8a32)."""
+    if mode not in ON_KERNEL:
+        return False
+    from specpipe.models import cpu_kernels
+
+    return cpu_kernels.unavailable() is None
+
+
+def kernel_reason() -> str | None:
+    """Why specpipe's C kernel cannot run here (None: it can)."""
+    from specpipe.models import cpu_kernels
+
+    return cpu_kernels.unavailable()
+
+
+def guarantee(mode: str, native: bool = True) -> str:
+    """`exact`, `tolerance` or `draft only`: what a target in `mode` gives on this machine. On the
+    kernel a verify row is bitwise a one-token row when the native engine runs it (its fused
+    forward attends row by row too); transformers' forward (engine=hf) attends blocks at once."""
+    if mode in ON_KERNEL and on_kernel(mode):
+        return "exact" if native else "tolerance"
+    if mode == "bf16" and native:
+        return "exact" if bf16_exact() else "tolerance"
+    return GUARANTEE[mode]
+
+
+@functools.cache
+def bf16_exact() -> bool:
+    """Whether this CPU's bf16 linear (Bf16Linear) gives every row of a 2-16-row call bitwise as a
+    one-row call, measured once (a probe of ~0.2 s) on the shape where it was found to break
+    (a K = 8960 down projection): oneDNN picks its bf16 kernel by row count, AMX's packed
+    16-row blocks and AVX2's plain path keep rows apart, AVX512-BF16 without AMX does not."""
+    generator = torch.Generator().manual_seed(0)
+    layer = Bf16Linear(torch.randn(256, 8960, generator=generator) * 0.02, None)
+    x = torch.randn(16, 8960, generator=generator).to(torch.bfloat16)
+    alone = torch.cat([layer.matmul(x[i : i + 1]) for i in range(16)])
+    return all(torch.equal(layer.matmul(x[:rows]), alone[:rows]) for rows in (2, 5, 9, 16))
+
+
 _KERNELS = {"fp16": Fp16Linear, "int8": Int8Linear, "bf16": Bf16Linear, "w8a16": W8A16Linear}
+
+
+def _kernel(mode: str):
+    """The Linear class of `mode` here: specpipe's C kernel for fp16 and w8a32 where it builds."""
+    if on_kernel(mode):
+        from specpipe.models.cpu_kernels import W_F16, W_I8, W_Q8
+
+        return functools.partial(KernelLinear, kind={"fp16": W_F16, "w8a32": W_I8, "w8a8": W_Q8}[mode])
+    if mode in NEEDS_KERNEL:
+        raise SpecpipeError(f"model.quantize={mode} runs on specpipe's C kernel, which cannot run here: "
+                            f"{kernel_reason()}. Use model.quantize=fp16 or w8a16.")
+    return _KERNELS[mode]
 
 
 def linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
@@ -299,7 +406,7 @@ def linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
     bias = None if bias is None else bias.detach()
     if mode == "none":
         return DenseLinear(weight.detach(), bias, dtype)
-    return _KERNELS[mode](weight.detach(), bias)
+    return _kernel(mode)(weight.detach(), bias)
 
 
 def module_bytes(module: nn.Module) -> int:
@@ -319,14 +426,16 @@ def _packed_bytes(module: nn.Module) -> int:
         return module.in_features * module.out_features + module.out_features * 8
     if isinstance(module, Bf16Linear) and module.packed is not None:
         return module.in_features * module.out_features * 2 + (0 if module.bias is None else module.out_features * 2)
-    if isinstance(module, (DenseLinear, W8A16Linear)):
+    if isinstance(module, (DenseLinear, W8A16Linear, KernelLinear)):
         return sum(t.numel() * t.element_size() for t in vars(module).values() if isinstance(t, torch.Tensor))
     return 0
 
 
 def dense_bias(module: nn.Module) -> torch.Tensor | None:
     """A Linear's bias [out] in the dtype it is stored in, or None, whether plain or packed here."""
-    if isinstance(module, Fp16Linear):
+    if isinstance(module, KernelLinear):
+        bias = module.bias
+    elif isinstance(module, Fp16Linear):
         bias = torch.ops.quantized.linear_unpack_fp16(module.packed)[1]
     elif isinstance(module, Int8Linear):
         bias = torch.ops.quantized.linear_unpack(module.packed)[1]
@@ -368,9 +477,9 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
     """Swap every nn.Linear (lm_head included) for the `mode` kernel, in place."""
     if mode == "none":
         return model
-    kernel = _KERNELS[mode]
+    kernel = _kernel(mode)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, kernel.of(child))
+                setattr(parent, name, kernel(child.weight.detach(), None if child.bias is None else child.bias.detach()))
     return model
