@@ -95,6 +95,11 @@ CASES = {
     "medusa": [f"recipe={REPO / 'recipes/smollm2-135m/medusa.yaml'}"],
     "eagle3": [f"recipe={REPO / 'recipes/smollm2-135m/eagle3.yaml'}", "gamma=5"],
     "eagle3-tree": [f"recipe={REPO / 'recipes/smollm2-135m/eagle3.yaml'}", "gamma=5", "proposer.tree={top_k: 4, nodes: 12}"],
+    # a tiny random DFlash drafter in z-lab's format (block 8): export reads its config and checks its files
+    "dflash": ["model=smollm2-135m", "proposer=dflash", f"proposer.heads={REPO / 'tests/golden/dflash-drafter'}",
+               "gamma=5", "controller=fixed"],
+    "dflash-past-its-block": ["model=smollm2-135m", "proposer=dflash", "gamma=9", "controller=fixed",
+                              f"proposer.heads={REPO / 'tests/golden/dflash-drafter'}", "proposer.lookup=suffix"],
 }
 # (engine module, version, golden file prefix): vLLM's default version has the plain prefix
 TARGETS = [(vllm, "0.34.0", "vllm"), (vllm, "0.33.0", "vllm-0.33.0"), (sglang, "0.5.23", "sglang")]

@@ -373,12 +373,12 @@ def build(*, context, heads: str, tree: dict | None = None, quantize: str = "aut
     return EagleProposer(head, context.sampling, shape, quantize, lookup=lookup)
 
 
-def lookup_warning(plan, engine: str) -> None:
-    """The lookup runs in specpipe only: neither serving engine pairs a lookup with a head."""
+def lookup_warning(plan, engine: str, drafter: str = "an EAGLE head", alone: str = "the head") -> None:
+    """The lookup runs in specpipe only: neither serving engine pairs a lookup with a drafter."""
     if plan.options.get("lookup"):
         kind = "suffix decoding" if plan.options["lookup"] == "suffix" else "prompt lookup"
-        plan.warnings.append(f"proposer.lookup: {engine} has no {kind} beside an EAGLE head (one method per "
-                             "server); exported as the head alone.")
+        plan.warnings.append(f"proposer.lookup: {engine} has no {kind} beside {drafter} (one method per "
+                             f"server); exported as {alone} alone.")
 
 
 def _vllm(plan) -> dict:
