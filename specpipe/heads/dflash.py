@@ -149,6 +149,56 @@ class DFlashDrafter(nn.Module):
         return self.norm.weight.dtype  # a norm: never swapped for a packed kernel
 
 
+class ContextCache:
+    """Every draft layer's keys and values of every row's context: [layers, rows, kv heads,
+    capacity, d] each (allocated at the first write, in its dtype), row r's context in its
+    first slots. Slots grow by doubling; writes and reads take host ints, never a read back."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.rows = 1
+
+    def reserve(self, rows: int) -> None:
+        if rows > self.rows:
+            self.rows = rows
+            if self.keys is not None:
+                self._resize(rows, self.keys.shape[3])
+
+    def write(self, index: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
+        """keys, values [N, layers, kv heads, d] at (row, slot) pairs index [2, N] (on the device);
+        end: the highest slot written + 1 (host)."""
+        if self.keys is None:
+            n, layers, heads, d = keys.shape
+            self.keys = keys.new_zeros(layers, self.rows, heads, max(end, 64), d)
+            self.values = torch.zeros_like(self.keys)
+        elif end > self.keys.shape[3]:
+            self._resize(self.keys.shape[1], max(end, 2 * self.keys.shape[3]))
+        row, slot = index[0], index[1]
+        self.keys[:, row, :, slot] = keys  # advanced indices apart: the indexed view is [N, layers, kv heads, d]
+        self.values[:, row, :, slot] = values
+
+    def view(self, rows: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `width` slots of `rows`: [layers, B, kv heads, width, d] each (a view where
+        the rows are 0..B-1, as in a batch where every row drafts)."""
+        if self.keys is None:  # no context anywhere yet (one-token prompts)
+            return torch.empty(0), torch.empty(0)
+        if rows == list(range(len(rows))):
+            return self.keys[:, : len(rows), :, :width], self.values[:, : len(rows), :, :width]
+        index = torch.tensor(rows).to(self.keys.device, non_blocking=True)
+        return self.keys[:, index, :, :width], self.values[:, index, :, :width]
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
+
+    def _resize(self, rows: int, capacity: int) -> None:
+        old_keys, old_values = self.keys, self.values
+        layers, had, heads, width, d = old_keys.shape
+        self.keys = old_keys.new_zeros(layers, rows, heads, capacity, d)
+        self.values = torch.zeros_like(self.keys)
+        self.keys[:, :had, :, :width], self.values[:, :had, :, :width] = old_keys, old_values
+
+
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """z-lab's default taps for a checkpoint that names none: spread from layer 1 to L - 3, one
     per draft layer (the middle layer for a single one)."""

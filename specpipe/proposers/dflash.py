@@ -8,10 +8,10 @@ block it was trained on (`block_size - 1` guesses; a larger γ drafts that many)
 
 Context: the drafter's layers read only the keys and values of the context rows, so each is
 computed once, when its row is first fed, and kept in a cache of every row's context
-(`ContextCache`, preallocated slots per row, lengths as host ints). A verdict's accepted rows
-(the last committed token and the accepted drafts) are the context its verify forward made the
-features of; they wait in `pending` and are fed in front of the next draft (a prompt's, or a
-long pause's, in `fill`, timed apart). The bonus or recovered token has no feature yet: it is
+(`ContextCache` in specpipe/heads/dflash.py: preallocated slots per row, lengths as host
+ints). A verdict's accepted rows (the last committed token and the accepted drafts) are the
+context its verify forward made the features of; they wait in `pending` and are fed in front
+of the next draft (a prompt's, or a long pause's, in `fill`, timed apart). The bonus or recovered token has no feature yet: it is
 the block's first row, as the last committed token of every draft is.
 
 With `lookup` a step first tries a model-free draft per row (`ngram` or `suffix`, as
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from specpipe.engine import Runner, TargetOutput
-from specpipe.heads.dflash import DFlashDrafter
+from specpipe.heads.dflash import ContextCache, DFlashDrafter
 from specpipe.heads.dflash_format import fit_summary, load_dflash
 from specpipe.models.quantize import check_mode, module_bytes, quantize_model, resolve_precision
 from specpipe.proposers.base import Proposer, Rows
@@ -39,56 +39,6 @@ from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import DraftBatch, DraftBlock, RowVerdict, Verdict
 
 FILL_MIN = 8  # context rows a draft feeds along (more: `fill`, timed apart)
-
-
-class ContextCache:
-    """Every draft layer's keys and values of every row's context: [layers, rows, kv heads,
-    capacity, d] each (allocated at the first write, in its dtype), row r's context in its
-    first slots. Slots grow by doubling; writes and reads take host ints, never a read back."""
-
-    def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-        self.rows = 1
-
-    def reserve(self, rows: int) -> None:
-        if rows > self.rows:
-            self.rows = rows
-            if self.keys is not None:
-                self._resize(rows, self.keys.shape[3])
-
-    def write(self, index: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
-        """keys, values [N, layers, kv heads, d] at (row, slot) pairs index [2, N] (on the device);
-        end: the highest slot written + 1 (host)."""
-        if self.keys is None:
-            n, layers, heads, d = keys.shape
-            self.keys = keys.new_zeros(layers, self.rows, heads, max(end, 64), d)
-            self.values = torch.zeros_like(self.keys)
-        elif end > self.keys.shape[3]:
-            self._resize(self.keys.shape[1], max(end, 2 * self.keys.shape[3]))
-        row, slot = index[0], index[1]
-        self.keys[:, row, :, slot] = keys  # advanced indices apart: the indexed view is [N, layers, kv heads, d]
-        self.values[:, row, :, slot] = values
-
-    def view(self, rows: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first `width` slots of `rows`: [layers, B, kv heads, width, d] each (a view where
-        the rows are 0..B-1, as in a batch where every row drafts)."""
-        if self.keys is None:  # no context anywhere yet (one-token prompts)
-            return torch.empty(0), torch.empty(0)
-        if rows == list(range(len(rows))):
-            return self.keys[:, : len(rows), :, :width], self.values[:, : len(rows), :, :width]
-        index = torch.tensor(rows).to(self.keys.device, non_blocking=True)
-        return self.keys[:, index, :, :width], self.values[:, index, :, :width]
-
-    def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
-
-    def _resize(self, rows: int, capacity: int) -> None:
-        old_keys, old_values = self.keys, self.values
-        layers, had, heads, width, d = old_keys.shape
-        self.keys = old_keys.new_zeros(layers, rows, heads, capacity, d)
-        self.values = torch.zeros_like(self.keys)
-        self.keys[:, :had, :, :width], self.values[:, :had, :, :width] = old_keys, old_values
 
 
 class _Row:
