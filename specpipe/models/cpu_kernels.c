@@ -118,73 +118,72 @@ typedef struct {
     const float *scale;    /* [N] (int8 weights) or NULL */
     const float *bias;     /* [N] or NULL */
     const int32_t *colsum; /* [N] sum of each int8 weight row (W_Q8: takes Q_OFFSET back) */
-    int n, k;
+    int n, k;              /* w: packed tiles (see below) of N rows of K */
 } Linear;
 
-/* One tile of R rows x C columns of a float dot; every accumulator runs the same sequence. */
-#define TILE(NAME, R, C, WT, LOAD, CONV)                                                               \
+/* Weights are packed in tiles of NR rows (the last one padded with zero rows), each tile one
+ * contiguous run that the kernel reads front to back: per step of CH values along K, the NR
+ * rows' CH values side by side, then the rows' K % CH tails one after another. One stream per
+ * thread: four rows read side by side as four streams ran at half the memory's read rate.
+ * CH = VW for float activations, QW for int8 ones (`sp_chunk`). */
+
+/* One tile of R rows x NR columns of a float dot; every accumulator runs the same sequence. */
+#define TILE(NAME, R, WT, LOAD, CONV)                                                                  \
     static inline void NAME(const float *x, int ldx, const WT *w, int K, float *out) {                \
-        vf acc[R][C];                                                                                   \
+        vf acc[R][NR];                                                                                  \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < C; j++) acc[i][j] = vzero();                                            \
+            for (int j = 0; j < NR; j++) acc[i][j] = vzero();                                           \
         int k = 0;                                                                                      \
-        for (; k + VW <= K; k += VW) {                                                                  \
-            vf wv[C];                                                                                   \
-            for (int j = 0; j < C; j++) {                                                               \
-                wv[j] = LOAD(w + (size_t)j * K + k);                                                    \
-                _mm_prefetch((const char *)(w + (size_t)(j + C) * K + k), _MM_HINT_T0);                 \
-            }                                                                                           \
+        for (; k + VW <= K; k += VW, w += NR * VW) {                                                    \
+            vf wv[NR];                                                                                  \
+            for (int j = 0; j < NR; j++) wv[j] = LOAD(w + j * VW);                                      \
             for (int i = 0; i < R; i++) {                                                               \
                 vf xv = vload(x + (size_t)i * ldx + k);                                                 \
-                for (int j = 0; j < C; j++) acc[i][j] = vfma(xv, wv[j], acc[i][j]);                     \
+                for (int j = 0; j < NR; j++) acc[i][j] = vfma(xv, wv[j], acc[i][j]);                    \
             }                                                                                           \
         }                                                                                               \
+        const int tail = K - k;                                                                         \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < C; j++) {                                                               \
+            for (int j = 0; j < NR; j++) {                                                              \
                 float s = vsum(acc[i][j]);                                                              \
-                for (int t = k; t < K; t++) s = fmaf(x[(size_t)i * ldx + t], CONV(w[(size_t)j * K + t]), s); \
-                out[i * C + j] = s;                                                                     \
+                for (int t = 0; t < tail; t++) s = fmaf(x[(size_t)i * ldx + k + t], CONV(w[j * tail + t]), s); \
+                out[i * NR + j] = s;                                                                    \
             }                                                                                           \
     }
 
 /* The same over int8 activations and weights: an int32 sum, exact whatever the order. */
-#define TILEQ(NAME, R, C)                                                                              \
+#define TILEQ(NAME, R)                                                                                 \
     static inline void NAME(const int8_t *x, int ldx, const int8_t *w, int K, float *out) {           \
-        vi acc[R][C];                                                                                   \
+        vi acc[R][NR];                                                                                  \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < C; j++) acc[i][j] = qzero();                                            \
+            for (int j = 0; j < NR; j++) acc[i][j] = qzero();                                           \
         int k = 0;                                                                                      \
-        for (; k + QW <= K; k += QW) {                                                                  \
-            vi wv[C];                                                                                   \
-            for (int j = 0; j < C; j++) {                                                               \
-                wv[j] = qload_w(w + (size_t)j * K + k);                                                 \
-                _mm_prefetch((const char *)(w + (size_t)(j + C) * K + k), _MM_HINT_T0);                 \
-            }                                                                                           \
+        for (; k + QW <= K; k += QW, w += NR * QW) {                                                    \
+            vi wv[NR];                                                                                  \
+            for (int j = 0; j < NR; j++) wv[j] = qload_w(w + j * QW);                                   \
             for (int i = 0; i < R; i++) {                                                               \
                 vi xv = qload_x(x + (size_t)i * ldx + k);                                               \
-                for (int j = 0; j < C; j++) acc[i][j] = qdot(acc[i][j], xv, wv[j]);                     \
+                for (int j = 0; j < NR; j++) acc[i][j] = qdot(acc[i][j], xv, wv[j]);                    \
             }                                                                                           \
         }                                                                                               \
+        const int tail = K - k;                                                                         \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < C; j++) {                                                               \
+            for (int j = 0; j < NR; j++) {                                                              \
                 int32_t s = qsum(acc[i][j]);                                                            \
-                for (int t = k; t < K; t++) s += (x[(size_t)i * ldx + t] + Q_OFFSET) * w[(size_t)j * K + t]; \
-                out[i * C + j] = (float)s;                                                              \
+                for (int t = 0; t < tail; t++) s += (x[(size_t)i * ldx + k + t] + Q_OFFSET) * w[j * tail + t]; \
+                out[i * NR + j] = (float)s;                                                             \
             }                                                                                           \
     }
 
 #define I8CONV(v) ((float)(v))
-TILE(tile_f16_full, MR, NR, uint16_t, load_f16, f16_to_f32)
-TILE(tile_f16_row, 1, NR, uint16_t, load_f16, f16_to_f32)
-TILE(tile_f16_one, 1, 1, uint16_t, load_f16, f16_to_f32)
-TILE(tile_i8_full, MR, NR, int8_t, load_i8, I8CONV)
-TILE(tile_i8_row, 1, NR, int8_t, load_i8, I8CONV)
-TILE(tile_i8_one, 1, 1, int8_t, load_i8, I8CONV)
-TILEQ(tile_q8_full, MR, NR)
-TILEQ(tile_q8_row, 1, NR)
-TILEQ(tile_q8_one, 1, 1)
+TILE(tile_f16_full, MR, uint16_t, load_f16, f16_to_f32)
+TILE(tile_f16_row, 1, uint16_t, load_f16, f16_to_f32)
+TILE(tile_i8_full, MR, int8_t, load_i8, I8CONV)
+TILE(tile_i8_row, 1, int8_t, load_i8, I8CONV)
+TILEQ(tile_q8_full, MR)
+TILEQ(tile_q8_row, 1)
 
-/* x: fp32 rows (W_F16, W_I8) or the int8 rows of `quantize_rows` (W_Q8, then xs: their scales). */
+/* x: fp32 rows (W_F16, W_I8) or the int8 rows of `quantize_row` (W_Q8, then xs: their scales). */
 typedef struct {
     const float *x;
     const int8_t *q;
@@ -200,40 +199,39 @@ static inline void store(const Linear *L, const Rows *X, float *y, int m, int n,
     *dst = accumulate ? *dst + s : s;
 }
 
-/* One tile of rows m..m+R-1 (R = MR, or 1) by columns n0..n0+C-1 (C = NR, or 1) into out. */
-static inline void tile(const Linear *L, const Rows *X, int m, int n0, int R, int C, float *out) {
+/* Rows m..m+R-1 (R = MR, or 1) of weight tile b into out [R, NR]. */
+static inline void tile(const Linear *L, const Rows *X, int m, int b, int R, float *out) {
     const int K = L->k;
+    const size_t at = (size_t)b * NR * K;
     if (L->type == W_Q8) {
-        const int8_t *x = X->q + (size_t)m * X->ldx, *w = (const int8_t *)L->w + (size_t)n0 * K;
+        const int8_t *x = X->q + (size_t)m * X->ldx, *w = (const int8_t *)L->w + at;
         if (R == MR) tile_q8_full(x, X->ldx, w, K, out);
-        else if (C == NR) tile_q8_row(x, X->ldx, w, K, out);
-        else tile_q8_one(x, X->ldx, w, K, out);
+        else tile_q8_row(x, X->ldx, w, K, out);
     } else if (L->type == W_F16) {
         const float *x = X->x + (size_t)m * X->ldx;
-        const uint16_t *w = (const uint16_t *)L->w + (size_t)n0 * K;
+        const uint16_t *w = (const uint16_t *)L->w + at;
         if (R == MR) tile_f16_full(x, X->ldx, w, K, out);
-        else if (C == NR) tile_f16_row(x, X->ldx, w, K, out);
-        else tile_f16_one(x, X->ldx, w, K, out);
+        else tile_f16_row(x, X->ldx, w, K, out);
     } else {
         const float *x = X->x + (size_t)m * X->ldx;
-        const int8_t *w = (const int8_t *)L->w + (size_t)n0 * K;
+        const int8_t *w = (const int8_t *)L->w + at;
         if (R == MR) tile_i8_full(x, X->ldx, w, K, out);
-        else if (C == NR) tile_i8_row(x, X->ldx, w, K, out);
-        else tile_i8_one(x, X->ldx, w, K, out);
+        else tile_i8_row(x, X->ldx, w, K, out);
     }
 }
 
-/* Columns n0..n0+C-1 for every row: MR-row tiles, then single rows. */
-static void columns(const Linear *L, const Rows *X, int M, float *y, int n0, int C, int accumulate) {
+/* Weight tile b (columns b * NR ..) for every row: MR-row tiles, then single rows. */
+static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int accumulate) {
     float out[MR * NR];
+    const int n0 = b * NR, C = L->n - n0 < NR ? L->n - n0 : NR;
     int m = 0;
-    for (; C == NR && m + MR <= M; m += MR) {
-        tile(L, X, m, n0, MR, C, out);
+    for (; m + MR <= M; m += MR) {
+        tile(L, X, m, b, MR, out);
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < C; j++) store(L, X, y, m + i, n0 + j, out[i * C + j], accumulate);
+            for (int j = 0; j < C; j++) store(L, X, y, m + i, n0 + j, out[i * NR + j], accumulate);
     }
     for (; m < M; m++) {
-        tile(L, X, m, n0, 1, C, out);
+        tile(L, X, m, b, 1, out);
         for (int j = 0; j < C; j++) store(L, X, y, m, n0 + j, out[j], accumulate);
     }
 }
@@ -259,11 +257,9 @@ static void linear_par(const Linear *L, const float *x, int ldx, int M, float *y
         for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * ldx, L->k, q + (size_t)m * L->k, xs + m);
         X.q = q, X.xs = xs, X.ldx = L->k;
     }
-    const int blocks = L->n / NR;
+    const int tiles = (L->n + NR - 1) / NR;
 #pragma omp for schedule(static)
-    for (int b = 0; b < blocks; b++) columns(L, &X, M, y, b * NR, NR, accumulate);
-#pragma omp for schedule(static)
-    for (int n = blocks * NR; n < L->n; n++) columns(L, &X, M, y, n, 1, accumulate);
+    for (int b = 0; b < tiles; b++) columns(L, &X, M, y, b, accumulate);
 }
 
 static size_t work_bytes(int m, int k) { return (((size_t)m * k + 63) & ~(size_t)63) + (size_t)m * sizeof(float); }
@@ -453,3 +449,7 @@ int sp_stack(const int64_t *layers, const int64_t *caches, int L, const int *dim
 }
 
 int sp_lanes(void) { return VW; }
+
+/* Values per packing step along K for weights of `type` (see the packing above), and columns per tile. */
+int sp_chunk(int type) { return type == W_Q8 ? QW : VW; }
+int sp_tile_columns(void) { return NR; }

@@ -126,20 +126,49 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sp_stack.argtypes = [p, p, i, p, f, p, p, p, i, p, p, p, p, i, p, p]
     lib.sp_stack.restype = i
     lib.sp_lanes.restype = i
+    lib.sp_chunk.argtypes = [i]
+    lib.sp_chunk.restype = i
+    lib.sp_tile_columns.restype = i
+
+
+def pack(weight: torch.Tensor, kind: int) -> torch.Tensor:
+    """weight [N, K] (float16 or int8) -> the kernel's layout, flat: tiles of `sp_tile_columns`
+    rows (zero rows pad the last), each tile the rows' `sp_chunk` values along K side by side,
+    step after step, then each row's K % chunk tail (see cpu_kernels.c). One tile is one
+    contiguous read."""
+    lib = library()
+    rows, chunk = lib.sp_tile_columns(), lib.sp_chunk(kind)
+    n, k = weight.shape
+    padded = torch.cat([weight, weight.new_zeros(-n % rows, k)]) if n % rows else weight
+    tiles, main = padded.shape[0] // rows, k - k % chunk
+    body = padded[:, :main].reshape(tiles, rows, main // chunk, chunk).permute(0, 2, 1, 3).reshape(tiles, -1)
+    tail = padded[:, main:].reshape(tiles, -1)
+    return torch.cat([body, tail], 1).reshape(-1).contiguous()
+
+
+def unpack(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
+    """`pack`'s inverse: [N, K]."""
+    lib = library()
+    rows, chunk = lib.sp_tile_columns(), lib.sp_chunk(kind)
+    tiles, main = -(-n // rows), k - k % chunk
+    flat = packed.reshape(tiles, rows * k)
+    body = flat[:, : rows * main].reshape(tiles, main // chunk, rows, chunk).permute(0, 2, 1, 3).reshape(tiles, rows, main)
+    tail = flat[:, rows * main :].reshape(tiles, rows, k - main)
+    return torch.cat([body, tail], 2).reshape(tiles * rows, k)[:n]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def linear(kind: int, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
-           colsum: torch.Tensor | None = None, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
-    """x [M, K] float32 contiguous; weight [N, K] float16 (W_F16) or int8 (W_I8, W_Q8; then scale
-    [N] float32, and for W_Q8 colsum [N] int32, each weight row's sum); bias [N] float32 or None
-    -> out [M, N] float32 (= x . weight^T * scale + bias, or added into `out` with accumulate).
-    W_Q8 rounds each row of x to int8 first (its own scale)."""
+def linear(kind: int, x: torch.Tensor, weight: torch.Tensor, n: int, scale: torch.Tensor | None,
+           bias: torch.Tensor | None, colsum: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           accumulate: bool = False) -> torch.Tensor:
+    """x [M, K] float32 contiguous; weight: N rows of K float16 (W_F16) or int8 (W_I8, W_Q8; then
+    scale [N] float32, and for W_Q8 colsum [N] int32, each weight row's sum), `pack`ed; bias [N]
+    float32 or None -> out [M, N] float32 (= x . weight^T * scale + bias, or added into `out`
+    with accumulate). W_Q8 rounds each row of x to int8 first (its own scale)."""
     m, k = x.shape
-    n = weight.shape[0]
     if out is None:
         out = torch.empty(m, n, dtype=torch.float32)
     library().sp_linear(kind, weight.data_ptr(), _ptr(scale), _ptr(bias), _ptr(colsum), n, k, x.data_ptr(), m,

@@ -310,37 +310,40 @@ class KernelLinear(_Opaque, _PackedLinear):
     has. The residual add of `matmul_add` runs in the kernel."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: int = 0):
-        from specpipe.models.cpu_kernels import W_F16
+        from specpipe.models.cpu_kernels import W_F16, pack
 
         super().__init__(weight, bias)
         self.kind = kind
         weight = weight.float()
         self.scale = self.colsum = None
         if kind == W_F16:
-            self.weight = weight.to(torch.float16).contiguous()
+            weight = weight.to(torch.float16)
         else:
             scale = (weight.abs().amax(1) / 127.0).clamp_min(1e-8)  # [out]
-            self.weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+            weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
             self.scale = scale.contiguous()
-            self.colsum = self.weight.sum(1, dtype=torch.int32).contiguous()  # [out]
+            self.colsum = weight.sum(1, dtype=torch.int32).contiguous()  # [out]
+        self.weight = pack(weight, kind)  # flat, in the kernel's tiles
         self.bias = None if bias is None else bias.float().contiguous()
         self._register()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         from specpipe.models import cpu_kernels
 
-        return cpu_kernels.linear(self.kind, x, self.weight, self.scale, self.bias, self.colsum)
+        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.colsum)
 
     def matmul_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() or not residual.is_contiguous() or residual.dtype != torch.float32:
             return super().matmul_add(x, residual)
         from specpipe.models import cpu_kernels
 
-        return cpu_kernels.linear(self.kind, x, self.weight, self.scale, self.bias, self.colsum, out=residual,
-                                  accumulate=True)
+        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.colsum,
+                                  out=residual, accumulate=True)
 
     def dense_weight(self) -> torch.Tensor:
-        weight = self.weight.float()
+        from specpipe.models.cpu_kernels import unpack
+
+        weight = unpack(self.weight, self.kind, self.out_features, self.in_features).float()
         return weight if self.scale is None else weight * self.scale[:, None]
 
 
