@@ -29,6 +29,7 @@ from specpipe.bench.load import load_summary, measure_load
 from specpipe.bench.peers import hf_batched, load_peer_names, make_peers, peer_names
 from specpipe.bench.results import RESULTS_FILE, SCHEMA, earlier_results, environment, measured_with, now, write_json
 from specpipe.bench.runner import WARMUP_TOKENS, bench_prompts, warm_up
+from specpipe.bench.spec_bench import is_spec_bench, spec_bench_table
 from specpipe.bench.summary import all_exact, summarize
 from specpipe.bench.table import bench_table, load_table
 from specpipe.checks.identity import kind_of, proposer_kind
@@ -61,6 +62,8 @@ def run(cfg: DictConfig) -> int:
     payload = measure_requests(cfg, pipeline, prompts, peers, err) if load else measure(cfg, pipeline, prompts,
                                                                                          peers, err, folder)
     Console().print(load_table(payload) if load else bench_table(payload))  # seen, whatever happens to the file
+    if not load and is_spec_bench(cfg.prompts):  # also as the field reports it, beside its papers' numbers
+        Console().print(spec_bench_table(payload))
     path = save(payload, folder)
     (folder / PARTIAL_FILE).unlink(missing_ok=True)  # every prompt is in results.json now
     err.print(f"results: {esc(path)}")

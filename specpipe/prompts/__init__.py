@@ -4,6 +4,10 @@
 benchmarks measure. `held-aside`: 16 prompts unlike the dev set and the training requests
 (creative writing, other natural languages, long chats, structured output such as JSON, tables,
 CSV and YAML), where trained heads and lookup drafts find little: recipes are judged there too.
+`spec-bench`: the first turns of Spec-Bench's 480 questions (Apache-2.0, hemingkx/Spec-Bench; see
+spec-bench.NOTICE and benchmarks/spec_bench_prompts.py), 80 in each of mt_bench, translation,
+summarization, qa, math_reasoning and rag: what papers report on, so a result there is reported,
+never chosen or tuned on.
 Sets join with `+` (`prompts=dev+held-aside`). `requests` to `requests-6`: 280 training requests each in the first five
 (train/requests.py), written apart from `dev`: a head never learns the prompts it is measured on. A file
 holds one JSON object a line: {"id", "category", "messages": [{"role", "content"}, ...],
@@ -28,7 +32,9 @@ BUILTIN = {"dev": _HERE / "dev.jsonl", "held-aside": _HERE / "held-aside.jsonl",
            # the banks of training requests (train/requests.py)
            "requests": _HERE / "requests.jsonl", "requests-2": _HERE / "requests-2.jsonl",
            "requests-3": _HERE / "requests-3.jsonl", "requests-4": _HERE / "requests-4.jsonl",
-           "requests-5": _HERE / "requests-5.jsonl", "requests-6": _HERE / "requests-6.jsonl"}
+           "requests-5": _HERE / "requests-5.jsonl", "requests-6": _HERE / "requests-6.jsonl",
+           # the field's benchmark, for reporting only (its source and license: spec-bench.NOTICE)
+           "spec-bench": _HERE / "spec-bench.jsonl"}
 EXAMPLE = '{"id": "p1", "category": "chat", "messages": [{"role": "user", "content": "..."}]}'
 # byte-order marks of encodings that are not UTF-8: named, since "byte 0xff" alone is a riddle
 _OTHER_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
