@@ -27,17 +27,33 @@
 #error "specpipe's CPU kernels need AVX2, FMA and F16C"
 #endif
 
+/* Vectors of fp32 lanes: 16 with AVX-512, 8 with AVX2. A float tile is NV vectors of columns by
+ * up to MR rows: MR * NV accumulators, NV weight vectors and one broadcast input in registers. */
 #if defined(__AVX512F__)
 #define VW 16
-#define MR 4 /* rows per register tile: 16 accumulators + 4 weights + 1 input of 32 zmm */
+#define NV 4
+#define MR 6 /* 24 accumulators + 4 weights + 1 input of 32 zmm */
 typedef __m512 vf;
 static inline vf vzero(void) { return _mm512_setzero_ps(); }
 static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vbcast(const float *p) { return _mm512_set1_ps(*p); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline vf load_i8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
+static inline vf vfloor(vf v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+static inline vf vpow2i(vf n) { /* 2^n for integral n in [-127, 127] */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf vset(float a) { return _mm512_set1_ps(a); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline float vsum(vf v) { /* fixed folding: 16 -> 8 -> 4 -> 2 -> 1 */
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -47,15 +63,29 @@ static inline float vsum(vf v) { /* fixed folding: 16 -> 8 -> 4 -> 2 -> 1 */
 }
 #else
 #define VW 8
+#define NV 4
 #define MR 2 /* 8 accumulators + 4 weights + 1 input of 16 ymm */
 typedef __m256 vf;
 static inline vf vzero(void) { return _mm256_setzero_ps(); }
 static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vbcast(const float *p) { return _mm256_broadcast_ss(p); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline vf load_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
+static inline vf vfloor(vf v) { return _mm256_floor_ps(v); }
+static inline vf vpow2i(vf n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vf vset(float a) { return _mm256_set1_ps(a); }
+static inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline float vsum(vf v) {
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -63,210 +93,273 @@ static inline float vsum(vf v) {
     return _mm_cvtss_f32(b);
 }
 #endif
-#define NR 4 /* output columns per register tile */
+#define TC (NV * VW) /* columns of a float tile */
 
-/* int8 x int8 dot products, summed in int32: exact in any order. With AVX512-VNNI, vpdpbusd
- * (u8 x s8, 64 a step: the activations offset by +128, taken back with the weights' column
- * sums); else sign-extended to int16 and vpmaddwd. */
+/* int8 x int8 products summed in int32 lanes, each lane one column: exact in any order. With
+ * AVX512-VNNI, vpdpbusd takes KP = 4 values of K a lane (u8 activations, offset by +128 and
+ * the weights' group sums taken back); else vpmaddwd on int16 pairs (KP = 2). */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define QW 64
+#define KP 4
+#define QL 16 /* int32 lanes */
+#define NQ 4
+#define MQ 4
 #define Q_OFFSET 128
 typedef __m512i vi;
+typedef uint8_t qx_t;
 static inline vi qzero(void) { return _mm512_setzero_si512(); }
+static inline vi qload_acc(const int32_t *p) { return _mm512_loadu_si512((const void *)p); }
 static inline vi qload_w(const int8_t *p) { return _mm512_loadu_si512((const void *)p); }
-static inline vi qload_x(const int8_t *p) {
-    return _mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_set1_epi8((char)0x80));
-}
+static inline vi qbcast(const qx_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 static inline vi qdot(vi acc, vi x, vi w) { return _mm512_dpbusd_epi32(acc, x, w); }
-static inline int32_t qsum(vi v) { return _mm512_reduce_add_epi32(v); }
-#elif defined(__AVX512BW__)
-#define QW 32
+static inline vf qfloat(vi v) { return _mm512_cvtepi32_ps(v); }
+static inline qx_t qstore_x(int q) { return (qx_t)(q + Q_OFFSET); }
+#elif defined(__AVX512F__)
+#define KP 2
+#define QL 16
+#define NQ 2
+#define MQ 4
 #define Q_OFFSET 0
 typedef __m512i vi;
+typedef int16_t qx_t;
 static inline vi qzero(void) { return _mm512_setzero_si512(); }
+static inline vi qload_acc(const int32_t *p) { return _mm512_loadu_si512((const void *)p); }
 static inline vi qload_w(const int8_t *p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p)); }
-static inline vi qload_x(const int8_t *p) { return qload_w(p); }
+static inline vi qbcast(const qx_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 static inline vi qdot(vi acc, vi x, vi w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(x, w)); }
-static inline int32_t qsum(vi v) { return _mm512_reduce_add_epi32(v); }
+static inline vf qfloat(vi v) { return _mm512_cvtepi32_ps(v); }
+static inline qx_t qstore_x(int q) { return (qx_t)q; }
 #else
-#define QW 16
+#define KP 2
+#define QL 8
+#define NQ 2
+#define MQ 2
 #define Q_OFFSET 0
 typedef __m256i vi;
+typedef int16_t qx_t;
 static inline vi qzero(void) { return _mm256_setzero_si256(); }
+static inline vi qload_acc(const int32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline vi qload_w(const int8_t *p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)); }
-static inline vi qload_x(const int8_t *p) { return qload_w(p); }
+static inline vi qbcast(const qx_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 static inline vi qdot(vi acc, vi x, vi w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(x, w)); }
-static inline int32_t qsum(vi v) {
-    __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4e));
-    a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xb1));
-    return _mm_cvtsi128_si32(a);
-}
+static inline vf qfloat(vi v) { return _mm256_cvtepi32_ps(v); }
+static inline qx_t qstore_x(int q) { return (qx_t)q; }
 #endif
+#define TQ (NQ * QL) /* columns of an int8 tile */
+#define GROUP 64     /* values of K sharing one activation scale (as llama.cpp's q8 blocks share one) */
 
 /* Weight types: fp16 or int8 weights with fp32 activations; int8 weights with int8 activations
- * (one scale per row, absmax / 127). */
+ * (one scale per GROUP values of a row, absmax / 127). */
 enum { W_F16 = 0, W_I8 = 1, W_Q8 = 2 };
 
 static inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+/* max, min and rounding written out: libm's fmaxf / fminf are calls (NaN rules), these vectorize */
+static inline float max_f(float a, float b) { return a > b ? a : b; }
+static inline float min_f(float a, float b) { return a < b ? a : b; }
 
-/* ---- linear layers: y[m, n] (+)= scale[n] * dot(x[m], w[n]) + bias[n] ---------------------- */
+/* ---- linear layers: y[m, n] (+)= scale[n] * sum_k x[m, k] w[n, k] + bias[n] ----------------- *
+ * Weights are packed in tiles of columns (TC, or TQ for W_Q8; zero columns pad the last), each
+ * tile one contiguous run read front to back (one memory stream a thread: four rows read side by
+ * side ran at half the read rate): float tiles [K][TC], int8 tiles [K / KP][TQ][KP] (K padded
+ * to GROUP). A vector lane is one column and sums its products in K order (float), or in int32
+ * (int8): so each output is computed alike whatever the row count, the tile its row falls in or
+ * the thread; no horizontal sums. The rows' broadcast inputs are reused by all NV vectors. */
 
 typedef struct {
     int type;              /* W_F16, W_I8 or W_Q8 */
-    const void *w;         /* [N, K] row-major */
-    const float *scale;    /* [N] (int8 weights) or NULL */
+    const void *w;         /* packed tiles */
+    const float *scale;    /* [N] per-column weight scale (int8 weights) or NULL */
     const float *bias;     /* [N] or NULL */
-    const int32_t *colsum; /* [N] sum of each int8 weight row (W_Q8: takes Q_OFFSET back) */
-    int n, k;              /* w: packed tiles (see below) of N rows of K */
+    const int32_t *offset; /* W_Q8 where Q_OFFSET: per tile [groups][TQ], each group's int32 start,
+                              -Q_OFFSET x the group's weight sum (takes the activations' offset back) */
+    int n, k;
 } Linear;
 
-/* Weights are packed in tiles of NR rows (the last one padded with zero rows), each tile one
- * contiguous run that the kernel reads front to back: per step of CH values along K, the NR
- * rows' CH values side by side, then the rows' K % CH tails one after another. One stream per
- * thread: four rows read side by side as four streams ran at half the memory's read rate.
- * CH = VW for float activations, QW for int8 ones (`sp_chunk`). */
-
-/* One tile of R rows x NR columns of a float dot; every accumulator runs the same sequence. */
-#define TILE(NAME, R, WT, LOAD, CONV)                                                                  \
-    static inline void NAME(const float *x, int ldx, const WT *w, int K, float *out) {                \
-        vf acc[R][NR];                                                                                  \
+/* float tiles: rows x[0..R) (ldx apart) by TC columns, into acc[R][NV] */
+#define FTILE(NAME, R, WT, LOAD)                                                                       \
+    static void NAME(const float *x, int ldx, const WT *w, int K, vf *out) {                          \
+        vf acc[R][NV];                                                                                  \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < NR; j++) acc[i][j] = vzero();                                           \
-        int k = 0;                                                                                      \
-        for (; k + VW <= K; k += VW, w += NR * VW) {                                                    \
-            vf wv[NR];                                                                                  \
-            for (int j = 0; j < NR; j++) wv[j] = LOAD(w + j * VW);                                      \
+            for (int v = 0; v < NV; v++) acc[i][v] = vzero();                                           \
+        for (int k = 0; k < K; k++, w += TC) {                                                          \
+            vf wv[NV];                                                                                  \
+            for (int v = 0; v < NV; v++) wv[v] = LOAD(w + v * VW);                                      \
             for (int i = 0; i < R; i++) {                                                               \
-                vf xv = vload(x + (size_t)i * ldx + k);                                                 \
-                for (int j = 0; j < NR; j++) acc[i][j] = vfma(xv, wv[j], acc[i][j]);                    \
+                vf xb = vbcast(x + (size_t)i * ldx + k);                                                \
+                for (int v = 0; v < NV; v++) acc[i][v] = vfma(xb, wv[v], acc[i][v]);                    \
             }                                                                                           \
         }                                                                                               \
-        const int tail = K - k;                                                                         \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < NR; j++) {                                                              \
-                float s = vsum(acc[i][j]);                                                              \
-                for (int t = 0; t < tail; t++) s = fmaf(x[(size_t)i * ldx + k + t], CONV(w[j * tail + t]), s); \
-                out[i * NR + j] = s;                                                                    \
-            }                                                                                           \
+            for (int v = 0; v < NV; v++) out[i * NV + v] = acc[i][v];                                   \
     }
 
-/* The same over int8 activations and weights: an int32 sum, exact whatever the order. */
-#define TILEQ(NAME, R)                                                                                 \
-    static inline void NAME(const int8_t *x, int ldx, const int8_t *w, int K, float *out) {           \
-        vi acc[R][NR];                                                                                  \
+/* int8 tiles: per GROUP an int32 sum, then scaled by the row's group scale into a float sum
+ * (groups in order); out[R][NQ] */
+#define QTILE(NAME, R)                                                                                 \
+    static void NAME(const qx_t *x, int ldx, const float *xs, int groups, const int8_t *w,           \
+                     const int32_t *offset, vf *out) {                                                 \
+        vf sum[R][NQ];                                                                                  \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < NR; j++) acc[i][j] = qzero();                                           \
-        int k = 0;                                                                                      \
-        for (; k + QW <= K; k += QW, w += NR * QW) {                                                    \
-            vi wv[NR];                                                                                  \
-            for (int j = 0; j < NR; j++) wv[j] = qload_w(w + j * QW);                                   \
+            for (int v = 0; v < NQ; v++) sum[i][v] = vzero();                                           \
+        for (int g = 0; g < groups; g++) {                                                              \
+            vi acc[R][NQ];                                                                              \
+            for (int v = 0; v < NQ; v++) {                                                              \
+                vi start = offset ? qload_acc(offset + (size_t)g * TQ + v * QL) : qzero();              \
+                for (int i = 0; i < R; i++) acc[i][v] = start;                                          \
+            }                                                                                           \
+            for (int k = g * GROUP; k < (g + 1) * GROUP; k += KP, w += TQ * KP) {                       \
+                vi wv[NQ];                                                                              \
+                for (int v = 0; v < NQ; v++) wv[v] = qload_w(w + v * QL * KP);                          \
+                for (int i = 0; i < R; i++) {                                                           \
+                    vi xb = qbcast(x + (size_t)i * ldx + k);                                            \
+                    for (int v = 0; v < NQ; v++) acc[i][v] = qdot(acc[i][v], xb, wv[v]);                \
+                }                                                                                       \
+            }                                                                                           \
             for (int i = 0; i < R; i++) {                                                               \
-                vi xv = qload_x(x + (size_t)i * ldx + k);                                               \
-                for (int j = 0; j < NR; j++) acc[i][j] = qdot(acc[i][j], xv, wv[j]);                    \
+                vf s = vbcast(xs + (size_t)i * groups + g);                                             \
+                for (int v = 0; v < NQ; v++) sum[i][v] = vfma(qfloat(acc[i][v]), s, sum[i][v]);         \
             }                                                                                           \
         }                                                                                               \
-        const int tail = K - k;                                                                         \
         for (int i = 0; i < R; i++)                                                                     \
-            for (int j = 0; j < NR; j++) {                                                              \
-                int32_t s = qsum(acc[i][j]);                                                            \
-                for (int t = 0; t < tail; t++) s += (x[(size_t)i * ldx + k + t] + Q_OFFSET) * w[j * tail + t]; \
-                out[i * NR + j] = (float)s;                                                             \
-            }                                                                                           \
+            for (int v = 0; v < NQ; v++) out[i * NQ + v] = sum[i][v];                                   \
     }
 
-#define I8CONV(v) ((float)(v))
-TILE(tile_f16_full, MR, uint16_t, load_f16, f16_to_f32)
-TILE(tile_f16_row, 1, uint16_t, load_f16, f16_to_f32)
-TILE(tile_i8_full, MR, int8_t, load_i8, I8CONV)
-TILE(tile_i8_row, 1, int8_t, load_i8, I8CONV)
-TILEQ(tile_q8_full, MR)
-TILEQ(tile_q8_row, 1)
+typedef void (*ftile_fn)(const float *, int, const void *, int, vf *);
+typedef void (*qtile_fn)(const qx_t *, int, const float *, int, const int8_t *, const int32_t *, vf *);
+FTILE(f16_1, 1, uint16_t, load_f16)
+FTILE(f16_2, 2, uint16_t, load_f16)
+FTILE(i8_1, 1, int8_t, load_i8)
+FTILE(i8_2, 2, int8_t, load_i8)
+QTILE(q8_1, 1)
+QTILE(q8_2, 2)
+#if MR > 2
+FTILE(f16_3, 3, uint16_t, load_f16)
+FTILE(f16_4, 4, uint16_t, load_f16)
+FTILE(f16_5, 5, uint16_t, load_f16)
+FTILE(f16_6, 6, uint16_t, load_f16)
+FTILE(i8_3, 3, int8_t, load_i8)
+FTILE(i8_4, 4, int8_t, load_i8)
+FTILE(i8_5, 5, int8_t, load_i8)
+FTILE(i8_6, 6, int8_t, load_i8)
+static const ftile_fn F16_TILES[MR + 1] = {0, (ftile_fn)f16_1, (ftile_fn)f16_2, (ftile_fn)f16_3, (ftile_fn)f16_4,
+                                           (ftile_fn)f16_5, (ftile_fn)f16_6};
+static const ftile_fn I8_TILES[MR + 1] = {0, (ftile_fn)i8_1, (ftile_fn)i8_2, (ftile_fn)i8_3, (ftile_fn)i8_4,
+                                          (ftile_fn)i8_5, (ftile_fn)i8_6};
+#else
+static const ftile_fn F16_TILES[MR + 1] = {0, (ftile_fn)f16_1, (ftile_fn)f16_2};
+static const ftile_fn I8_TILES[MR + 1] = {0, (ftile_fn)i8_1, (ftile_fn)i8_2};
+#endif
+#if MQ > 2
+QTILE(q8_3, 3)
+QTILE(q8_4, 4)
+static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2, q8_3, q8_4};
+#else
+static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
+#endif
 
-/* x: fp32 rows (W_F16, W_I8) or the int8 rows of `quantize_row` (W_Q8, then xs: their scales). */
+/* x: fp32 rows (W_F16, W_I8) or the int8 rows of `quantize_rows` (W_Q8: q, their group scales). */
 typedef struct {
     const float *x;
-    const int8_t *q;
+    const qx_t *q;
     const float *xs;
-    int ldx;
+    int ldx, groups;
 } Rows;
 
-static inline void store(const Linear *L, const Rows *X, float *y, int m, int n, float s, int accumulate) {
-    if (L->type == W_Q8) s = (s - (float)(Q_OFFSET * L->colsum[n])) * X->xs[m];
-    if (L->scale) s *= L->scale[n];
-    if (L->bias) s += L->bias[n];
-    float *dst = y + (size_t)m * L->n + n;
-    *dst = accumulate ? *dst + s : s;
-}
-
-/* Rows m..m+R-1 (R = MR, or 1) of weight tile b into out [R, NR]. */
-static inline void tile(const Linear *L, const Rows *X, int m, int b, int R, float *out) {
-    const int K = L->k;
-    const size_t at = (size_t)b * NR * K;
-    if (L->type == W_Q8) {
-        const int8_t *x = X->q + (size_t)m * X->ldx, *w = (const int8_t *)L->w + at;
-        if (R == MR) tile_q8_full(x, X->ldx, w, K, out);
-        else tile_q8_row(x, X->ldx, w, K, out);
-    } else if (L->type == W_F16) {
-        const float *x = X->x + (size_t)m * X->ldx;
-        const uint16_t *w = (const uint16_t *)L->w + at;
-        if (R == MR) tile_f16_full(x, X->ldx, w, K, out);
-        else tile_f16_row(x, X->ldx, w, K, out);
-    } else {
-        const float *x = X->x + (size_t)m * X->ldx;
-        const int8_t *w = (const int8_t *)L->w + at;
-        if (R == MR) tile_i8_full(x, X->ldx, w, K, out);
-        else tile_i8_row(x, X->ldx, w, K, out);
+/* Columns n0.. of rows m..m+R-1 from vectors acc[R][nv]: y (+)= acc * scale + bias. */
+static void store(const Linear *L, float *y, int m, int R, int n0, int nv, const vf *acc, int accumulate) {
+    const int width = nv * VW, cols = L->n - n0 < width ? L->n - n0 : width;
+    float scale[TC > TQ ? TC : TQ], bias[TC > TQ ? TC : TQ], row[TC > TQ ? TC : TQ];
+    for (int j = 0; j < width; j++) {
+        scale[j] = L->scale && j < cols ? L->scale[n0 + j] : 1.0f;
+        bias[j] = L->bias && j < cols ? L->bias[n0 + j] : 0.0f;
+    }
+    for (int i = 0; i < R; i++) {
+        float *dst = y + (size_t)(m + i) * L->n + n0;
+        for (int v = 0; v < nv; v++) {
+            vf r = acc[i * nv + v];
+            if (L->scale) r = vmul(r, vload(scale + v * VW));
+            if (L->bias) r = vadd(r, vload(bias + v * VW));
+            vstore(row + v * VW, r);
+        }
+        for (int j = 0; j < cols; j++) dst[j] = accumulate ? dst[j] + row[j] : row[j];
     }
 }
 
-/* Weight tile b (columns b * NR ..) for every row: MR-row tiles, then single rows. */
+/* Column tile b for every row, MR (MQ) rows at a time. */
 static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int accumulate) {
-    float out[MR * NR];
-    const int n0 = b * NR, C = L->n - n0 < NR ? L->n - n0 : NR;
-    int m = 0;
-    for (; m + MR <= M; m += MR) {
-        tile(L, X, m, b, MR, out);
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < C; j++) store(L, X, y, m + i, n0 + j, out[i * NR + j], accumulate);
-    }
-    for (; m < M; m++) {
-        tile(L, X, m, b, 1, out);
-        for (int j = 0; j < C; j++) store(L, X, y, m, n0 + j, out[j], accumulate);
-    }
-}
-
-/* Per row: q = round(x / s) in [-127, 127], s = absmax / 127 (0 rows stay 0). */
-static void quantize_row(const float *x, int k, int8_t *q, float *scale) {
-    float top = 0.0f;
-    for (int i = 0; i < k; i++) top = fmaxf(top, fabsf(x[i]));
-    const float inv = top > 0.0f ? 127.0f / top : 0.0f;
-    for (int i = 0; i < k; i++) q[i] = (int8_t)fminf(fmaxf(nearbyintf(x[i] * inv), -127.0f), 127.0f);
-    *scale = top / 127.0f;
-}
-
-/* y [M, N] (+)= x [M, K] (rows ldx apart) . w^T; called inside a parallel region: the columns
- * are shared out, so each output is computed by one thread, in the one order. W_Q8 first
- * quantizes the rows into `work` (M * K bytes, then M floats). */
-static void linear_par(const Linear *L, const float *x, int ldx, int M, float *y, int accumulate, void *work) {
-    Rows X = {x, NULL, NULL, ldx};
+    vf acc[MR * NV > MQ * NQ ? MR * NV : MQ * NQ];
     if (L->type == W_Q8) {
-        int8_t *q = (int8_t *)work;
-        float *xs = (float *)(q + (((size_t)M * L->k + 63) & ~(size_t)63));
-#pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * ldx, L->k, q + (size_t)m * L->k, xs + m);
-        X.q = q, X.xs = xs, X.ldx = L->k;
+        const int8_t *w = (const int8_t *)L->w + (size_t)b * TQ * X->groups * GROUP;
+        const int32_t *offset = L->offset ? L->offset + (size_t)b * X->groups * TQ : NULL;
+        for (int m = 0; m < M; m += MQ) {
+            const int R = M - m < MQ ? M - m : MQ;
+            Q8_TILES[R](X->q + (size_t)m * X->ldx, X->ldx, X->xs + (size_t)m * X->groups, X->groups, w, offset, acc);
+            store(L, y, m, R, b * TQ, NQ, acc, accumulate);
+        }
+        return;
     }
-    const int tiles = (L->n + NR - 1) / NR;
+    const size_t at = (size_t)b * TC * L->k;
+    const void *w = L->type == W_F16 ? (const void *)((const uint16_t *)L->w + at) : (const void *)((const int8_t *)L->w + at);
+    const ftile_fn *tiles = L->type == W_F16 ? F16_TILES : I8_TILES;
+    for (int m = 0; m < M; m += MR) {
+        const int R = M - m < MR ? M - m : MR;
+        tiles[R](X->x + (size_t)m * X->ldx, X->ldx, w, L->k, acc);
+        store(L, y, m, R, b * TC, NV, acc, accumulate);
+    }
+}
+
+/* Per GROUP values of a row: q = round(x / s) (half away from zero), s = absmax / 127 (an
+ * all-zero group: s = 0); the row padded with zeros to whole groups. A max is exact in any
+ * order, so the absmax is taken VW lanes at a time. */
+static void quantize_row(const float *x, int k, int groups, qx_t *q, float *scales) {
+    for (int g = 0; g < groups; g++) {
+        const int first = g * GROUP, last = first + GROUP < k ? first + GROUP : k;
+        vf wide = vzero();
+        int i = first;
+        for (; i + VW <= last; i += VW) wide = vmax(wide, vmax(vload(x + i), vsub(vzero(), vload(x + i))));
+        float lanes[VW], top = 0.0f;
+        vstore(lanes, wide);
+        for (int l = 0; l < VW; l++) top = max_f(top, lanes[l]);
+        for (; i < last; i++) top = max_f(top, fabsf(x[i]));
+        const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+        for (i = first; i < last; i++) {
+            const float v = x[i] * inv; /* |v| <= 127 */
+            q[i] = qstore_x((int)(v + (v >= 0.0f ? 0.5f : -0.5f)));
+        }
+        for (; i < first + GROUP; i++) q[i] = qstore_x(0);
+        scales[g] = top / 127.0f;
+    }
+}
+
+static inline int groups_of(int k) { return (k + GROUP - 1) / GROUP; }
+
+static size_t work_bytes(int m, int k) {
+    const size_t groups = (size_t)groups_of(k);
+    return ((((size_t)m * groups * GROUP * sizeof(qx_t)) + 63) & ~(size_t)63) + (size_t)m * groups * sizeof(float);
+}
+
+/* y [M, N] (+)= x [M, K] (rows ldx apart) . w^T; called inside a parallel region: the column
+ * tiles are shared out, so each output is computed by one thread, in the one order. W_Q8 first
+ * quantizes the rows into `work` (`work_bytes`). */
+static void linear_par(const Linear *L, const float *x, int ldx, int M, float *y, int accumulate, void *work) {
+    Rows X = {x, NULL, NULL, ldx, 0};
+    int tiles = (L->n + TC - 1) / TC;
+    if (L->type == W_Q8) {
+        const int groups = groups_of(L->k);
+        qx_t *q = (qx_t *)work;
+        float *xs = (float *)((char *)work + (((size_t)M * groups * GROUP * sizeof(qx_t) + 63) & ~(size_t)63));
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            quantize_row(x + (size_t)m * ldx, L->k, groups, q + (size_t)m * groups * GROUP, xs + (size_t)m * groups);
+        X.q = q, X.xs = xs, X.ldx = groups * GROUP, X.groups = groups;
+        tiles = (L->n + TQ - 1) / TQ;
+    }
 #pragma omp for schedule(static)
     for (int b = 0; b < tiles; b++) columns(L, &X, M, y, b, accumulate);
 }
 
-static size_t work_bytes(int m, int k) { return (((size_t)m * k + 63) & ~(size_t)63) + (size_t)m * sizeof(float); }
-
-void sp_linear(int type, const void *w, const float *scale, const float *bias, const int32_t *colsum, int n, int k,
+void sp_linear(int type, const void *w, const float *scale, const float *bias, const int32_t *offset, int n, int k,
                const float *x, int m, float *y, int accumulate) {
-    Linear L = {type, w, scale, bias, colsum, n, k};
+    Linear L = {type, w, scale, bias, offset, n, k};
     void *work = type == W_Q8 ? malloc(work_bytes(m, k)) : NULL;
 #pragma omp parallel
     linear_par(&L, x, k, m, y, accumulate, work);
@@ -275,10 +368,25 @@ void sp_linear(int type, const void *w, const float *scale, const float *bias, c
 
 /* ---- elementwise pieces ---------------------------------------------------------------------- */
 
-/* exp by range reduction and a degree-6 polynomial (Cephes' expf): one fixed formula, so the
- * same input gives the same bits in every row and every call; relative error ~1e-7. */
+/* exp by range reduction and a degree-6 polynomial (Cephes' expf), VW lanes at a time: one
+ * fixed formula, the same ops in scalar form below (IEEE operations, no contraction), so an input
+ * gives the same bits in every lane, row and call; relative error ~1e-7. */
+static inline vf vexp(vf x) {
+    x = vmin(vmax(x, vset(-87.0f)), vset(88.0f));
+    vf n = vfloor(vadd(vmul(x, vset(1.44269504088896341f)), vset(0.5f)));
+    vf r = vadd(vsub(x, vmul(n, vset(0.693359375f))), vmul(n, vset(2.12194440e-4f)));
+    vf p = vset(1.9875691500e-4f);
+    p = vadd(vmul(p, r), vset(1.3981999507e-3f));
+    p = vadd(vmul(p, r), vset(8.3334519073e-3f));
+    p = vadd(vmul(p, r), vset(4.1665795894e-2f));
+    p = vadd(vmul(p, r), vset(1.6666665459e-1f));
+    p = vadd(vmul(p, r), vset(5.0000001201e-1f));
+    p = vadd(vadd(vmul(vmul(p, r), r), r), vset(1.0f));
+    return vmul(p, vpow2i(n));
+}
+
 static inline float sp_exp(float x) {
-    x = fminf(fmaxf(x, -87.0f), 88.0f);
+    x = min_f(max_f(x, -87.0f), 88.0f);
     float n = floorf(x * 1.44269504088896341f + 0.5f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -290,6 +398,23 @@ static inline float sp_exp(float x) {
     p = p * r * r + r + 1.0f;
     union { int32_t i; float f; } two = {.i = ((int32_t)n + 127) << 23};
     return p * two.f;
+}
+
+/* x[i] = exp(x[i] - shift) over n values */
+static void exp_shifted(float *x, int n, float shift) {
+    int i = 0;
+    for (; i + VW <= n; i += VW) vstore(x + i, vexp(vsub(vload(x + i), vset(shift))));
+    for (; i < n; i++) x[i] = sp_exp(x[i] - shift);
+}
+
+/* g[i] = SiLU(g[i]) * u[i] = g / (1 + exp(-g)) * u */
+static void silu_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + VW <= n; i += VW) {
+        vf x = vload(g + i);
+        vstore(g + i, vmul(vdiv(x, vadd(vset(1.0f), vexp(vsub(vzero(), x)))), vload(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + sp_exp(-g[i])) * u[i];
 }
 
 static inline float dot(const float *a, const float *b, int n) {
@@ -319,8 +444,8 @@ static inline void rotate(float *v, const float *cos, const float *sin, int d) {
 
 /* ---- the decoder stack ----------------------------------------------------------------------- */
 
-/* A layer's row of addresses: per linear (q/k/v, o, gate/up, down) weight, scale, bias, column
- * sums; then the two norms. */
+/* A layer's row of addresses: per linear (q/k/v, o, gate/up, down) weight, scale, bias, offset;
+ * then the two norms. */
 enum { P_QKV = 0, P_O = 4, P_GU = 8, P_DOWN = 12, P_NORM1 = 16, P_NORM2 = 17, P_COUNT = 18 };
 enum { D_TYPE, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_WIDTH, D_COUNT };
 
@@ -353,21 +478,28 @@ static void attend(const Step *S, const float *cache, int t, int h, float *score
         int slot = j < prefix ? j : path[j - prefix];
         float s = dot(q, keys + (size_t)slot * D, D) * S->scale;
         scores[j] = s;
-        top = fmaxf(top, s);
+        top = max_f(top, s);
     }
-    for (int j = 0; j < count; j++) scores[j] = sp_exp(scores[j] - top);
+    exp_shifted(scores, count, top);
     float total = 0.0f;
     for (int j = 0; j < count; j++) total += scores[j];
-    float *out = S->att + (size_t)t * S->heads * D + (size_t)h * D;
-    for (int i = 0; i < D; i++) out[i] = 0.0f;
-    for (int j = 0; j < count; j++) {
-        int slot = j < prefix ? j : path[j - prefix];
-        const float *v = values + (size_t)slot * D;
-        const float p = scores[j];
-        for (int i = 0; i < D; i++) out[i] = fmaf(p, v[i], out[i]);
-    }
     const float inv = 1.0f / total;
-    for (int i = 0; i < D; i++) out[i] *= inv;
+    float *out = S->att + (size_t)t * S->heads * D + (size_t)h * D;
+    /* each output lane sums p_j v_j over the slots in order, in a register (VW lanes at a time) */
+    int i = 0;
+    for (; i + VW <= D; i += VW) {
+        vf acc = vzero();
+        for (int j = 0; j < count; j++) {
+            const int slot = j < prefix ? j : path[j - prefix];
+            acc = vfma(vset(scores[j]), vload(values + (size_t)slot * D + i), acc);
+        }
+        vstore(out + i, vmul(acc, vset(inv)));
+    }
+    for (; i < D; i++) {
+        float acc = 0.0f;
+        for (int j = 0; j < count; j++) acc = fmaf(scores[j], values[(size_t)(j < prefix ? j : path[j - prefix]) * D + i], acc);
+        out[i] = acc * inv;
+    }
 }
 
 static void layer(const Step *S, const int64_t *p, float *cache, int type) {
@@ -399,10 +531,7 @@ static void layer(const Step *S, const int64_t *p, float *cache, int type) {
     linear_par(&gu, S->h, H, T, S->gu, 0, S->work);
     /* SiLU(gate) * up over the gate half of each [2I] row; down reads it at row stride 2I */
 #pragma omp for schedule(static)
-    for (int t = 0; t < T; t++) {
-        float *g = S->gu + (size_t)t * 2 * I, *u = g + I;
-        for (int i = 0; i < I; i++) g[i] = g[i] / (1.0f + sp_exp(-g[i])) * u[i];
-    }
+    for (int t = 0; t < T; t++) silu_mul(S->gu + (size_t)t * 2 * I, S->gu + (size_t)t * 2 * I + I, I);
     linear_par(&down, S->gu, 2 * I, T, S->x, 1, S->work);
 }
 
@@ -450,6 +579,9 @@ int sp_stack(const int64_t *layers, const int64_t *caches, int L, const int *dim
 
 int sp_lanes(void) { return VW; }
 
-/* Values per packing step along K for weights of `type` (see the packing above), and columns per tile. */
-int sp_chunk(int type) { return type == W_Q8 ? QW : VW; }
-int sp_tile_columns(void) { return NR; }
+/* The packing of `type`'s weights (see the linear layers): columns a tile, values of K a lane
+ * (1 for float tiles), K padded to a multiple of this, and the offset added to activations. */
+int sp_tile_columns(int type) { return type == W_Q8 ? TQ : TC; }
+int sp_lane_values(int type) { return type == W_Q8 ? KP : 1; }
+int sp_k_multiple(int type) { return type == W_Q8 ? GROUP : 1; }
+int sp_q_offset(void) { return Q_OFFSET; }
