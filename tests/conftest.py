@@ -60,6 +60,8 @@ def _zoo_only_for_slow_tests(request, tmp_path_factory, monkeypatch):
     saying which tests need a real model (`pytest -m 'not slow'` runs without one)."""
     if request.node.get_closest_marker("slow") is None:
         monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path_factory.mktemp("no-zoo")))
+        # specpipe's C kernel is built once for the whole run, not once per empty model cache
+        monkeypatch.setenv("SPECPIPE_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
         monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/")  # a fetch fails in a second
         monkeypatch.setenv("PIP_RETRIES", "0")
         monkeypatch.setenv("PIP_TIMEOUT", "1")

@@ -7,8 +7,8 @@ What they are not: a general GEMM library. They are tuned for decode shapes (1-1
 the weights must stream at the memory's read bandwidth; a long prefill runs them too, slower
 than a blocked BLAS would.
 
-The library is compiled once per source, compiler and CPU (`-march=native`: AVX-512 or AVX2)
-into the cache (`$SPECPIPE_CACHE/kernels/`), and loaded with ctypes. It links the OpenMP
+The library is compiled once per source, compiler and CPU (`-march=native`: AVX-512 or AVX2;
+~1.5 s) into the cache (`$SPECPIPE_CACHE/kernels/`), and loaded with ctypes. It links the OpenMP
 runtime torch already loaded (same soname), so torch and the kernels share one thread pool
 rather than spinning against each other on two cores. Where it cannot be built (no compiler,
 no AVX2/FMA/F16C, `SPECPIPE_CPU_KERNELS=0`), `unavailable()` says why and the precisions fall
@@ -32,7 +32,7 @@ import torch
 SOURCE = "cpu_kernels.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")  # contract off: an FMA only where written, the same at every call site
 W_F16, W_I8, W_Q8 = 0, 1, 2  # weight types, as cpu_kernels.c numbers them: fp16, int8 (fp32 or int8 activations)
-LINEAR_POINTERS = ("weight", "scale", "bias", "colsum")  # per linear layer in sp_stack's layer table
+LINEAR_POINTERS = ("weight", "scale", "bias", "offset")  # per linear layer in sp_stack's layer table
 LAYER_COUNT = 4 * len(LINEAR_POINTERS) + 2  # q/k/v, o, gate/up, down; then the two norms
 
 
@@ -83,9 +83,12 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def _cache() -> Path:
+    """`$SPECPIPE_KERNEL_CACHE` if set, else the cache's `kernels/` (a test suite shares one
+    build across the empty model caches its tests get)."""
     from specpipe.models.zoo import cache_root
 
-    return cache_root() / "kernels"
+    env = os.environ.get("SPECPIPE_KERNEL_CACHE")
+    return Path(env).expanduser() if env else cache_root() / "kernels"
 
 
 def _key(source: bytes, compiler: str) -> str:
@@ -126,35 +129,43 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sp_stack.argtypes = [p, p, i, p, f, p, p, p, i, p, p, p, p, i, p, p]
     lib.sp_stack.restype = i
     lib.sp_lanes.restype = i
-    lib.sp_chunk.argtypes = [i]
-    lib.sp_chunk.restype = i
-    lib.sp_tile_columns.restype = i
+    for name in ("sp_tile_columns", "sp_lane_values", "sp_k_multiple"):
+        getattr(lib, name).argtypes = [i]
+        getattr(lib, name).restype = i
+    lib.sp_q_offset.restype = i
 
 
-def pack(weight: torch.Tensor, kind: int) -> torch.Tensor:
-    """weight [N, K] (float16 or int8) -> the kernel's layout, flat: tiles of `sp_tile_columns`
-    rows (zero rows pad the last), each tile the rows' `sp_chunk` values along K side by side,
-    step after step, then each row's K % chunk tail (see cpu_kernels.c). One tile is one
-    contiguous read."""
+def pack(weight: torch.Tensor, kind: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """weight [N, K] (float16, or int8 for W_I8 and W_Q8) -> (the kernel's layout, flat; for W_Q8
+    with an activation offset, each group's int32 start per tile, else None). Tiles of
+    `sp_tile_columns` columns (zero columns pad the last), one contiguous run each: float tiles
+    [K][columns]; int8-activation tiles [K / lane][columns][lane] over K padded to whole groups
+    (see cpu_kernels.c)."""
     lib = library()
-    rows, chunk = lib.sp_tile_columns(), lib.sp_chunk(kind)
+    columns, lane, multiple = lib.sp_tile_columns(kind), lib.sp_lane_values(kind), lib.sp_k_multiple(kind)
     n, k = weight.shape
-    padded = torch.cat([weight, weight.new_zeros(-n % rows, k)]) if n % rows else weight
-    tiles, main = padded.shape[0] // rows, k - k % chunk
-    body = padded[:, :main].reshape(tiles, rows, main // chunk, chunk).permute(0, 2, 1, 3).reshape(tiles, -1)
-    tail = padded[:, main:].reshape(tiles, -1)
-    return torch.cat([body, tail], 1).reshape(-1).contiguous()
+    padded = torch.nn.functional.pad(weight, (0, -k % multiple, 0, -n % columns))  # [Np, Kp]
+    tiles, kp = padded.shape[0] // columns, padded.shape[1]
+    if kind != W_Q8:
+        return padded.reshape(tiles, columns, kp).transpose(1, 2).contiguous().reshape(-1), None
+    body = padded.reshape(tiles, columns, kp // lane, lane).permute(0, 2, 1, 3).contiguous().reshape(-1)
+    if lib.sp_q_offset() == 0:
+        return body, None
+    sums = padded.reshape(tiles * columns, kp // multiple, multiple).sum(-1, dtype=torch.int32)  # [Np, groups]
+    start = -lib.sp_q_offset() * sums.reshape(tiles, columns, -1).transpose(1, 2)  # [tiles, groups, columns]
+    return body, start.contiguous().reshape(-1)
 
 
 def unpack(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
     """`pack`'s inverse: [N, K]."""
     lib = library()
-    rows, chunk = lib.sp_tile_columns(), lib.sp_chunk(kind)
-    tiles, main = -(-n // rows), k - k % chunk
-    flat = packed.reshape(tiles, rows * k)
-    body = flat[:, : rows * main].reshape(tiles, main // chunk, rows, chunk).permute(0, 2, 1, 3).reshape(tiles, rows, main)
-    tail = flat[:, rows * main :].reshape(tiles, rows, k - main)
-    return torch.cat([body, tail], 2).reshape(tiles * rows, k)[:n]
+    columns, lane, multiple = lib.sp_tile_columns(kind), lib.sp_lane_values(kind), lib.sp_k_multiple(kind)
+    tiles, kp = -(-n // columns), k + (-k % multiple)
+    if kind != W_Q8:
+        dense = packed.reshape(tiles, kp, columns).transpose(1, 2)
+    else:
+        dense = packed.reshape(tiles, kp // lane, columns, lane).permute(0, 2, 1, 3)
+    return dense.reshape(tiles * columns, kp)[:n, :k]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -162,15 +173,15 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def linear(kind: int, x: torch.Tensor, weight: torch.Tensor, n: int, scale: torch.Tensor | None,
-           bias: torch.Tensor | None, colsum: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           bias: torch.Tensor | None, offset: torch.Tensor | None = None, out: torch.Tensor | None = None,
            accumulate: bool = False) -> torch.Tensor:
-    """x [M, K] float32 contiguous; weight: N rows of K float16 (W_F16) or int8 (W_I8, W_Q8; then
-    scale [N] float32, and for W_Q8 colsum [N] int32, each weight row's sum), `pack`ed; bias [N]
-    float32 or None -> out [M, N] float32 (= x . weight^T * scale + bias, or added into `out`
-    with accumulate). W_Q8 rounds each row of x to int8 first (its own scale)."""
+    """x [M, K] float32 contiguous; weight, offset: N rows of K float16 (W_F16) or int8 (W_I8,
+    W_Q8; then scale [N] float32), as `pack` gives them; bias [N] float32 or None -> out [M, N]
+    float32 (= x . weight^T * scale + bias, or added into `out` with accumulate). W_Q8 rounds x
+    to int8 first, one scale per 64 values of a row."""
     m, k = x.shape
     if out is None:
         out = torch.empty(m, n, dtype=torch.float32)
-    library().sp_linear(kind, weight.data_ptr(), _ptr(scale), _ptr(bias), _ptr(colsum), n, k, x.data_ptr(), m,
+    library().sp_linear(kind, weight.data_ptr(), _ptr(scale), _ptr(bias), _ptr(offset), n, k, x.data_ptr(), m,
                         out.data_ptr(), int(accumulate))
     return out

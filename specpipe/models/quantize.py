@@ -305,9 +305,9 @@ class W8A16Linear(_PackedLinear):
 
 class KernelLinear(_Opaque, _PackedLinear):
     """fp16 or int8 (per output channel) weights on specpipe's C kernel (cpu_kernels.c), fp32
-    activations, or int8 ones rounded per row (`kind` W_Q8): every output one dot product in a
-    fixed order (or an int32 sum), so a row's result does not depend on how many rows the call
-    has. The residual add of `matmul_add` runs in the kernel."""
+    activations, or int8 ones (`kind` W_Q8: one scale per 64 values of a row): every output one
+    sum in a fixed order (K order in fp32, or int32 sums per group), so a row's result does not
+    depend on how many rows the call has. The residual add of `matmul_add` runs in the kernel."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: int = 0):
         from specpipe.models.cpu_kernels import W_F16, pack
@@ -315,29 +315,28 @@ class KernelLinear(_Opaque, _PackedLinear):
         super().__init__(weight, bias)
         self.kind = kind
         weight = weight.float()
-        self.scale = self.colsum = None
+        self.scale = None
         if kind == W_F16:
             weight = weight.to(torch.float16)
         else:
             scale = (weight.abs().amax(1) / 127.0).clamp_min(1e-8)  # [out]
             weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
             self.scale = scale.contiguous()
-            self.colsum = weight.sum(1, dtype=torch.int32).contiguous()  # [out]
-        self.weight = pack(weight, kind)  # flat, in the kernel's tiles
+        self.weight, self.offset = pack(weight, kind)  # flat, in the kernel's tiles
         self.bias = None if bias is None else bias.float().contiguous()
         self._register()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         from specpipe.models import cpu_kernels
 
-        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.colsum)
+        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.offset)
 
     def matmul_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() or not residual.is_contiguous() or residual.dtype != torch.float32:
             return super().matmul_add(x, residual)
         from specpipe.models import cpu_kernels
 
-        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.colsum,
+        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.offset,
                                   out=residual, accumulate=True)
 
     def dense_weight(self) -> torch.Tensor:
@@ -372,6 +371,26 @@ def guarantee(mode: str, native: bool = True) -> str:
     if mode == "bf16" and native:
         return "exact" if bf16_exact() else "tolerance"
     return GUARANTEE[mode]
+
+
+def kernel_name(mode: str, device: str = "cpu", native: bool = True) -> str:
+    """The kernel a target in `mode` runs on, and its guarantee, as `specpipe check` names them."""
+    if device != "cpu":
+        return f"{'cuBLAS' if mode in ('bf16', 'none') else 'no kernel'} on {device}"
+    if mode in ON_KERNEL and on_kernel(mode):
+        from specpipe.models import cpu_kernels
+
+        how = {"fp16": "fp16 weights, fp32 sums in K order", "w8a32": "int8 weights, fp32 sums in K order",
+               "w8a8": "int8 weights and activations (a scale per 64 values), int32 sums"}[mode]
+        name = f"{cpu_kernels.describe()}: {how}"
+    elif mode in NEEDS_KERNEL:
+        return f"none: specpipe's C kernel cannot run here ({kernel_reason()})"
+    elif mode == "bf16":
+        name = "oneDNN bf16 on prepacked weights in 16-row blocks (AMX)" if has_amx() else "oneDNN bf16 (F.linear)"
+    else:
+        name = {"none": "fp32 F.linear (MKL)", "fp16": "fbgemm fp16 (linear_dynamic_fp16)",
+                "int8": "fbgemm dynamic int8", "w8a16": "_weight_int8pack_mm, bf16 activations"}[mode]
+    return f"{name}; {guarantee(mode, native)}"
 
 
 @functools.cache
