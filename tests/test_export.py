@@ -100,6 +100,10 @@ CASES = {
                "gamma=5", "controller=fixed"],
     "dflash-past-its-block": ["model=smollm2-135m", "proposer=dflash", "gamma=9", "controller=fixed",
                               f"proposer.heads={REPO / 'tests/golden/dflash-drafter'}", "proposer.lookup=suffix"],
+    "eagle3-block": [f"recipe={REPO / 'recipes/smollm2-135m/eagle3.yaml'}", "gamma=5", "verifier=block",
+                     "temperature=0.7"],
+    "twin-block": ["model=qwen2.5-coder-1.5b", "proposer=twin", "gamma=3", "verifier=block", "temperature=0.7"],
+    "suffix-block": ["model=smollm2-135m", "proposer=suffix", "gamma=8", "verifier=block", "temperature=0.7"],
 }
 # (engine module, version, golden file prefix): vLLM's default version has the plain prefix
 TARGETS = [(vllm, "0.34.0", "vllm"), (vllm, "0.33.0", "vllm-0.33.0"), (sglang, "0.5.23", "sglang")]
@@ -173,6 +177,23 @@ def test_vllms_own_speculative_config_validates_every_golden_export(tmp_path_fac
     if version == vllm.VERSION:  # 0.34 judges suffix natively, and model methods without their checkpoint
         assert {"suffix", "suffix-chain", "suffix-batch-schedule", "draft", "draft-other-tokenizer-fallback",
                 "twin", "twin-fp16", "eagle", "eagle-tree", "eagle3", "eagle3-tree"} <= judged
+
+
+def test_block_verification_exports_to_each_engines_own_setting():
+    """verifier=block: vLLM's `rejection_sample_method: block` wherever its V2 model runner verifies
+    (every method in 0.34.0; not suffix in 0.33.0, said so), SGLang's switch, written bare, for its
+    EAGLE family only (other algorithms refuse it: not written, said so)."""
+    assert exported(vllm, "twin-block")["settings"]["rejection_sample_method"] == "block"
+    assert exported(vllm, "suffix-block")["settings"]["rejection_sample_method"] == "block"
+    old = exported(vllm, "suffix-block", "0.33.0")
+    assert "rejection_sample_method" not in old["settings"] and any("V1 model runner" in w for w in old["warnings"])
+    eagle = exported(sglang, "eagle3-block")
+    assert eagle["settings"]["--speculative-use-block-verification"] is True
+    assert eagle["command"].endswith("--speculative-use-block-verification")
+    twin = exported(sglang, "twin-block")
+    assert "--speculative-use-block-verification" not in twin["settings"]
+    assert any("verifier=block" in w and "STANDALONE" in w for w in twin["warnings"])
+    assert "rejection_sample_method" not in exported(vllm, "twin")["settings"]  # the engines' default otherwise
 
 
 def test_adaptive_controller_exports_the_measured_mean_gamma_and_says_what_is_lost(tmp_path):

@@ -31,13 +31,25 @@ def check_proposer(cfg: DictConfig) -> Check:
     return Check("proposer", "ok", f"{d.name}: " + "; ".join(parts))
 
 
+# the verifiers that take one chain, and why a tree cannot be verified by them
+CHAINS_ONLY = {
+    "rejection": "verifier=rejection verifies chains, and proposer.tree drafts a tree",
+    "block": "verifier=block verifies one chain, and proposer.tree drafts a tree: block verification keeps the "
+             "longest prefix of a single drafted chain, weighing each prefix by its joint target/draft probability "
+             "ratio and drawing the next token from a residual of that chain's draft distribution; a tree offers "
+             "several siblings at each depth, picked by top-k rather than sampled, so no single draft "
+             "distribution weighs them and the target's distribution would not be kept (the paper's guarantee is "
+             "for one draft chain; verifying several paths losslessly is another algorithm)",
+}
+
+
 def check_sampling(cfg: DictConfig) -> Check:
     name = kind_of(cfg.verifier)
     if name == "greedy" and cfg.temperature > 0:
         return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={cfg.temperature}",
                      "use verifier=rejection, or temperature=0")
-    if name == "rejection" and declared(cfg).drafts_tree(cfg.proposer):
-        return Check("sampling", "refuse", "verifier=rejection verifies chains, and proposer.tree drafts a tree",
+    if name in CHAINS_ONLY and declared(cfg).drafts_tree(cfg.proposer):
+        return Check("sampling", "refuse", CHAINS_ONLY[name],
                      "use proposer.tree=null, or verifier=greedy / verifier=typical with the tree")
     if name == "typical":
         return Check("sampling", "warn", "verifier=typical is LOSSY: with temperature > 0 the output is not "
@@ -49,8 +61,8 @@ def check_sampling(cfg: DictConfig) -> Check:
     notes = ""
     if cfg.temperature > 0 and not declaration.draft_probs:
         notes += f"; proposer={declaration.name} drafts without probabilities (one-hot: lossless, kept less often)"
-    if name == "rejection" and declaration.tree == "auto":
-        notes += f"; proposer={declaration.name} drafts its best path (rejection sampling verifies chains)"
+    if name in CHAINS_ONLY and declaration.tree == "auto":
+        notes += f"; proposer={declaration.name} drafts its best path (verifier={name} verifies chains)"
     return Check("sampling", "ok", f"verifier={name} honours temperature={cfg.temperature}, "
                  f"top_k={cfg.top_k}, top_p={cfg.top_p} identically on target and draft{notes}")
 

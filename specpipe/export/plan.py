@@ -9,12 +9,14 @@ its original checkpoint (the zoo's GGUF is a 4-bit copy of it), anything else as
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.checks.identity import declared, kind_of, lora_paths
+from specpipe.components import module_of
 from specpipe.proposers.declaration import Declaration
 from specpipe.controllers.base import check_schedule
 from specpipe.errors import SpecpipeError
@@ -39,6 +41,9 @@ class ExportPlan:
     methods: tuple[str, ...] = ()  # that version's method / algorithm names
     keys: tuple[str, ...] = ()  # that version's keys (vLLM) or flags (SGLang): what a mapping may write
     model: str = ""  # the target as configured (a zoo name stays a zoo name here)
+    # engine -> (settings, version) -> warnings: what the verifier adds to the engine's settings, in
+    # place (its module's EXPORT); none: the engine's default verification (rejection sampling)
+    verification: Mapping[str, Callable] = field(default_factory=dict)
 
     @property
     def off_from(self) -> int | None:
@@ -59,6 +64,12 @@ class ExportPlan:
                                   keys=tuple(keys))
         return mapping(own), own.warnings
 
+    def verifier_settings(self, engine: str, version: str, settings: dict | None) -> list[str]:
+        """The verifier's own keys added to `settings` (in place; nothing without speculation),
+        and what the engine loses of it."""
+        mapping = self.verification.get(engine)
+        return [] if mapping is None or not settings else mapping(settings, version)
+
 
 def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
     """checks: the config's `config_checks` (run here, without fetching models, when None)."""
@@ -71,7 +82,8 @@ def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
     options.pop("_target_", None)
     plan = ExportPlan(engine_model(cfg.model.name), declaration, gamma, options, warnings=[lost] if lost else [],
-                      batch_schedule=check_schedule(cfg.get("batch_schedule")), model=str(cfg.model.name))
+                      batch_schedule=check_schedule(cfg.get("batch_schedule")), model=str(cfg.model.name),
+                      verification=getattr(module_of(cfg.verifier.get("_target_")), "EXPORT", {}))
     if plan.batch_schedule.get(1):  # what runs at batch 1 is the schedule's γ
         plan.gamma = plan.batch_schedule[1]
     if cfg.model.name in zoo.ZOO:

@@ -48,6 +48,7 @@ def pinned(version: str | None) -> str:
 def export(plan: ExportPlan, version: str | None = None) -> EngineExport:
     pinned(version)
     flags, warnings = plan.settings_for("sglang", VERSION, ALGORITHMS, FLAGS)
+    warnings += plan.verifier_settings("sglang", VERSION, flags)
     flags = flags or {}
     if plan.batch_schedule and flags:
         warnings.append(f"batch_schedule {plan.batch_schedule}: SGLang {VERSION} has no γ per batch size and no "
@@ -56,6 +57,10 @@ def export(plan: ExportPlan, version: str | None = None) -> EngineExport:
     if unknown or (flags and flags["--speculative-algorithm"] not in ALGORITHMS):
         raise SpecpipeError(f"internal: the SGLang {VERSION} export produced flags it does not have: {sorted(unknown)}")
     command = " ".join(["python -m sglang.launch_server --model-path", shlex.quote(plan.target),
-                        *(f"{flag} {shlex.quote(str(value))}" for flag, value in flags.items())])
+                        *(_argument(flag, value) for flag, value in flags.items())])
     return EngineExport("sglang", VERSION, flags, command, warnings)
 
+
+def _argument(flag: str, value) -> str:
+    """A flag and its value on the command line; a switch (True: argparse's store_true) alone."""
+    return flag if value is True else f"{flag} {shlex.quote(str(value))}"

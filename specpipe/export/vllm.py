@@ -84,8 +84,9 @@ def export(plan: ExportPlan, version: str | None = None) -> EngineExport:
     version = pinned(version)
     pin = VERSIONS[version]
     config, warnings = plan.settings_for("vllm", version, pin.methods, pin.keys)
+    warnings += plan.verifier_settings("vllm", version, config)
     if config:
-        warnings += _schedule(plan, config, version)
+        warnings += _schedule(plan, config, version) + _verified_on_v1(config, version)
     unknown = set(config or {}) - set(pin.keys)
     if unknown or (config and config["method"] not in pin.methods):
         raise SpecpipeError(f"internal: the vLLM {version} export produced keys it does not have: {sorted(unknown)}")
@@ -93,6 +94,18 @@ def export(plan: ExportPlan, version: str | None = None) -> EngineExport:
     if config:
         command += f" --speculative-config {shlex.quote(jsonsafe.dumps(config))}"
     return EngineExport("vllm", version, config or {}, command, warnings)
+
+
+def _verified_on_v1(config: dict, version: str) -> list[str]:
+    """Block verification is in the V2 model runner's rejection sampler only: a method that runs on
+    the V1 runner (suffix in 0.33.0) verifies token by token, so the key is dropped and said so."""
+    scheduled = VERSIONS[version].scheduled  # the methods on the V2 runner (None: every method)
+    if config.get("rejection_sample_method") != "block" or scheduled is None or config["method"] in scheduled:
+        return []
+    del config["rejection_sample_method"]
+    return [f"verifier=block: vLLM {version} runs method {config['method']} on its V1 model runner, whose rejection "
+            f"sampler has no block verification: it verifies token by token there (lossless, fewer tokens kept a "
+            f"step; vLLM {VERSION} runs every method on V2, with block verification)."]
 
 
 def _schedule(plan: ExportPlan, config: dict, version: str) -> list[str]:

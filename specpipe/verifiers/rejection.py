@@ -14,6 +14,7 @@ Shapes: B rows, W draft columns, V vocabulary. target_probs [B, W + 1, V]; unifo
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 
@@ -25,17 +26,28 @@ from specpipe.verifiers.base import Verifier, chain_verdict, leading
 
 
 class RejectionVerifier(Verifier):
+    """Algorithm 1, token by token. A variant with another acceptance rule over the same draws
+    (block verification) names itself and swaps `rule`: the draws, the graph tail and the
+    verdict stay this class's."""
+
     verifies_trees = False
+    name = "rejection"  # the config's choice (verifier=NAME): messages and the tail's graph key
 
     def __init__(self, sampling: SamplingParams):
         self.sampling = sampling
 
+    @staticmethod
+    def rule(target_probs: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor | None,
+             uniform: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num_accepted [B], the recovered or bonus token [B]): `decide`'s signature."""
+        return decide(target_probs, tokens, counts, probs, uniform, draws)
+
     def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
-        _chains_only(draft)
+        _chains_only(draft, self.name)
         target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32
-        num_accepted, picks = decide(target_probs, draft.tokens, draft.num_draft, draft.probs,
-                                     uniforms(draft, rngs), resample_draws(rngs, target_probs.shape[-1],
-                                                                           target_probs.device))
+        num_accepted, picks = self.rule(target_probs, draft.tokens, draft.num_draft, draft.probs,
+                                        uniforms(draft, rngs), resample_draws(rngs, target_probs.shape[-1],
+                                                                              target_probs.device))
         return chain_verdict(draft, num_accepted, picks)  # recovered (a rejection) or bonus
 
     def tail(self, draft: DraftBatch, rngs: list[RowRandom]) -> Tail | None:
@@ -43,7 +55,7 @@ class RejectionVerifier(Verifier):
         from the same streams, drawn straight into the tail's buffers) and the draft's
         probabilities are its inputs, so only the packed verdict leaves the graph (vLLM's
         rejection sampler runs on the device the same way)."""
-        _chains_only(draft)
+        _chains_only(draft, self.name)
         probs = draft.probs
 
         def fill(buffers: list[torch.Tensor]) -> None:  # uniform [R, K - 1], draws [R, V], probs [R, K - 1, V]
@@ -59,19 +71,21 @@ class RejectionVerifier(Verifier):
             return (columns, (vocab,)) if probs is None else (columns, (vocab,), (*columns, vocab))
 
         counts = list(draft.counts) if draft.counts is not None else draft.num_draft
-        name = f"rejection {self.sampling}" + ("" if probs is None else " with the draft's probabilities")
-        return Tail(name, partial(chain_tail, self.sampling), counts, TailInputs(fill, sizes))
+        name = f"{self.name} {self.sampling}" + ("" if probs is None else " with the draft's probabilities")
+        return Tail(name, partial(chain_tail, self.sampling, rule=self.rule), counts, TailInputs(fill, sizes))
 
 
 def chain_tail(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
-               uniform: torch.Tensor, draws: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+               uniform: torch.Tensor, draws: torch.Tensor, probs: torch.Tensor | None = None, *,
+               rule: Callable | None = None) -> torch.Tensor:
     """The rejection verdict of a padded verify block, packed (`Verdict.packed`): logits [R, K, V]
     of the block ids [R, K] (row r's draft in ids[r, 1 : 1 + counts[r]]), the rows' uniforms
     [R, K - 1] and race draws [R, V], the draft's probabilities [R, K - 1, V] (None: one-hot)
     -> [R, K + 2]: the accepted draft tokens, the recovered or bonus one, PAD after;
-    num_accepted; counts. Columns past a row's count hold stale values, masked by the count."""
+    num_accepted; counts. Columns past a row's count hold stale values, masked by the count.
+    rule: the acceptance rule, `decide`'s signature (None: `decide`)."""
     tokens = ids[:, 1:]  # [R, K - 1]: column j checks draft token j
-    num_accepted, picks = decide(sampling.probs(logits), tokens, counts, probs, uniform, draws)
+    num_accepted, picks = (rule or decide)(sampling.probs(logits), tokens, counts, probs, uniform, draws)
     columns = torch.arange(ids.shape[1], device=ids.device)  # [K]
     verdict = torch.where(columns[None] < num_accepted[:, None], ids.roll(-1, 1), PAD)  # column K - 1 never kept
     verdict.scatter_(1, num_accepted[:, None], picks[:, None])
@@ -92,7 +106,7 @@ def decide(target_probs: torch.Tensor, tokens: torch.Tensor, counts: torch.Tenso
     at = num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
     final = target_probs.gather(1, at)[:, 0]  # [B, V] the target at the first rejection or bonus row
     rejected = (num_accepted < counts)[:, None]  # [B, 1]
-    residual = (final - torch.where(rejected, _draft_dist(tokens, probs, num_accepted, final), 0.0)).clamp_min(0.0)
+    residual = (final - torch.where(rejected, draft_dist(tokens, probs, num_accepted, final), 0.0)).clamp_min(0.0)
     mass = residual.sum(-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), final)  # rounding left nothing: the target
     return num_accepted, race(residual, draws)
@@ -126,13 +140,13 @@ def resample_draws(rngs: list[RowRandom], vocab: int, device: torch.device) -> t
     return out
 
 
-def _chains_only(draft: DraftBatch) -> None:
+def _chains_only(draft: DraftBatch, name: str) -> None:
     if draft.tree is not None:
-        raise SpecpipeError("verifier=rejection verifies chains only: set proposer.tree=null, or use "
+        raise SpecpipeError(f"verifier={name} verifies chains only: set proposer.tree=null, or use "
                             "verifier=greedy (temperature=0) or verifier=typical with a tree.")
 
 
-def _draft_dist(tokens: torch.Tensor, probs: torch.Tensor | None, at: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def draft_dist(tokens: torch.Tensor, probs: torch.Tensor | None, at: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """[B, V]: each row's draft distribution at column `at` (clamped into the block; unused where
     the row accepted everything)."""
     width = tokens.shape[1]
