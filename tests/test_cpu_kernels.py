@@ -18,7 +18,7 @@ from specpipe.models.quantize import KernelLinear, guarantee, kernel_name, linea
 pytestmark = pytest.mark.skipif(cpu_kernels.unavailable() is not None,
                                 reason=f"specpipe's C kernel cannot be built here: {cpu_kernels.unavailable()}")
 
-KINDS = {"fp16": cpu_kernels.W_F16, "w8a32": cpu_kernels.W_I8, "w8a8": cpu_kernels.W_Q8}
+KINDS = {"fp16": cpu_kernels.W_F16, "w8a32": cpu_kernels.W_I8, "w8a8": cpu_kernels.W_Q8, "w4a8": cpu_kernels.W_Q4}
 SHAPES = [(7, 20), (64, 64), (130, 70), (96, 200), (576, 256)]  # tails of every tile, vector and group
 
 
@@ -51,11 +51,13 @@ def test_linear_matches_a_reference_and_adds_in_place(mode, n, k):
     dense = layer.dense_weight()  # the weights as stored (fp16, or int8 times its scale)
     if mode == "w8a8":
         expected = _q8_reference(x, dense / layer.scale[:, None], layer.scale, bias)
+    elif mode == "w4a8":  # d q + m per group: the same integer-times-scale sums over the dequantized weight
+        expected = _q8_reference(x, dense, torch.ones(n), bias)
     else:
         expected = x.double() @ dense.double().T + bias.double()
     y = layer.matmul(x)
     assert torch.allclose(y.double(), expected, atol=1e-4, rtol=1e-4)
-    assert (dense - weight).abs().max() < 0.05 * weight.abs().max()  # stored close to what was given
+    assert (dense - weight).abs().max() < (0.1 if mode == "w4a8" else 0.05) * weight.abs().max()  # close to what was given
     residual = torch.randn(9, n)
     added = layer.matmul_add(x, residual.clone())
     assert torch.equal(added, residual + y)
@@ -71,7 +73,18 @@ def test_every_row_is_bitwise_a_one_row_call(mode):
         assert torch.equal(layer.matmul(x[:rows].contiguous()), alone[:rows]), rows
 
 
-@pytest.mark.parametrize("mode", KINDS)
+def test_4_bit_packing_round_trips():
+    weight = torch.randn(130, 70)
+    nibbles, d, m = cpu_kernels.pack_q4(weight)
+    dense = cpu_kernels.unpack_q4(nibbles, d, m, 130, 70)
+    groups = torch.nn.functional.pad(weight, (0, 58)).reshape(130, 2, 64)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15  # [130, 2]: each group's grid
+    error = (dense - weight).abs().reshape(130, -1)
+    assert (error[:, :64] <= step[:, :1] / 2 + 1e-6).all() and (error[:, 64:] <= step[:, 1:] / 2 + 1e-6).all()
+    assert torch.equal(cpu_kernels.pack_q4(dense)[0], nibbles)  # the grid's own values pack back to the same nibbles
+
+
+@pytest.mark.parametrize("mode", ["fp16", "w8a32", "w8a8"])
 def test_packing_round_trips(mode):
     kind = KINDS[mode]
     weight = torch.randint(-127, 128, (130, 70), dtype=torch.int8)
@@ -102,7 +115,7 @@ def test_fused_forward_is_transformers_and_its_blocks_are_one_token_steps(family
     logits, hidden = lm.forward(ids, [0], lm.new_cache(1, 128), hidden=(1, -1))
     with torch.no_grad():
         reference = model(ids, output_hidden_states=True)
-    tolerance = 1e-3 if mode == "fp16" else 5e-2  # fp16 weights; int8 rounding
+    tolerance = {"fp16": 1e-3, "w4a8": 0.2}.get(mode, 5e-2)  # fp16 weights; int8 rounding; 4-bit
     assert (logits - reference.logits).abs().max() < tolerance
     assert (hidden[1] - reference.hidden_states[2]).abs().max() < tolerance * 10
     cache = lm.new_cache(1, 128)
@@ -123,7 +136,7 @@ def test_fused_forward_is_transformers_and_its_blocks_are_one_token_steps(family
     assert torch.equal(batch[0], singles[0, :3]) and torch.equal(batch[1], singles[0, 2:5])
 
 
-@pytest.mark.parametrize("mode", ["fp16", "w8a8"])
+@pytest.mark.parametrize("mode", ["fp16", "w8a8", "w4a8"])
 @pytest.mark.parametrize("drafter", ["ngram", "twin"])
 def test_greedy_speculation_on_the_kernel_is_plain_decoding(mode, drafter):
     from specpipe.controllers.fixed import FixedGamma

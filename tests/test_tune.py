@@ -13,6 +13,7 @@ from rich.console import Console
 from specpipe.commands import tune
 from specpipe.commands import tune_split as split
 from specpipe.config import compose
+from specpipe.errors import SpecpipeError
 from specpipe.recipe import load_recipe
 from test_bench import setup  # noqa: F401  (the tiny models and prompt set)
 from test_cli import assert_user_error, specpipe
@@ -79,6 +80,17 @@ def test_splits_that_share_a_prompt_are_refused_before_anything_runs(setup, tmp_
     assert_user_error(result, "choose_on=", "report_on=", *why, "no prompt in common", "report_on=none")
     assert "\n\n" not in result.stderr.strip()  # one paragraph
     assert not (tmp_path / "recipes").exists() and not (tmp_path / "work").exists()  # nothing half-written
+
+
+def test_spec_bench_is_never_chosen_on(setup, tmp_path):  # noqa: F811
+    with pytest.raises(SpecpipeError, match="Spec-Bench is the benchmark the field reports on"):
+        split.select_splits(compose(["choose_on=spec-bench", "limit=1", "report_on=none"], "tune"))
+    choose, report = split.select_splits(compose(["limit=1", "report_on=spec-bench"], "tune"))  # reporting on it is fine
+    assert len(choose) == 6 and len(report) == 6
+    result = specpipe("tune", f"model={setup / 'target'}", "prompts=dev+spec-bench", "limit=1", "report_on=none",
+                      f"out={tmp_path / 'recipes'}", f"work={tmp_path / 'work'}")
+    assert_user_error(result, "Spec-Bench prompts", "choose_on=dev")
+    assert not (tmp_path / "recipes").exists() and not (tmp_path / "work").exists()
 
 
 def test_the_default_splits_are_disjoint_and_a_missing_set_is_refused(setup, tmp_path):  # noqa: F811

@@ -31,6 +31,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
 
 CHOOSE, REPORT = "choose_on", "report_on"
+REPORT_ONLY = "spec-bench-"  # ids of the Spec-Bench set: reported on, never chosen on
 SIMPLE = ("ngram", "suffix")  # model-free proposers: what a winner with a model must beat on the report split
 NO_REPORT = ("", "none")
 
@@ -54,6 +55,13 @@ def select_splits(cfg: DictConfig) -> tuple[list[dict], list[dict]]:
     """(the choose split's prompts, the report split's: [] without one), refused before anything
     is measured if the two share a prompt."""
     choose = bench.select_prompts(split_config(cfg, CHOOSE))
+    benchmark = [p["id"] for p in choose if str(p.get("id", "")).startswith(REPORT_ONLY)]
+    if benchmark:
+        raise SpecpipeError(
+            f"choose_on={cfg.choose_on} holds {len(benchmark)} Spec-Bench prompts ({benchmark[0]}, ...): Spec-Bench "
+            "is the benchmark the field reports on, and a strategy chosen on it would report a figure tuned to "
+            "it. Choose on your own prompts (choose_on=dev, or a prompt file) and report on Spec-Bench with "
+            "`specpipe bench prompts=spec-bench`. Nothing was measured.")
     if not has_report(cfg):
         return choose, []
     report = bench.select_prompts(split_config(cfg, REPORT))

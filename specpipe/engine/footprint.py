@@ -7,7 +7,7 @@ from __future__ import annotations
 from specpipe.models.quantize import BF16
 
 # bytes per weight by precision (int8: one byte plus a per-channel scale, negligible)
-WEIGHT_BYTES = {"none": 4, "fp16": 2, "int8": 1, "bf16": 2, "w8a16": 1, "w8a32": 1, "w8a8": 1}
+WEIGHT_BYTES = {"none": 4, "fp16": 2, "int8": 1, "bf16": 2, "w8a16": 1, "w8a32": 1, "w8a8": 1, "w4a8": 0.5625}
 
 
 def parameters(config) -> tuple[int, int]:

@@ -147,9 +147,48 @@ static inline qx_t qstore_x(int q) { return (qx_t)q; }
 #define TQ (NQ * QL) /* columns of an int8 tile */
 #define GROUP 64     /* values of K sharing one activation scale (as llama.cpp's q8 blocks share one) */
 
-/* Weight types: fp16 or int8 weights with fp32 activations; int8 weights with int8 activations
- * (one scale per GROUP values of a row, absmax / 127). */
-enum { W_F16 = 0, W_I8 = 1, W_Q8 = 2 };
+/* 4-bit weights (W_Q4): unsigned nibbles q in [0, 15], w = d * q + m per column and GROUP. A byte
+ * holds two values of K four apart, so one load feeds two int8 dot steps of four values each;
+ * the nibbles are the unsigned operand, the activations (int8, no offset) the signed one:
+ * vpdpbusd with AVX512-VNNI, else vpmaddubsw (15 x 127 x 2 fits int16) and vpmaddwd. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define Q4L 16
+typedef __m512i v4;
+static inline v4 q4_load(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+static inline v4 q4_low(v4 v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+static inline v4 q4_high(v4 v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+static inline v4 q4_bcast(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+static inline v4 q4_zero(void) { return _mm512_setzero_si512(); }
+static inline vf q4_float(v4 v) { return _mm512_cvtepi32_ps(v); }
+#if defined(__AVX512VNNI__)
+static inline v4 q4_dot(v4 acc, v4 w, v4 x) { return _mm512_dpbusd_epi32(acc, w, x); }
+#else
+static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+}
+#endif
+#define N4 2
+#define M4 4 /* 8 int sums + 8 float sums + 4 nibble vectors + 2 inputs of 32 zmm */
+#else
+#define Q4L 8
+typedef __m256i v4;
+static inline v4 q4_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline v4 q4_low(v4 v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+static inline v4 q4_high(v4 v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+static inline v4 q4_bcast(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+static inline v4 q4_zero(void) { return _mm256_setzero_si256(); }
+static inline vf q4_float(v4 v) { return _mm256_cvtepi32_ps(v); }
+static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+#define N4 2
+#define M4 2
+#endif
+#define T4 (N4 * Q4L) /* columns of a 4-bit tile */
+
+/* Weight types: fp16 or int8 weights with fp32 activations; int8 or 4-bit weights with int8
+ * activations (one scale per GROUP values of a row, absmax / 127). */
+enum { W_F16 = 0, W_I8 = 1, W_Q8 = 2, W_Q4 = 3 };
 
 static inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 /* max, min and rounding written out: libm's fmaxf / fminf are calls (NaN rules), these vectorize */
@@ -171,6 +210,7 @@ typedef struct {
     const float *bias;     /* [N] or NULL */
     const int32_t *offset; /* W_Q8 where Q_OFFSET: per tile [groups][TQ], each group's int32 start,
                               -Q_OFFSET x the group's weight sum (takes the activations' offset back) */
+    const float *mins;     /* W_Q4: per tile [groups][T4] each group's m; `scale` then holds its d */
     int n, k;
 } Linear;
 
@@ -256,27 +296,78 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2, q8_3, q8_4};
 static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
 #endif
 
-/* x: fp32 rows (W_F16, W_I8) or the int8 rows of `quantize_rows` (W_Q8: q, their group scales). */
+/* 4-bit tiles: per GROUP, int32 sums of q x (eight values of K a load), then per lane
+ * d q.x + m sum(x), scaled by the row's group scale into a float sum (groups in order). */
+#define Q4TILE(NAME, R)                                                                                \
+    static void NAME(const int8_t *x, int ldx, const float *xs, const int32_t *xsum, int groups,       \
+                     const uint8_t *w, const float *d, const float *mins, vf *out) {                   \
+        vf sum[R][N4];                                                                                  \
+        for (int i = 0; i < R; i++)                                                                     \
+            for (int v = 0; v < N4; v++) sum[i][v] = vzero();                                           \
+        for (int g = 0; g < groups; g++) {                                                              \
+            v4 acc[R][N4];                                                                              \
+            for (int i = 0; i < R; i++)                                                                 \
+                for (int v = 0; v < N4; v++) acc[i][v] = q4_zero();                                     \
+            for (int k = g * GROUP; k < (g + 1) * GROUP; k += 8, w += T4 * 4) {                         \
+                v4 lo[N4], hi[N4];                                                                      \
+                for (int v = 0; v < N4; v++) {                                                          \
+                    v4 raw = q4_load(w + v * Q4L * 4);                                                  \
+                    lo[v] = q4_low(raw), hi[v] = q4_high(raw);                                          \
+                }                                                                                       \
+                for (int i = 0; i < R; i++) {                                                           \
+                    v4 xa = q4_bcast(x + (size_t)i * ldx + k), xb = q4_bcast(x + (size_t)i * ldx + k + 4); \
+                    for (int v = 0; v < N4; v++) acc[i][v] = q4_dot(q4_dot(acc[i][v], lo[v], xa), hi[v], xb); \
+                }                                                                                       \
+            }                                                                                           \
+            for (int v = 0; v < N4; v++) {                                                              \
+                vf dv = vload(d + (size_t)g * T4 + v * Q4L), mv = vload(mins + (size_t)g * T4 + v * Q4L); \
+                for (int i = 0; i < R; i++) {                                                           \
+                    vf part = vfma(q4_float(acc[i][v]), dv, vmul(mv, vset((float)xsum[(size_t)i * groups + g]))); \
+                    sum[i][v] = vfma(part, vset(xs[(size_t)i * groups + g]), sum[i][v]);                \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+        for (int i = 0; i < R; i++)                                                                     \
+            for (int v = 0; v < N4; v++) out[i * N4 + v] = sum[i][v];                                   \
+    }
+
+typedef void (*q4tile_fn)(const int8_t *, int, const float *, const int32_t *, int, const uint8_t *, const float *,
+                          const float *, vf *);
+Q4TILE(q4_1, 1)
+Q4TILE(q4_2, 2)
+#if M4 > 2
+Q4TILE(q4_3, 3)
+Q4TILE(q4_4, 4)
+static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2, q4_3, q4_4};
+#else
+static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2};
+#endif
+
+/* x: fp32 rows (W_F16, W_I8) or the int8 rows of `quantize_row` (W_Q8: q, their group scales;
+ * W_Q4: signed q4, group scales and group sums). */
 typedef struct {
     const float *x;
     const qx_t *q;
+    const int8_t *q4;
     const float *xs;
+    const int32_t *xsum;
     int ldx, groups;
 } Rows;
 
 /* Columns n0.. of rows m..m+R-1 from vectors acc[R][nv]: y (+)= acc * scale + bias. */
 static void store(const Linear *L, float *y, int m, int R, int n0, int nv, const vf *acc, int accumulate) {
     const int width = nv * VW, cols = L->n - n0 < width ? L->n - n0 : width;
+    const int scaled = L->scale && L->type != W_Q4; /* 4-bit scales are applied per group in the tile */
     float scale[TC > TQ ? TC : TQ], bias[TC > TQ ? TC : TQ], row[TC > TQ ? TC : TQ];
     for (int j = 0; j < width; j++) {
-        scale[j] = L->scale && j < cols ? L->scale[n0 + j] : 1.0f;
+        scale[j] = scaled && j < cols ? L->scale[n0 + j] : 1.0f;
         bias[j] = L->bias && j < cols ? L->bias[n0 + j] : 0.0f;
     }
     for (int i = 0; i < R; i++) {
         float *dst = y + (size_t)(m + i) * L->n + n0;
         for (int v = 0; v < nv; v++) {
             vf r = acc[i * nv + v];
-            if (L->scale) r = vmul(r, vload(scale + v * VW));
+            if (scaled) r = vmul(r, vload(scale + v * VW));
             if (L->bias) r = vadd(r, vload(bias + v * VW));
             vstore(row + v * VW, r);
         }
@@ -287,6 +378,17 @@ static void store(const Linear *L, float *y, int m, int R, int n0, int nv, const
 /* Column tile b for every row, MR (MQ) rows at a time. */
 static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int accumulate) {
     vf acc[MR * NV > MQ * NQ ? MR * NV : MQ * NQ];
+    if (L->type == W_Q4) {
+        const uint8_t *w = (const uint8_t *)L->w + (size_t)b * T4 * X->groups * GROUP / 2;
+        const float *d = L->scale + (size_t)b * X->groups * T4, *mins = L->mins + (size_t)b * X->groups * T4;
+        for (int m = 0; m < M; m += M4) {
+            const int R = M - m < M4 ? M - m : M4;
+            Q4_TILES[R](X->q4 + (size_t)m * X->ldx, X->ldx, X->xs + (size_t)m * X->groups,
+                        X->xsum + (size_t)m * X->groups, X->groups, w, d, mins, acc);
+            store(L, y, m, R, b * T4, N4, acc, accumulate);
+        }
+        return;
+    }
     if (L->type == W_Q8) {
         const int8_t *w = (const int8_t *)L->w + (size_t)b * TQ * X->groups * GROUP;
         const int32_t *offset = L->offset ? L->offset + (size_t)b * X->groups * TQ : NULL;
@@ -307,60 +409,80 @@ static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int 
     }
 }
 
-/* Per GROUP values of a row: q = round(x / s) (half away from zero), s = absmax / 127 (an
- * all-zero group: s = 0); the row padded with zeros to whole groups. A max is exact in any
- * order, so the absmax is taken VW lanes at a time. */
-static void quantize_row(const float *x, int k, int groups, qx_t *q, float *scales) {
+/* The absmax of x[first..last): a max is exact in any order, so VW lanes at a time. */
+static float absmax(const float *x, int first, int last) {
+    vf wide = vzero();
+    int i = first;
+    for (; i + VW <= last; i += VW) wide = vmax(wide, vmax(vload(x + i), vsub(vzero(), vload(x + i))));
+    float lanes[VW], top = 0.0f;
+    vstore(lanes, wide);
+    for (int l = 0; l < VW; l++) top = max_f(top, lanes[l]);
+    for (; i < last; i++) top = max_f(top, fabsf(x[i]));
+    return top;
+}
+
+/* round(x * inv), half away from zero, for |x * inv| <= 127 */
+static inline int round_q(float x, float inv) {
+    const float v = x * inv;
+    return (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+}
+
+/* Per GROUP values of a row: q = round(x / s), s = absmax / 127 (an all-zero group: s = 0);
+ * the row padded with zeros to whole groups. q8: as W_Q8's tiles read it (offset, width);
+ * else q4 (plain int8) and each group's sum of q (W_Q4). */
+static void quantize_row(const float *x, int k, int groups, qx_t *q8, int8_t *q4, int32_t *sums, float *scales) {
     for (int g = 0; g < groups; g++) {
         const int first = g * GROUP, last = first + GROUP < k ? first + GROUP : k;
-        vf wide = vzero();
-        int i = first;
-        for (; i + VW <= last; i += VW) wide = vmax(wide, vmax(vload(x + i), vsub(vzero(), vload(x + i))));
-        float lanes[VW], top = 0.0f;
-        vstore(lanes, wide);
-        for (int l = 0; l < VW; l++) top = max_f(top, lanes[l]);
-        for (; i < last; i++) top = max_f(top, fabsf(x[i]));
-        const float inv = top > 0.0f ? 127.0f / top : 0.0f;
-        for (i = first; i < last; i++) {
-            const float v = x[i] * inv; /* |v| <= 127 */
-            q[i] = qstore_x((int)(v + (v >= 0.0f ? 0.5f : -0.5f)));
+        const float top = absmax(x, first, last), inv = top > 0.0f ? 127.0f / top : 0.0f;
+        int32_t total = 0;
+        for (int i = first; i < first + GROUP; i++) {
+            const int q = i < last ? round_q(x[i], inv) : 0;
+            if (q8) q8[i] = qstore_x(q);
+            else q4[i] = (int8_t)q, total += q;
         }
-        for (; i < first + GROUP; i++) q[i] = qstore_x(0);
+        if (sums) sums[g] = total;
         scales[g] = top / 127.0f;
     }
 }
 
 static inline int groups_of(int k) { return (k + GROUP - 1) / GROUP; }
 
+/* Rows rounded to int8 (as wide as qx_t), then their group scales and sums. */
+static size_t rows_bytes(int m, int groups) { return (((size_t)m * groups * GROUP * sizeof(qx_t)) + 63) & ~(size_t)63; }
+
 static size_t work_bytes(int m, int k) {
-    const size_t groups = (size_t)groups_of(k);
-    return ((((size_t)m * groups * GROUP * sizeof(qx_t)) + 63) & ~(size_t)63) + (size_t)m * groups * sizeof(float);
+    const int groups = groups_of(k);
+    return rows_bytes(m, groups) + (size_t)m * groups * (sizeof(float) + sizeof(int32_t));
 }
 
 /* y [M, N] (+)= x [M, K] (rows ldx apart) . w^T; called inside a parallel region: the column
  * tiles are shared out, so each output is computed by one thread, in the one order. W_Q8 first
  * quantizes the rows into `work` (`work_bytes`). */
 static void linear_par(const Linear *L, const float *x, int ldx, int M, float *y, int accumulate, void *work) {
-    Rows X = {x, NULL, NULL, ldx, 0};
+    Rows X = {x, NULL, NULL, NULL, NULL, ldx, 0};
     int tiles = (L->n + TC - 1) / TC;
-    if (L->type == W_Q8) {
-        const int groups = groups_of(L->k);
-        qx_t *q = (qx_t *)work;
-        float *xs = (float *)((char *)work + (((size_t)M * groups * GROUP * sizeof(qx_t) + 63) & ~(size_t)63));
+    if (L->type == W_Q8 || L->type == W_Q4) {
+        const int groups = groups_of(L->k), q4 = L->type == W_Q4;
+        float *xs = (float *)((char *)work + rows_bytes(M, groups));
+        int32_t *sums = (int32_t *)(xs + (size_t)M * groups);
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++)
-            quantize_row(x + (size_t)m * ldx, L->k, groups, q + (size_t)m * groups * GROUP, xs + (size_t)m * groups);
-        X.q = q, X.xs = xs, X.ldx = groups * GROUP, X.groups = groups;
-        tiles = (L->n + TQ - 1) / TQ;
+        for (int m = 0; m < M; m++) {
+            const size_t row = (size_t)m * groups * GROUP;
+            quantize_row(x + (size_t)m * ldx, L->k, groups, q4 ? NULL : (qx_t *)work + row, q4 ? (int8_t *)work + row : NULL,
+                         q4 ? sums + (size_t)m * groups : NULL, xs + (size_t)m * groups);
+        }
+        X.q = (const qx_t *)work, X.q4 = (const int8_t *)work, X.xs = xs, X.xsum = sums;
+        X.ldx = groups * GROUP, X.groups = groups;
+        tiles = (L->n + (q4 ? T4 : TQ) - 1) / (q4 ? T4 : TQ);
     }
 #pragma omp for schedule(static)
     for (int b = 0; b < tiles; b++) columns(L, &X, M, y, b, accumulate);
 }
 
-void sp_linear(int type, const void *w, const float *scale, const float *bias, const int32_t *offset, int n, int k,
-               const float *x, int m, float *y, int accumulate) {
-    Linear L = {type, w, scale, bias, offset, n, k};
-    void *work = type == W_Q8 ? malloc(work_bytes(m, k)) : NULL;
+void sp_linear(int type, const void *w, const float *scale, const float *bias, const int32_t *offset, const float *mins,
+               int n, int k, const float *x, int m, float *y, int accumulate) {
+    Linear L = {type, w, scale, bias, offset, mins, n, k};
+    void *work = type == W_Q8 || type == W_Q4 ? malloc(work_bytes(m, k)) : NULL;
 #pragma omp parallel
     linear_par(&L, x, k, m, y, accumulate, work);
     free(work);
@@ -444,9 +566,9 @@ static inline void rotate(float *v, const float *cos, const float *sin, int d) {
 
 /* ---- the decoder stack ----------------------------------------------------------------------- */
 
-/* A layer's row of addresses: per linear (q/k/v, o, gate/up, down) weight, scale, bias, offset;
- * then the two norms. */
-enum { P_QKV = 0, P_O = 4, P_GU = 8, P_DOWN = 12, P_NORM1 = 16, P_NORM2 = 17, P_COUNT = 18 };
+/* A layer's row of addresses: per linear (q/k/v, o, gate/up, down) weight, scale, bias, offset,
+ * mins; then the two norms. */
+enum { P_QKV = 0, P_O = 5, P_GU = 10, P_DOWN = 15, P_NORM1 = 20, P_NORM2 = 21, P_COUNT = 22 };
 enum { D_TYPE, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_WIDTH, D_COUNT };
 
 typedef struct {
@@ -459,7 +581,8 @@ typedef struct {
 } Step;
 
 static Linear linear_of(const int64_t *p, int type, int n, int k) {
-    Linear L = {type, (const void *)p[0], (const float *)p[1], (const float *)p[2], (const int32_t *)p[3], n, k};
+    Linear L = {type, (const void *)p[0], (const float *)p[1], (const float *)p[2], (const int32_t *)p[3],
+                (const float *)p[4], n, k};
     return L;
 }
 
@@ -581,7 +704,7 @@ int sp_lanes(void) { return VW; }
 
 /* The packing of `type`'s weights (see the linear layers): columns a tile, values of K a lane
  * (1 for float tiles), K padded to a multiple of this, and the offset added to activations. */
-int sp_tile_columns(int type) { return type == W_Q8 ? TQ : TC; }
-int sp_lane_values(int type) { return type == W_Q8 ? KP : 1; }
-int sp_k_multiple(int type) { return type == W_Q8 ? GROUP : 1; }
+int sp_tile_columns(int type) { return type == W_Q4 ? T4 : type == W_Q8 ? TQ : TC; }
+int sp_lane_values(int type) { return type == W_Q4 ? 8 : type == W_Q8 ? KP : 1; }
+int sp_k_multiple(int type) { return type == W_Q8 || type == W_Q4 ? GROUP : 1; }
 int sp_q_offset(void) { return Q_OFFSET; }

@@ -31,8 +31,9 @@ import torch
 
 SOURCE = "cpu_kernels.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")  # contract off: an FMA only where written, the same at every call site
-W_F16, W_I8, W_Q8 = 0, 1, 2  # weight types, as cpu_kernels.c numbers them: fp16, int8 (fp32 or int8 activations)
-LINEAR_POINTERS = ("weight", "scale", "bias", "offset")  # per linear layer in sp_stack's layer table
+W_F16, W_I8, W_Q8, W_Q4 = 0, 1, 2, 3  # weight types, as cpu_kernels.c numbers them: fp16, int8 (fp32 or int8
+# activations), 4-bit (int8 activations)
+LINEAR_POINTERS = ("weight", "scale", "bias", "offset", "mins")  # per linear layer in sp_stack's layer table
 LAYER_COUNT = 4 * len(LINEAR_POINTERS) + 2  # q/k/v, o, gate/up, down; then the two norms
 
 
@@ -124,7 +125,7 @@ def _build(compiler: str, source: bytes, path: Path) -> str | None:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.sp_linear.argtypes = [i, p, p, p, p, i, i, p, i, p, i]
+    lib.sp_linear.argtypes = [i, p, p, p, p, p, i, i, p, i, p, i]
     lib.sp_linear.restype = None
     lib.sp_stack.argtypes = [p, p, i, p, f, p, p, p, i, p, p, p, p, i, p, p]
     lib.sp_stack.restype = i
@@ -156,6 +157,37 @@ def pack(weight: torch.Tensor, kind: int) -> tuple[torch.Tensor, torch.Tensor | 
     return body, start.contiguous().reshape(-1)
 
 
+def pack_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] float -> (nibbles, d, m): per column and group of `sp_k_multiple` values of K,
+    w ~ d * q + m with q in 0..15 (asymmetric, as llama.cpp's Q4_1 and Q4_K are), packed as the
+    kernel reads them: tiles of `sp_tile_columns` columns, [K / 8][columns][4] bytes, each byte
+    two values of K four apart (low nibble first); d and m per tile [groups][columns], float32."""
+    lib = library()
+    columns, group = lib.sp_tile_columns(W_Q4), lib.sp_k_multiple(W_Q4)
+    n, k = weight.shape
+    padded = torch.nn.functional.pad(weight.float(), (0, -k % group, 0, -n % columns))  # [Np, Kp]
+    tiles, kp = padded.shape[0] // columns, padded.shape[1]
+    groups = padded.reshape(tiles * columns, kp // group, group)
+    low, high = groups.amin(-1), groups.amax(-1)  # [Np, G]
+    d = (high - low) / 15.0
+    q = ((groups - low[..., None]) / torch.where(d > 0, d, 1.0)[..., None]).round().clamp(0, 15).to(torch.uint8)
+    pairs = q.reshape(tiles, columns, kp // 8, 2, 4)
+    nibbles = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous().reshape(-1)
+    per_tile = lambda t: t.reshape(tiles, columns, -1).transpose(1, 2).contiguous().reshape(-1)  # noqa: E731
+    return nibbles, per_tile(d), per_tile(low)
+
+
+def unpack_q4(nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """`pack_q4`'s inverse: the dequantized weight [N, K] float32."""
+    lib = library()
+    columns, group = lib.sp_tile_columns(W_Q4), lib.sp_k_multiple(W_Q4)
+    tiles, kp = -(-n // columns), k + (-k % group)
+    raw = nibbles.reshape(tiles, kp // 8, columns, 4).permute(0, 2, 1, 3)  # [tiles, columns, K / 8, 4]
+    q = torch.stack([raw & 0x0F, raw >> 4], 3).reshape(tiles * columns, kp // group, group).float()
+    per_column = lambda t: t.reshape(tiles, -1, columns).transpose(1, 2).reshape(tiles * columns, -1, 1)  # noqa: E731
+    return (q * per_column(d) + per_column(m)).reshape(tiles * columns, kp)[:n, :k]
+
+
 def unpack(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
     """`pack`'s inverse: [N, K]."""
     lib = library()
@@ -173,15 +205,16 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def linear(kind: int, x: torch.Tensor, weight: torch.Tensor, n: int, scale: torch.Tensor | None,
-           bias: torch.Tensor | None, offset: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           accumulate: bool = False) -> torch.Tensor:
+           bias: torch.Tensor | None, offset: torch.Tensor | None = None, mins: torch.Tensor | None = None,
+           out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
     """x [M, K] float32 contiguous; weight, offset: N rows of K float16 (W_F16) or int8 (W_I8,
     W_Q8; then scale [N] float32), as `pack` gives them; bias [N] float32 or None -> out [M, N]
     float32 (= x . weight^T * scale + bias, or added into `out` with accumulate). W_Q8 rounds x
-    to int8 first, one scale per 64 values of a row."""
+    to int8 first, one scale per 64 values of a row; so does W_Q4, whose weight, scale (d) and
+    mins are `pack_q4`'s."""
     m, k = x.shape
     if out is None:
         out = torch.empty(m, n, dtype=torch.float32)
-    library().sp_linear(kind, weight.data_ptr(), _ptr(scale), _ptr(bias), _ptr(offset), n, k, x.data_ptr(), m,
+    library().sp_linear(kind, weight.data_ptr(), _ptr(scale), _ptr(bias), _ptr(offset), _ptr(mins), n, k, x.data_ptr(), m,
                         out.data_ptr(), int(accumulate))
     return out

@@ -21,6 +21,9 @@ Modes (measured on a 2-core AMD EPYC with AVX2; the tables are in docs/engine.md
   the C kernel: int32 sums, exact in any order, so `exact` on the native engine, and four times
   fp32's multiply-adds per instruction with AVX512-VNNI: a verify block costs little more than
   one token. The rows' rounding to int8 is the price (see docs/engine.md for what it measured).
+- `w4a8`: 4-bit weights (asymmetric, d and m per 64 values of a column, as llama.cpp's Q4_1),
+  int8 activations as `w8a8`'s, on the C kernel: a quarter of fp16's bytes, `exact` on the
+  native engine, at 4-bit rounding (the zoo's models are 4-bit GGUF files to begin with).
 Where specpipe's C kernel builds (a C compiler and AVX2/FMA/F16C: cpu_kernels.py), `fp16` runs on
 it too, instead of fbgemm: each output one dot product in a fixed order whatever the row count,
 so `fp16` is `exact` on the native engine there (fbgemm's fp16 GEMM sums each row count in
@@ -42,19 +45,19 @@ from torch import nn
 
 from specpipe.errors import SpecpipeError
 
-MODES = ("none", "fp16", "int8", "bf16", "w8a16", "w8a32", "w8a8")
-TARGET_SAFE = ("none", "fp16", "bf16", "w8a16", "w8a32", "w8a8")  # verify rows equal one-token rows (within tolerance or bitwise)
+MODES = ("none", "fp16", "int8", "bf16", "w8a16", "w8a32", "w8a8", "w4a8")
+TARGET_SAFE = ("none", "fp16", "bf16", "w8a16", "w8a32", "w8a8", "w4a8")  # verify rows equal one-token rows (within tolerance or bitwise)
 BF16 = ("bf16", "w8a16")  # bf16 activations (and KV cache) end to end
 EXACT = BF16  # attention row by row in the torch forward: what a bitwise verify needs (native_model.py)
 NATIVE_ONLY = BF16  # they need bf16 activations end to end, which only the native forward keeps
-ON_KERNEL = ("fp16", "w8a32", "w8a8")
-NEEDS_KERNEL = ("w8a32", "w8a8")  # no torch kernel stands in for these  # run on specpipe's C kernel where it builds (cpu_kernels.py)
+ON_KERNEL = ("fp16", "w8a32", "w8a8", "w4a8")
+NEEDS_KERNEL = ("w8a32", "w8a8", "w4a8")  # no torch kernel stands in for these  # run on specpipe's C kernel where it builds (cpu_kernels.py)
 GUARANTEE = {"none": "tolerance", "fp16": "tolerance", "int8": "draft only", "bf16": "exact", "w8a16": "exact",
-             "w8a32": "exact", "w8a8": "exact"}  # what each gives without specpipe's C kernel (see `guarantee`)
+             "w8a32": "exact", "w8a8": "exact", "w4a8": "exact"}  # what each gives without specpipe's C kernel (see `guarantee`)
 GGUF = "gguf"  # engine=llamacpp: the GGUF file's own quantization runs (not a mode of this module)
 AUTO = "auto"  # the device's own: the fastest precision it runs with the strongest guarantee it has
 BY_DEVICE = {"cpu": "fp16", "cuda": "bf16"}  # fbgemm fp16 weights on the CPU; bf16 on cuBLAS
-CPU_ONLY = ("fp16", "int8", "w8a32", "w8a8")  # fbgemm and specpipe's C kernels: no CUDA kernel
+CPU_ONLY = ("fp16", "int8", "w8a32", "w8a8", "w4a8")  # fbgemm and specpipe's C kernels: no CUDA kernel
 
 
 def resolve_precision(mode: str, device: str, draft: bool = False, engine: str = "auto") -> str:
@@ -310,12 +313,17 @@ class KernelLinear(_Opaque, _PackedLinear):
     depend on how many rows the call has. The residual add of `matmul_add` runs in the kernel."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: int = 0):
-        from specpipe.models.cpu_kernels import W_F16, pack
+        from specpipe.models.cpu_kernels import W_F16, W_Q4, pack, pack_q4
 
         super().__init__(weight, bias)
         self.kind = kind
         weight = weight.float()
-        self.scale = None
+        self.scale = self.offset = self.mins = None
+        self.bias = None if bias is None else bias.float().contiguous()
+        self._register()
+        if kind == W_Q4:
+            self.weight, self.scale, self.mins = pack_q4(weight)
+            return
         if kind == W_F16:
             weight = weight.to(torch.float16)
         else:
@@ -323,13 +331,12 @@ class KernelLinear(_Opaque, _PackedLinear):
             weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
             self.scale = scale.contiguous()
         self.weight, self.offset = pack(weight, kind)  # flat, in the kernel's tiles
-        self.bias = None if bias is None else bias.float().contiguous()
-        self._register()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         from specpipe.models import cpu_kernels
 
-        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.offset)
+        return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.offset,
+                                  self.mins)
 
     def matmul_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() or not residual.is_contiguous() or residual.dtype != torch.float32:
@@ -337,11 +344,13 @@ class KernelLinear(_Opaque, _PackedLinear):
         from specpipe.models import cpu_kernels
 
         return cpu_kernels.linear(self.kind, x, self.weight, self.out_features, self.scale, self.bias, self.offset,
-                                  out=residual, accumulate=True)
+                                  self.mins, out=residual, accumulate=True)
 
     def dense_weight(self) -> torch.Tensor:
-        from specpipe.models.cpu_kernels import unpack
+        from specpipe.models.cpu_kernels import W_Q4, unpack, unpack_q4
 
+        if self.kind == W_Q4:
+            return unpack_q4(self.weight, self.scale, self.mins, self.out_features, self.in_features)
         weight = unpack(self.weight, self.kind, self.out_features, self.in_features).float()
         return weight if self.scale is None else weight * self.scale[:, None]
 
@@ -381,7 +390,8 @@ def kernel_name(mode: str, device: str = "cpu", native: bool = True) -> str:
         from specpipe.models import cpu_kernels
 
         how = {"fp16": "fp16 weights, fp32 sums in K order", "w8a32": "int8 weights, fp32 sums in K order",
-               "w8a8": "int8 weights and activations (a scale per 64 values), int32 sums"}[mode]
+               "w8a8": "int8 weights and activations (a scale per 64 values), int32 sums",
+               "w4a8": "4-bit weights (d, m per 64 values), int8 activations (a scale per 64), int32 sums"}[mode]
         name = f"{cpu_kernels.describe()}: {how}"
     elif mode in NEEDS_KERNEL:
         return f"none: specpipe's C kernel cannot run here ({kernel_reason()})"
@@ -412,9 +422,9 @@ _KERNELS = {"fp16": Fp16Linear, "int8": Int8Linear, "bf16": Bf16Linear, "w8a16":
 def _kernel(mode: str):
     """The Linear class of `mode` here: specpipe's C kernel for fp16 and w8a32 where it builds."""
     if on_kernel(mode):
-        from specpipe.models.cpu_kernels import W_F16, W_I8, W_Q8
+        from specpipe.models.cpu_kernels import W_F16, W_I8, W_Q4, W_Q8
 
-        return functools.partial(KernelLinear, kind={"fp16": W_F16, "w8a32": W_I8, "w8a8": W_Q8}[mode])
+        return functools.partial(KernelLinear, kind={"fp16": W_F16, "w8a32": W_I8, "w8a8": W_Q8, "w4a8": W_Q4}[mode])
     if mode in NEEDS_KERNEL:
         raise SpecpipeError(f"model.quantize={mode} runs on specpipe's C kernel, which cannot run here: "
                             f"{kernel_reason()}. Use model.quantize=fp16 or w8a16.")
