@@ -18,6 +18,7 @@ Run it alone on the machine.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from pathlib import Path
 
@@ -48,12 +49,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     args = parser.parse_args()
     prompts = _prompts(args.prompts, args.limit)
+    load = os.getloadavg()[0]  # tokens/s mean little on a busy machine: the table says how busy it was
     rows = []
     for drafter in args.drafters:
         for temperature in args.temperatures:
             runs = _measure(args, drafter, temperature, prompts)
             rows += [(drafter, temperature, name, runs[name]) for name in VERIFIERS]
-    _table(args, prompts, rows)
+            _table(args, prompts, rows, (load, os.getloadavg()[0]))  # so far: a cut-short run keeps its rows
 
 
 def _measure(args, drafter: str, temperature: float, prompts: list[dict]) -> dict[str, list]:
@@ -103,9 +105,10 @@ def _pooled(stats: list[Stats]) -> tuple[float, float]:
     return statistics.mean(emitted), statistics.stdev(emitted) / len(emitted) ** 0.5
 
 
-def _table(args, prompts: list[dict], rows) -> None:
+def _table(args, prompts: list[dict], rows, load: tuple[float, float]) -> None:
     print(f"\n{args.model}, γ={args.gamma} fixed, guard off, {len(prompts)} {args.prompts} prompts "
-          f"(the first of each category) x {args.seeds} seeds, {args.tokens} new tokens")
+          f"(the first of each category) x {args.seeds} seeds, {args.tokens} new tokens; load average "
+          f"{load[0]:.1f} at the start, {load[1]:.1f} at the end ({os.cpu_count()} CPUs)")
     print("| drafter | temperature | verifier | τ (± s.e.) | acceptance | tokens/s (median) | speedup (median) "
           "| steps |")
     print("|---|---|---|---|---|---|---|---|")
