@@ -126,7 +126,6 @@ def build(*, context) -> BlockVerifier:
     return BlockVerifier(context.sampling)
 
 
-
 def _vllm(settings: dict, version: str) -> list[str]:
     settings["rejection_sample_method"] = "block"  # its rejection sampler's block rule, for every method
     return []
