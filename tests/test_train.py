@@ -135,7 +135,7 @@ def test_train_eagle_writes_a_head_and_a_recipe_that_decodes_losslessly(setup, t
 def test_only_trainable_heads_are_accepted(setup, tmp_path):
     from specpipe.errors import SpecpipeError
 
-    with pytest.raises(SpecpipeError, match="nothing to train .* the trained proposers are eagle, eagle3, medusa"):
+    with pytest.raises(SpecpipeError, match="nothing to train .* the trained proposers are dflash, eagle, eagle3, medusa"):
         train_command.run(compose([f"model={setup / 'target'}", "proposer=ngram"], "train"))
 
 

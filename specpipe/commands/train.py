@@ -1,11 +1,11 @@
-"""`specpipe train proposer=medusa|eagle|eagle3 model=...`: heads for a frozen target, shipped as a recipe.
+"""`specpipe train proposer=medusa|eagle|eagle3|dflash model=...`: heads for a frozen target, shipped as a recipe.
 
 1. Text from offline sources (`sources=[stdlib,docs]`), `tokens=` in all, in `seq_len` pieces,
    and the target's own answers to `distill=` offline instructions (cached, resumable).
 2. The target's features over it, computed once and cached (specpipe/train/features.py).
 3. Epochs over the cached features (the target never runs again; the learning rate warms up
    briefly, then decays to zero on a cosine over all epochs), a progress bar with the
-   loss and the held-out top-1 accuracy per head (Medusa) or per draft position (EAGLE); a
+   loss and the held-out top-1 accuracy per head (Medusa) or per draft position (EAGLE, DFlash); a
    checkpoint after every epoch, written atomically; run the same command again after an
    interruption and it resumes.
 4. Output: `<out>/<model>/<proposer>/` (config.json + model.safetensors, in the layout vLLM

@@ -265,4 +265,5 @@ def _sglang(plan) -> dict:
 
 
 DECLARATION = Declaration("dflash", heads=True, hidden="layers", lookup=True, read_heads=fit_summary,
+                          trainer="specpipe.train.dflash",
                           export={"vllm": _vllm, "sglang": _sglang})
