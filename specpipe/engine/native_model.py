@@ -29,6 +29,7 @@ from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope tables that do not depend on the sequence length
 EXACT_BLOCK = 32  # exact precisions attend row by row in blocks up to this size (verify blocks; a long prefill is batched)
 FAMILIES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+HEAD_MODE = {"w4a8": "w8a8"}  # the LM head's precision where it is not the layers' own
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -134,7 +135,9 @@ class NativeLM:
         self.embedding = decoder.embed_tokens.weight.detach().to(table)
         self.norm = decoder.norm.weight.detach().to(self.dtype)
         head = model.get_output_embeddings()
-        self.head = linear_kernel(dense_weight(head, _float(head)), None, mode, self.dtype)
+        # 4-bit weights keep an 8-bit LM head (as llama.cpp's Q4 files keep theirs at 6 bits or more):
+        # the logits are what a greedy step compares
+        self.head = linear_kernel(dense_weight(head, _float(head)), None, HEAD_MODE.get(mode, mode), self.dtype)
         self.cos, self.sin = _rope_tables(decoder.rotary_emb, max_len, self.head_dim, base, self.dtype)  # [max_len, D]
         self.max_len = max_len
         if self.device.type != "cpu":

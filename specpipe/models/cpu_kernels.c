@@ -147,7 +147,8 @@ static inline qx_t qstore_x(int q) { return (qx_t)q; }
 #define TQ (NQ * QL) /* columns of an int8 tile */
 #define GROUP 64     /* values of K sharing one activation scale (as llama.cpp's q8 blocks share one) */
 
-/* 4-bit weights (W_Q4): unsigned nibbles q in [0, 15], w = d * q + m per column and GROUP. A byte
+/* 4-bit weights (W_Q4): unsigned nibbles q in [0, 15], w = d * q + m per column and WGROUP values
+ * of K (llama.cpp's Q4_1 blocks: the zoo's SmolLM2 weights come back on their own grid). A byte
  * holds two values of K four apart, so one load feeds two int8 dot steps of four values each;
  * the nibbles are the unsigned operand, the activations (int8, no offset) the signed one:
  * vpdpbusd with AVX512-VNNI, else vpmaddubsw (15 x 127 x 2 fits int16) and vpmaddwd. */
@@ -185,6 +186,7 @@ static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
 #define M4 2
 #endif
 #define T4 (N4 * Q4L) /* columns of a 4-bit tile */
+#define WGROUP 32      /* values of K sharing one 4-bit d and m (two to an activation group) */
 
 /* Weight types: fp16 or int8 weights with fp32 activations; int8 or 4-bit weights with int8
  * activations (one scale per GROUP values of a row, absmax / 127). */
@@ -210,7 +212,7 @@ typedef struct {
     const float *bias;     /* [N] or NULL */
     const int32_t *offset; /* W_Q8 where Q_OFFSET: per tile [groups][TQ], each group's int32 start,
                               -Q_OFFSET x the group's weight sum (takes the activations' offset back) */
-    const float *mins;     /* W_Q4: per tile [groups][T4] each group's m; `scale` then holds its d */
+    const float *mins;     /* W_Q4: per tile [K / WGROUP][T4] each block's m; `scale` then holds its d */
     int n, k;
 } Linear;
 
@@ -296,19 +298,20 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2, q8_3, q8_4};
 static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
 #endif
 
-/* 4-bit tiles: per GROUP, int32 sums of q x (eight values of K a load), then per lane
- * d q.x + m sum(x), scaled by the row's group scale into a float sum (groups in order). */
+/* 4-bit tiles: per WGROUP, int32 sums of q x (eight values of K a load), then per lane
+ * d q.x + m sum(x), scaled by the row's activation scale into a float sum (groups in order). */
 #define Q4TILE(NAME, R)                                                                                \
     static void NAME(const int8_t *x, int ldx, const float *xs, const int32_t *xsum, int groups,       \
                      const uint8_t *w, const float *d, const float *mins, vf *out) {                   \
         vf sum[R][N4];                                                                                  \
         for (int i = 0; i < R; i++)                                                                     \
             for (int v = 0; v < N4; v++) sum[i][v] = vzero();                                           \
-        for (int g = 0; g < groups; g++) {                                                              \
+        const int blocks = groups * (GROUP / WGROUP);                                                   \
+        for (int g = 0; g < blocks; g++) {                                                              \
             v4 acc[R][N4];                                                                              \
             for (int i = 0; i < R; i++)                                                                 \
                 for (int v = 0; v < N4; v++) acc[i][v] = q4_zero();                                     \
-            for (int k = g * GROUP; k < (g + 1) * GROUP; k += 8, w += T4 * 4) {                         \
+            for (int k = g * WGROUP; k < (g + 1) * WGROUP; k += 8, w += T4 * 4) {                       \
                 v4 lo[N4], hi[N4];                                                                      \
                 for (int v = 0; v < N4; v++) {                                                          \
                     v4 raw = q4_load(w + v * Q4L * 4);                                                  \
@@ -322,8 +325,8 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
             for (int v = 0; v < N4; v++) {                                                              \
                 vf dv = vload(d + (size_t)g * T4 + v * Q4L), mv = vload(mins + (size_t)g * T4 + v * Q4L); \
                 for (int i = 0; i < R; i++) {                                                           \
-                    vf part = vfma(q4_float(acc[i][v]), dv, vmul(mv, vset((float)xsum[(size_t)i * groups + g]))); \
-                    sum[i][v] = vfma(part, vset(xs[(size_t)i * groups + g]), sum[i][v]);                \
+                    vf part = vfma(q4_float(acc[i][v]), dv, vmul(mv, vset((float)xsum[(size_t)i * blocks + g]))); \
+                    sum[i][v] = vfma(part, vset(xs[(size_t)i * groups + g / (GROUP / WGROUP)]), sum[i][v]); \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
@@ -380,11 +383,12 @@ static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int 
     vf acc[MR * NV > MQ * NQ ? MR * NV : MQ * NQ];
     if (L->type == W_Q4) {
         const uint8_t *w = (const uint8_t *)L->w + (size_t)b * T4 * X->groups * GROUP / 2;
-        const float *d = L->scale + (size_t)b * X->groups * T4, *mins = L->mins + (size_t)b * X->groups * T4;
+        const size_t blocks = (size_t)X->groups * (GROUP / WGROUP);
+        const float *d = L->scale + (size_t)b * blocks * T4, *mins = L->mins + (size_t)b * blocks * T4;
         for (int m = 0; m < M; m += M4) {
             const int R = M - m < M4 ? M - m : M4;
             Q4_TILES[R](X->q4 + (size_t)m * X->ldx, X->ldx, X->xs + (size_t)m * X->groups,
-                        X->xsum + (size_t)m * X->groups, X->groups, w, d, mins, acc);
+                        X->xsum + (size_t)m * X->groups * (GROUP / WGROUP), X->groups, w, d, mins, acc);
             store(L, y, m, R, b * T4, N4, acc, accumulate);
         }
         return;
@@ -429,20 +433,24 @@ static inline int round_q(float x, float inv) {
 
 /* Per GROUP values of a row: q = round(x / s), s = absmax / 127 (an all-zero group: s = 0);
  * the row padded with zeros to whole groups. q8: as W_Q8's tiles read it (offset, width);
- * else q4 (plain int8) and each group's sum of q (W_Q4). */
+ * else q4 (plain int8) and the sum of q over each WGROUP (W_Q4). */
 static void quantize_row(const float *x, int k, int groups, qx_t *q8, int8_t *q4, int32_t *sums, float *scales) {
     for (int g = 0; g < groups; g++) {
         const int first = g * GROUP, last = first + GROUP < k ? first + GROUP : k;
         const float top = absmax(x, first, last), inv = top > 0.0f ? 127.0f / top : 0.0f;
-        int32_t total = 0;
         for (int i = first; i < first + GROUP; i++) {
             const int q = i < last ? round_q(x[i], inv) : 0;
             if (q8) q8[i] = qstore_x(q);
-            else q4[i] = (int8_t)q, total += q;
+            else q4[i] = (int8_t)q;
         }
-        if (sums) sums[g] = total;
         scales[g] = top / 127.0f;
     }
+    if (sums)
+        for (int b = 0; b < groups * (GROUP / WGROUP); b++) {
+            int32_t total = 0;
+            for (int i = b * WGROUP; i < (b + 1) * WGROUP; i++) total += q4[i];
+            sums[b] = total;
+        }
 }
 
 static inline int groups_of(int k) { return (k + GROUP - 1) / GROUP; }
@@ -452,7 +460,7 @@ static size_t rows_bytes(int m, int groups) { return (((size_t)m * groups * GROU
 
 static size_t work_bytes(int m, int k) {
     const int groups = groups_of(k);
-    return rows_bytes(m, groups) + (size_t)m * groups * (sizeof(float) + sizeof(int32_t));
+    return rows_bytes(m, groups) + (size_t)m * groups * (sizeof(float) + (GROUP / WGROUP) * sizeof(int32_t));
 }
 
 /* y [M, N] (+)= x [M, K] (rows ldx apart) . w^T; called inside a parallel region: the column
@@ -464,12 +472,12 @@ static void linear_par(const Linear *L, const float *x, int ldx, int M, float *y
     if (L->type == W_Q8 || L->type == W_Q4) {
         const int groups = groups_of(L->k), q4 = L->type == W_Q4;
         float *xs = (float *)((char *)work + rows_bytes(M, groups));
-        int32_t *sums = (int32_t *)(xs + (size_t)M * groups);
+        int32_t *sums = (int32_t *)(xs + (size_t)M * groups); /* W_Q4: [M][groups * GROUP / WGROUP] */
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
             const size_t row = (size_t)m * groups * GROUP;
             quantize_row(x + (size_t)m * ldx, L->k, groups, q4 ? NULL : (qx_t *)work + row, q4 ? (int8_t *)work + row : NULL,
-                         q4 ? sums + (size_t)m * groups : NULL, xs + (size_t)m * groups);
+                         q4 ? sums + (size_t)m * groups * (GROUP / WGROUP) : NULL, xs + (size_t)m * groups);
         }
         X.q = (const qx_t *)work, X.q4 = (const int8_t *)work, X.xs = xs, X.xsum = sums;
         X.ldx = groups * GROUP, X.groups = groups;
@@ -707,4 +715,5 @@ int sp_lanes(void) { return VW; }
 int sp_tile_columns(int type) { return type == W_Q4 ? T4 : type == W_Q8 ? TQ : TC; }
 int sp_lane_values(int type) { return type == W_Q4 ? 8 : type == W_Q8 ? KP : 1; }
 int sp_k_multiple(int type) { return type == W_Q8 || type == W_Q4 ? GROUP : 1; }
+int sp_weight_group(void) { return WGROUP; }
 int sp_q_offset(void) { return Q_OFFSET; }

@@ -134,6 +134,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [i]
         getattr(lib, name).restype = i
     lib.sp_q_offset.restype = i
+    lib.sp_weight_group.restype = i
 
 
 def pack(weight: torch.Tensor, kind: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -158,14 +159,15 @@ def pack(weight: torch.Tensor, kind: int) -> tuple[torch.Tensor, torch.Tensor | 
 
 
 def pack_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """weight [N, K] float -> (nibbles, d, m): per column and group of `sp_k_multiple` values of K,
-    w ~ d * q + m with q in 0..15 (asymmetric, as llama.cpp's Q4_1 and Q4_K are), packed as the
-    kernel reads them: tiles of `sp_tile_columns` columns, [K / 8][columns][4] bytes, each byte
-    two values of K four apart (low nibble first); d and m per tile [groups][columns], float32."""
+    """weight [N, K] float -> (nibbles, d, m): per column and block of `sp_weight_group` (32) values
+    of K, w ~ d * q + m with q in 0..15, d = (max - min) / 15, m = min (llama.cpp's Q4_1 rule, so
+    weights dequantized from a Q4_1 file come back on their own grid), packed as the kernel reads
+    them: tiles of `sp_tile_columns` columns, [K / 8][columns][4] bytes, each byte two values of K
+    four apart (low nibble first), K padded to `sp_k_multiple`; d and m per tile [blocks][columns]."""
     lib = library()
-    columns, group = lib.sp_tile_columns(W_Q4), lib.sp_k_multiple(W_Q4)
+    columns, multiple, group = lib.sp_tile_columns(W_Q4), lib.sp_k_multiple(W_Q4), lib.sp_weight_group()
     n, k = weight.shape
-    padded = torch.nn.functional.pad(weight.float(), (0, -k % group, 0, -n % columns))  # [Np, Kp]
+    padded = torch.nn.functional.pad(weight.float(), (0, -k % multiple, 0, -n % columns))  # [Np, Kp]
     tiles, kp = padded.shape[0] // columns, padded.shape[1]
     groups = padded.reshape(tiles * columns, kp // group, group)
     low, high = groups.amin(-1), groups.amax(-1)  # [Np, G]
@@ -180,8 +182,8 @@ def pack_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def unpack_q4(nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """`pack_q4`'s inverse: the dequantized weight [N, K] float32."""
     lib = library()
-    columns, group = lib.sp_tile_columns(W_Q4), lib.sp_k_multiple(W_Q4)
-    tiles, kp = -(-n // columns), k + (-k % group)
+    columns, multiple, group = lib.sp_tile_columns(W_Q4), lib.sp_k_multiple(W_Q4), lib.sp_weight_group()
+    tiles, kp = -(-n // columns), k + (-k % multiple)
     raw = nibbles.reshape(tiles, kp // 8, columns, 4).permute(0, 2, 1, 3)  # [tiles, columns, K / 8, 4]
     q = torch.stack([raw & 0x0F, raw >> 4], 3).reshape(tiles * columns, kp // group, group).float()
     per_column = lambda t: t.reshape(tiles, -1, columns).transpose(1, 2).reshape(tiles * columns, -1, 1)  # noqa: E731
