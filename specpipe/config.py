@@ -183,12 +183,15 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
 def _precisions(cfg: DictConfig) -> DictConfig:
     """`model.quantize=auto` (and a draft's or head's `proposer.quantize`) as the device's own
     precision, so every reader (checks, build, export, train) sees what will run."""
-    from specpipe.models.quantize import resolve_precision
+    from specpipe.models.loader import four_bit_source
+    from specpipe.models.quantize import AUTO, resolve_precision
 
     device = str(cfg.get("device", "cpu"))
     with open_dict(cfg):
         if "model" in cfg and isinstance(cfg.model.get("quantize"), str):
-            cfg.model.quantize = resolve_precision(cfg.model.quantize, device, engine=str(cfg.get("engine", "auto")))
+            four_bit = cfg.model.quantize == AUTO and four_bit_source(str(cfg.model.get("name", "")))
+            cfg.model.quantize = resolve_precision(cfg.model.quantize, device, engine=str(cfg.get("engine", "auto")),
+                                                   four_bit=four_bit)
         if "proposer" in cfg and isinstance(cfg.proposer.get("quantize"), str):
             cfg.proposer.quantize = resolve_precision(cfg.proposer.quantize, device, draft=True)
     return cfg

@@ -191,3 +191,18 @@ def test_bf16_is_called_exact_only_where_its_rows_are_bitwise(monkeypatch):
     assert guarantee("bf16") == "tolerance"
     monkeypatch.setattr(quantize, "bf16_exact", lambda: True)
     assert guarantee("bf16") == "exact"
+
+
+def test_auto_keeps_a_4_bit_file_at_4_bits_on_the_cpu(tmp_path):
+    from specpipe.config import compose
+    from specpipe.models.loader import four_bit_source
+    from specpipe.models.quantize import resolve_precision
+
+    assert four_bit_source("smollm2-135m") and four_bit_source("qwen2.5-coder-1.5b")
+    assert not four_bit_source("someone/some-model") and not four_bit_source(str(tmp_path))
+    assert compose(["model=smollm2-135m"]).model.quantize == "w4a8"
+    assert compose(["model=smollm2-135m", "engine=hf"]).model.quantize == "fp16"  # transformers' head stays wide
+    assert compose(["model=smollm2-135m", "model.quantize=fp16"]).model.quantize == "fp16"  # a choice is kept
+    assert compose(["model=someone/some-model", "model.quantize=auto"]).model.quantize == "fp16"
+    assert resolve_precision("auto", "cuda", four_bit=True) == "bf16"
+    assert resolve_precision("auto", "cpu", draft=True, four_bit=True) == "fp16"  # drafts: their own default

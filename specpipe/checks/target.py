@@ -115,8 +115,8 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
         else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
     if mode == BY_DEVICE.get(cfg.device):
         checks.append(Check("precision", "ok", f"{mode}: the {cfg.device} default (model.quantize=auto picks fp16 "
-                            "weights on the CPU, bf16 on CUDA: the model's own weights, on the fastest kernel each "
-                            "device runs; model.quantize=w8a8 is faster on the CPU, at int8's rounding)"))
+                            "weights on the CPU, bf16 on CUDA, on the fastest kernel each device runs; a model read "
+                            "from a 4-bit GGUF file runs w4a8 on the CPU, on its own 4-bit grid)"))
     if mode in TARGET_SAFE:
         checks.append(Check("kernel", "ok", f"{mode}: {kernel_name(mode, cfg.device, native)}"))
         checks.append(_guarantee(mode, cfg.device, static, kernels, native))

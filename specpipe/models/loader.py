@@ -62,6 +62,26 @@ def resolve(name: str, *, fetch: bool = True) -> ModelSource:
     return ModelSource(name, name)  # a hub id: transformers resolves it (or fails, see below)
 
 
+FOUR_BIT_TYPES = {2, 3, 14, 15}  # GGUF general.file_type: Q4_0, Q4_1, Q4_K_S, Q4_K_M
+
+
+def four_bit_source(name: str) -> bool:
+    """Whether `name` (a zoo name or a .gguf file) holds 4-bit weights, from the zoo's table or
+    the file's header alone (no weights read): what `model.quantize=auto` keeps on the CPU."""
+    if name in zoo.ZOO:
+        return "Q4" in zoo.ZOO[name].filename.upper()
+    path = Path(name).expanduser()
+    if not path.is_file():
+        return False
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).fields.get("general.file_type")
+        return field is not None and int(field.parts[field.data[0]][0]) in FOUR_BIT_TYPES
+    except Exception:  # not a readable GGUF: the loader names the problem
+        return False
+
+
 _ADVICE = {
     "GGUF file": "Download or convert it again, or pass a model directory or a zoo name",
     "model directory": "A model directory holds what save_pretrained writes (config.json with a "

@@ -60,13 +60,19 @@ BY_DEVICE = {"cpu": "fp16", "cuda": "bf16"}  # fbgemm fp16 weights on the CPU; b
 CPU_ONLY = ("fp16", "int8", "w8a32", "w8a8", "w4a8")  # fbgemm and specpipe's C kernels: no CUDA kernel
 
 
-def resolve_precision(mode: str, device: str, draft: bool = False, engine: str = "auto") -> str:
+def resolve_precision(mode: str, device: str, draft: bool = False, engine: str = "auto",
+                      four_bit: bool = False) -> str:
     """`auto` as the device's precision (with engine=llamacpp: `gguf`, the file's own types). A
-    draft or head (draft=True) may run any precision (the target verifies it), so a CPU-only
-    kernel asked for on a GPU becomes the GPU's precision; a target's explicit choice is kept,
-    and refused later if the device or engine cannot run it."""
+    target whose weights come from a 4-bit GGUF file (`four_bit`: the zoo's, or a Q4 file) runs
+    `w4a8` on the CPU's native engine where specpipe's kernel builds: its layers come back on
+    their 4-bit grid, in the numbers llama.cpp decodes that file with. A draft or head
+    (draft=True) may run any precision (the target verifies it), so a CPU-only kernel asked for
+    on a GPU becomes the GPU's precision; a target's explicit choice is kept, and refused later
+    if the device or engine cannot run it."""
     if mode == AUTO and engine == "llamacpp":
         return GGUF
+    if mode == AUTO and four_bit and not draft and device == "cpu" and engine in ("auto", "native") and on_kernel("w4a8"):
+        return "w4a8"
     if mode == AUTO or (draft and device != "cpu" and mode in CPU_ONLY):
         return BY_DEVICE.get(device, "none")
     return mode
@@ -391,7 +397,8 @@ def kernel_name(mode: str, device: str = "cpu", native: bool = True) -> str:
 
         how = {"fp16": "fp16 weights, fp32 sums in K order", "w8a32": "int8 weights, fp32 sums in K order",
                "w8a8": "int8 weights and activations (a scale per 64 values), int32 sums",
-               "w4a8": "4-bit weights (d, m per 64 values), int8 activations (a scale per 64), int32 sums"}[mode]
+               "w4a8": "4-bit weights (d, m per 32 values), int8 activations (a scale per 64), int32 sums, "
+                       "an 8-bit LM head"}[mode]
         name = f"{cpu_kernels.describe()}: {how}"
     elif mode in NEEDS_KERNEL:
         return f"none: specpipe's C kernel cannot run here ({kernel_reason()})"
