@@ -1,20 +1,23 @@
 /* specpipe's CPU decode kernels: the native forward of a Llama-family decoder in one call per
- * step, fp32 activations, fp16 or int8 weights (see cpu_kernels.py, which compiles and loads it).
+ * step, fp32 activations between layers, fp16, int8 or 4-bit weights (see cpu_kernels.py, which
+ * compiles and loads it, and engine/native_fused.py, which drives the stack).
  *
  * Why C: a torch step of a 30-layer model is ~600 small ops whose dispatch costs as much as the
  * weights take to stream, and torch's fp16 GEMM (fbgemm) reads them at ~60% of the machine's
  * bandwidth. Here a layer is one pass: norm, fused q/k/v, rotary, cache write, attention, output
  * projection, norm, gate/up, SiLU, down, in one OpenMP region per step.
  *
- * Exact by construction: every output of a linear layer is one dot product summed in a fixed
- * order (vector lanes over K in steps of VW, then the lanes folded in a fixed order, then the
- * K % VW tail), whatever the number of rows, the tile a row falls in or the thread that computes
- * it; every attention row sums over its visible slots in slot order, as a one-token step does.
- * So each row of a k-token verify block is bitwise equal to a one-token forward of that token.
- * Rows are independent: a batch row never reads another row's data.
+ * Exact by construction: a vector lane of a linear layer is one output column, summing its
+ * products in K order (float) or in int32 (int8 activations) and then its groups in order,
+ * whatever the number of rows, the tile a row falls in or the thread that computes it; every
+ * attention row sums over its visible slots in slot order, as a one-token step does. So each row
+ * of a k-token verify block is bitwise equal to a one-token forward of that token. Rows are
+ * independent: a batch row never reads another row's data. Built with -ffp-contract=off: a
+ * multiply-add is fused only where an FMA is written, the same at every call site.
  *
- * Built with -march=native: AVX-512 (16 lanes) where the CPU has it, else AVX2 + FMA + F16C
- * (8 lanes); without those it does not build and the engine keeps torch's kernels.
+ * Built with -march=native: AVX-512 (16 lanes; VNNI where the CPU has it) where the CPU has it,
+ * else AVX2 + FMA + F16C (8 lanes); without those it does not build and the engine keeps torch's
+ * kernels.
  */
 #include <immintrin.h>
 #include <math.h>
