@@ -36,6 +36,7 @@ class NativeRunner(Runner):
             from specpipe.engine.compile import CompiledStack
 
             self.lm.stack = CompiledStack(self.lm.stack)
+            self.lm.fused = None  # asked for: torch.compile's stack runs instead of the C kernel's
         self.model = model  # the transformers model the weights came from (peers decode with it)
         self.precision = precision
         self.device = self.lm.device
