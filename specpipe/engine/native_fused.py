@@ -75,6 +75,8 @@ class FusedStack:
             raise ValueError("the fused stack needs each cache row contiguous ([2 kv heads, width, D])")
         rows, offsets, paths = _rows(starts, n, tree)
         taps = [index for index in hidden if index != FINAL]
+        if any(not 0 <= index < len(caches) for index in taps):
+            raise ValueError(f"hidden layers {taps} are not all among the model's {len(caches)} layers")
         out = {index: torch.empty(batch * n, self.hidden) for index in taps}
         dims = torch.tensor([self.type, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter, width],
                             dtype=torch.int32)
