@@ -206,3 +206,16 @@ def test_auto_keeps_a_4_bit_file_at_4_bits_on_the_cpu(tmp_path):
     assert compose(["model=someone/some-model", "model.quantize=auto"]).model.quantize == "fp16"
     assert resolve_precision("auto", "cuda", four_bit=True) == "bf16"
     assert resolve_precision("auto", "cpu", draft=True, four_bit=True) == "fp16"  # drafts: their own default
+
+
+@pytest.mark.parametrize("mode", ["fp16", "w8a8"])
+def test_the_torch_forward_on_the_kernels_linears_stays_exact(mode):
+    """Without the fused stack (compile=true runs torch.compile's instead), the kernel's linears
+    and row-by-row attention keep a verify block's rows bitwise the one-token rows."""
+    lm = NativeLM(_tiny("llama"), mode, 128)
+    lm.fused = None
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(2))
+    cache = lm.new_cache(1, 128)
+    lm.forward(ids[:, :4], [0], cache)
+    singles = torch.cat([lm.forward(ids[:, i : i + 1], [i], cache)[0] for i in range(4, 12)], 1)
+    assert torch.equal(lm.forward(ids[:, 4:12], [4], cache)[0], singles)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from specpipe.engine.base import FINAL, wide
 from specpipe.engine.native_fused import FusedStack
 from specpipe.types import ancestry_of, depths_of
-from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel
+from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel, on_kernel
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope tables that do not depend on the sequence length
 EXACT_BLOCK = 32  # exact precisions attend row by row in blocks up to this size (verify blocks; a long prefill is batched)
@@ -142,6 +142,9 @@ class NativeLM:
         self.max_len = max_len
         if self.device.type != "cpu":
             self._to_device()
+        # the torch forward attends row by row where the linears are bitwise too: the exact precisions,
+        # and the C kernel's when its fused stack does not run (compile=true, static steps)
+        self.exact = mode in EXACT or on_kernel(mode)
         self.fused = FusedStack.of(self)  # the stack in one C call a forward, where the weights are on the kernel
 
     @property
@@ -176,7 +179,7 @@ class NativeLM:
         offsets = list(range(n)) if tree is None else depths_of(tree)
         positions = start[:, None] + torch.tensor(offsets, dtype=torch.long).to(device, non_blocking=True)[None]
         ancestry = None if tree is None else ancestry_of(tree).to(device, non_blocking=True)
-        row_keys = _row_keys(starts, n, tree) if self.mode in EXACT and n <= EXACT_BLOCK else None
+        row_keys = _row_keys(starts, n, tree) if self.exact and n <= EXACT_BLOCK else None
         bias = None if row_keys is not None else self._bias(start, n, width, ancestry)
         slots = start[:, None] + torch.arange(n, device=device)  # [B, n]
         cos, sin = self.cos[positions].view(batch * n, 1, -1), self.sin[positions].view(batch * n, 1, -1)

@@ -195,7 +195,6 @@ static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
  * activations (one scale per GROUP values of a row, absmax / 127). */
 enum { W_F16 = 0, W_I8 = 1, W_Q8 = 2, W_Q4 = 3 };
 
-static inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 /* max, min and rounding written out: libm's fmaxf / fminf are calls (NaN rules), these vectorize */
 static inline float max_f(float a, float b) { return a > b ? a : b; }
 static inline float min_f(float a, float b) { return a < b ? a : b; }
