@@ -75,13 +75,14 @@ def test_every_row_is_bitwise_a_one_row_call(mode):
 
 def test_4_bit_packing_round_trips():
     weight = torch.randn(130, 70)
-    nibbles, d, m = cpu_kernels.pack_q4(weight)
-    dense = cpu_kernels.unpack_q4(nibbles, d, m, 130, 70)
+    packed = cpu_kernels.pack_q4(weight)
+    dense = cpu_kernels.unpack_q4(packed, 130, 70)
     blocks = torch.nn.functional.pad(weight, (0, 58)).reshape(130, 4, 32)
     step = (blocks.amax(-1) - blocks.amin(-1)) / 15  # [130, 4]: each block's grid
     error = torch.nn.functional.pad(dense - weight, (0, 58)).abs().reshape(130, 4, 32)
-    assert (error <= step[..., None] / 2 + 1e-6).all()
-    assert torch.equal(cpu_kernels.pack_q4(dense)[0], nibbles)  # the grid's own values pack back to the same nibbles
+    fp16 = 2.0**-10 * (15 * step + blocks.amin(-1).abs())  # d and m are stored in float16
+    assert (error <= step[..., None] / 2 + fp16[..., None] + 1e-6).all()
+    assert torch.equal(cpu_kernels.pack_q4(dense), packed)  # the grid's own values pack back to the same bytes
 
 
 @pytest.mark.parametrize("mode", ["fp16", "w8a32", "w8a8"])
@@ -219,3 +220,15 @@ def test_the_torch_forward_on_the_kernels_linears_stays_exact(mode):
     lm.forward(ids[:, :4], [0], cache)
     singles = torch.cat([lm.forward(ids[:, i : i + 1], [i], cache)[0] for i in range(4, 12)], 1)
     assert torch.equal(lm.forward(ids[:, 4:12], [4], cache)[0], singles)
+
+
+def test_resident_weights_are_copies_in_their_own_mapping():
+    packed = torch.randint(-127, 128, (3 * cpu_kernels.HUGE_PAGE + 100,), dtype=torch.int8)
+    small = torch.randn(1000)
+    assert cpu_kernels.resident(small) is small  # under a huge page: left where it is
+    first, second = cpu_kernels.resident(packed), cpu_kernels.resident(packed[:-100].view(torch.int32))
+    assert torch.equal(first, packed) and torch.equal(second, packed[:-100].view(torch.int32))
+    assert first.data_ptr() != packed.data_ptr() and first.data_ptr() % 64 == second.data_ptr() % 64 == 0
+    assert second.data_ptr() >= first.data_ptr() + first.numel() or second.data_ptr() + second.numel() * 4 <= first.data_ptr()
+    packed.zero_()
+    assert first.abs().sum() > 0  # a copy, not a view of what was packed

@@ -190,6 +190,7 @@ static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
 #endif
 #define T4 (N4 * Q4L) /* columns of a 4-bit tile */
 #define WGROUP 32      /* values of K sharing one 4-bit d and m (two to an activation group) */
+#define Q4_BLOCK_BYTES (T4 * WGROUP / 2 + T4 * 4) /* a tile's block: nibbles, then d and m in fp16 */
 
 /* Weight types: fp16 or int8 weights with fp32 activations; int8 or 4-bit weights with int8
  * activations (one scale per GROUP values of a row, absmax / 127). */
@@ -208,13 +209,13 @@ static inline float min_f(float a, float b) { return a < b ? a : b; }
  * the thread; no horizontal sums. The rows' broadcast inputs are reused by all NV vectors. */
 
 typedef struct {
-    int type;              /* W_F16, W_I8 or W_Q8 */
+    int type;              /* W_F16, W_I8, W_Q8 or W_Q4 */
     const void *w;         /* packed tiles */
     const float *scale;    /* [N] per-column weight scale (int8 weights) or NULL */
     const float *bias;     /* [N] or NULL */
     const int32_t *offset; /* W_Q8 where Q_OFFSET: per tile [groups][TQ], each group's int32 start,
                               -Q_OFFSET x the group's weight sum (takes the activations' offset back) */
-    const float *mins;     /* W_Q4: per tile [K / WGROUP][T4] each block's m; `scale` then holds its d */
+    const float *mins;     /* unused (W_Q4's d and m lie in its tiles, fp16, beside the nibbles they scale) */
     int n, k;
 } Linear;
 
@@ -301,10 +302,11 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
 #endif
 
 /* 4-bit tiles: per WGROUP, int32 sums of q x (eight values of K a load), then per lane
- * d q.x + m sum(x), scaled by the row's activation scale into a float sum (groups in order). */
+ * d q.x + m sum(x), scaled by the row's activation scale into a float sum (groups in order).
+ * A tile is one stream: per block its nibbles ([4][T4][4] bytes), then its d and m (T4 fp16 each). */
 #define Q4TILE(NAME, R)                                                                                \
     static void NAME(const int8_t *x, int ldx, const float *xs, const int32_t *xsum, int groups,       \
-                     const uint8_t *w, const float *d, const float *mins, vf *out) {                   \
+                     const uint8_t *w, vf *out) {                                                      \
         vf sum[R][N4];                                                                                  \
         for (int i = 0; i < R; i++)                                                                     \
             for (int v = 0; v < N4; v++) sum[i][v] = vzero();                                           \
@@ -324,8 +326,10 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
                     for (int v = 0; v < N4; v++) acc[i][v] = q4_dot(q4_dot(acc[i][v], lo[v], xa), hi[v], xb); \
                 }                                                                                       \
             }                                                                                           \
+            const uint16_t *d = (const uint16_t *)w, *mins = d + T4;                                    \
+            w += T4 * 4;                                                                                \
             for (int v = 0; v < N4; v++) {                                                              \
-                vf dv = vload(d + (size_t)g * T4 + v * Q4L), mv = vload(mins + (size_t)g * T4 + v * Q4L); \
+                vf dv = load_f16(d + v * Q4L), mv = load_f16(mins + v * Q4L);                           \
                 for (int i = 0; i < R; i++) {                                                           \
                     vf part = vfma(q4_float(acc[i][v]), dv, vmul(mv, vset((float)xsum[(size_t)i * blocks + g]))); \
                     sum[i][v] = vfma(part, vset(xs[(size_t)i * groups + g / (GROUP / WGROUP)]), sum[i][v]); \
@@ -336,8 +340,7 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
             for (int v = 0; v < N4; v++) out[i * N4 + v] = sum[i][v];                                   \
     }
 
-typedef void (*q4tile_fn)(const int8_t *, int, const float *, const int32_t *, int, const uint8_t *, const float *,
-                          const float *, vf *);
+typedef void (*q4tile_fn)(const int8_t *, int, const float *, const int32_t *, int, const uint8_t *, vf *);
 Q4TILE(q4_1, 1)
 Q4TILE(q4_2, 2)
 #if M4 > 2
@@ -384,13 +387,12 @@ static void store(const Linear *L, float *y, int m, int R, int n0, int nv, const
 static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int accumulate) {
     vf acc[MR * NV > MQ * NQ ? MR * NV : MQ * NQ];
     if (L->type == W_Q4) {
-        const uint8_t *w = (const uint8_t *)L->w + (size_t)b * T4 * X->groups * GROUP / 2;
         const size_t blocks = (size_t)X->groups * (GROUP / WGROUP);
-        const float *d = L->scale + (size_t)b * blocks * T4, *mins = L->mins + (size_t)b * blocks * T4;
+        const uint8_t *w = (const uint8_t *)L->w + (size_t)b * blocks * Q4_BLOCK_BYTES;
         for (int m = 0; m < M; m += M4) {
             const int R = M - m < M4 ? M - m : M4;
             Q4_TILES[R](X->q4 + (size_t)m * X->ldx, X->ldx, X->xs + (size_t)m * X->groups,
-                        X->xsum + (size_t)m * X->groups * (GROUP / WGROUP), X->groups, w, d, mins, acc);
+                        X->xsum + (size_t)m * X->groups * (GROUP / WGROUP), X->groups, w, acc);
             store(L, y, m, R, b * T4, N4, acc, accumulate);
         }
         return;

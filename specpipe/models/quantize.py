@@ -319,7 +319,7 @@ class KernelLinear(_Opaque, _PackedLinear):
     depend on how many rows the call has. The residual add of `matmul_add` runs in the kernel."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: int = 0):
-        from specpipe.models.cpu_kernels import W_F16, W_Q4, pack, pack_q4
+        from specpipe.models.cpu_kernels import W_F16, W_Q4, pack, pack_q4, resident
 
         super().__init__(weight, bias)
         self.kind = kind
@@ -328,7 +328,7 @@ class KernelLinear(_Opaque, _PackedLinear):
         self.bias = None if bias is None else bias.float().contiguous()
         self._register()
         if kind == W_Q4:
-            self.weight, self.scale, self.mins = pack_q4(weight)
+            self.weight = resident(pack_q4(weight))  # d and m inside, beside the nibbles they scale
             return
         if kind == W_F16:
             weight = weight.to(torch.float16)
@@ -336,7 +336,8 @@ class KernelLinear(_Opaque, _PackedLinear):
             scale = (weight.abs().amax(1) / 127.0).clamp_min(1e-8)  # [out]
             weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
             self.scale = scale.contiguous()
-        self.weight, self.offset = pack(weight, kind)  # flat, in the kernel's tiles
+        packed, self.offset = pack(weight, kind)  # flat, in the kernel's tiles
+        self.weight = resident(packed)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         from specpipe.models import cpu_kernels
@@ -356,7 +357,7 @@ class KernelLinear(_Opaque, _PackedLinear):
         from specpipe.models.cpu_kernels import W_Q4, unpack, unpack_q4
 
         if self.kind == W_Q4:
-            return unpack_q4(self.weight, self.scale, self.mins, self.out_features, self.in_features)
+            return unpack_q4(self.weight, self.out_features, self.in_features)
         weight = unpack(self.weight, self.kind, self.out_features, self.in_features).float()
         return weight if self.scale is None else weight * self.scale[:, None]
 
