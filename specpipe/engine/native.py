@@ -155,6 +155,7 @@ class NativeRunner(Runner):
         lm = self.lm
         weights = module_bytes(lm.head) + sum(module_bytes(m) for layer in lm.layers
                                               for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
-        small = [lm.embedding, lm.norm, lm.cos, lm.sin] + [t for layer in lm.layers for t in (layer.norm1, layer.norm2)]
+        small = [lm.embedding, lm.norm, lm.cos, lm.sin] + [t for layer in lm.layers for t in vars(layer).values()
+                                                            if isinstance(t, torch.Tensor)]
         weights += sum(t.numel() * t.element_size() for t in small)
         return Memory(weights, self.cache.bytes)

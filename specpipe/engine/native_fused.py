@@ -48,8 +48,8 @@ class FusedStack:
 
     @staticmethod
     def of(lm) -> "FusedStack | None":
-        """A fused stack for `lm`, or None where its weights or device are not the kernel's."""
-        if lm.device.type != "cpu" or lm.dtype != torch.float32:
+        """A fused stack for `lm`, or None where its layer layout, weights or device are not the kernel's."""
+        if not lm.llama_layout or lm.device.type != "cpu" or lm.dtype != torch.float32:  # the kernel's layer is Llama's
             return None
         linears = [linear for layer in lm.layers for linear in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
         if not linears or not all(isinstance(linear, KernelLinear) for linear in linears):

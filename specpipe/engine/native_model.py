@@ -1,35 +1,45 @@
-"""The native forward for Llama-family decoders (Llama, SmolLM2, Qwen2), gpt-fast style.
+"""The native forward for decoder-only LMs (Llama, SmolLM2, Qwen2/3, Mistral, Gemma 3, Phi-3,
+Granite, OLMo 2), gpt-fast style.
 
-Weights are taken once from a loaded transformers model and re-laid for decoding: q, k, v fused
-into one projection and gate, up into another, in the precision's kernel
-(specpipe/models/quantize.py); RMSNorm is `F.rms_norm`; rotary is one op over q and k together,
-read from a table built by the model's own rotary module (so every static rope scaling
-transformers knows comes for free). A forward takes a batch [B, n] with per-row cache slots
+What differs between those families is data (native_families.py: a `Spec` per model, read from
+its config); this module runs it. Weights are taken once from a loaded transformers model and
+re-laid for decoding: q, k, v fused into one projection and gate, up into another, in the
+precision's kernel (specpipe/models/quantize.py), constant factors folded in; RMSNorm is
+`F.rms_norm`; rotary is one op over q and k together, read from tables built by the model's own
+rotary module (so every static rope scaling transformers knows comes for free; one table per
+layer type where a family has several). A forward takes a batch [B, n] with per-row cache slots
 and positions, writes its keys and values into a preallocated cache (`KVCache`) and attends
 over it through a boolean mask: row (b, i) sees slot j if j is before row b's block or is an
-ancestor-or-self of row i inside it. So a rollback is a length, a tree's accepted path is a
-gather, and stale slots past a row's length are never seen. In the exact precisions a verify
-block attends one query row at a time instead (`_attend_rows`; a tree's path laid out in the
-block's slots as it goes), so that each row is computed bit for bit as a one-token forward
-would compute it.
+ancestor-or-self of row i inside it, and, in a sliding-window layer, holds a position within
+the window. So a rollback is a length, a tree's accepted path is a gather, and stale slots past
+a row's length are never seen. In the exact precisions a verify block attends one query row at
+a time instead (`_attend_rows`; a tree's path laid out in the block's slots as it goes), so that
+each row is computed bit for bit as a one-token forward would compute it.
 
 This module is not a runner (see native.py) and does not load files: it reads the nn.Module.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 from specpipe.engine.base import FINAL, wide
+from specpipe.engine.native_families import FAMILIES as LAYOUTS
+from specpipe.engine.native_families import (STATIC_ROPE, LayerWeights, Spec, architecture_of, norm_weight, read_layer,
+                                             spec_of)
 from specpipe.engine.native_fused import FusedStack
 from specpipe.types import ancestry_of, depths_of
-from specpipe.models.quantize import EXACT, activation_dtype, dense_bias, dense_weight, linear_kernel, move_kernel, on_kernel
+from specpipe.models.quantize import EXACT, activation_dtype, dense_weight, linear_kernel, move_kernel, on_kernel
 
-STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope tables that do not depend on the sequence length
+__all__ = ["FAMILIES", "STATIC_ROPE", "KVCache", "NativeLM", "config_unsupported_reason", "unsupported_reason"]
+
 EXACT_BLOCK = 32  # exact precisions attend row by row in blocks up to this size (verify blocks; a long prefill is batched)
-FAMILIES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+FAMILIES = tuple(LAYOUTS)  # the architectures the native forward runs (native_families.py)
 HEAD_MODE = {"w4a8": "w8a8"}  # the LM head's precision where it is not the layers' own
+ACTIVATION = {"silu": F.silu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "gelu": F.gelu}
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -39,26 +49,13 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 def config_unsupported_reason(config, architecture: str | None = None) -> str | None:
     """The same from a model's config alone (`specpipe check` loads no weights)."""
-    name = architecture or (getattr(config, "architectures", None) or [_causal_lm_class(config)])[0]
-    if name not in FAMILIES:
-        return f"{name} is not a native architecture (native: {', '.join(FAMILIES)})"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act} (native: silu)"
-    if getattr(config, "use_sliding_window", False):
-        return "sliding-window attention"
-    rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
-    rope = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope not in STATIC_ROPE:
-        return f"rope scaling {rope!r} depends on the sequence length (native: {', '.join(STATIC_ROPE)})"
-    return None
+    spec = spec_of(config, architecture)
+    return spec if isinstance(spec, str) else None
 
 
-def _causal_lm_class(config) -> str:
-    """The causal-LM class of a config that names no architectures (one read from a GGUF file
-    before its first load has written the dense copy): transformers' own class for its model_type."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None), "unknown")
+def native_family(config, architecture: str | None = None) -> str | None:
+    """The architecture the native forward runs this config as, or None where it falls back."""
+    return None if isinstance(spec_of(config, architecture), str) else architecture_of(config, architecture)
 
 
 class KVCache:
@@ -102,50 +99,76 @@ class KVCache:
 
 
 class _Layer:
-    def __init__(self, layer: torch.nn.Module, mode: str, dtype: torch.dtype):
-        attn, mlp = layer.self_attn, layer.mlp
-        weight = lambda m: dense_weight(m, _float(m))  # noqa: E731 (float64 tiny models stay float64)
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        self.wqkv = linear_kernel(torch.cat([weight(m) for m in qkv]), _cat_bias(qkv), mode, dtype)
-        self.wo = linear_kernel(weight(attn.o_proj), dense_bias(attn.o_proj), mode, dtype)
-        gate_up = [mlp.gate_proj, mlp.up_proj]
-        self.w_gate_up = linear_kernel(torch.cat([weight(m) for m in gate_up]), _cat_bias(gate_up), mode, dtype)
-        self.w_down = linear_kernel(weight(mlp.down_proj), dense_bias(mlp.down_proj), mode, dtype)
-        self.norm1 = layer.input_layernorm.weight.detach().to(dtype)
-        self.norm2 = layer.post_attention_layernorm.weight.detach().to(dtype)
+    """One decoder layer's kernels and small tensors. norm1, norm2: the norms before attention and
+    before the MLP; post1, post2: after them (None where the family has none); qk_norm: q's and
+    k's norm weights side by side; window: its sliding window (None: global); rope: its slice
+    of the rotary tables laid side by side (None: the one table)."""
+
+    def __init__(self, weights: LayerWeights, mode: str, dtype: torch.dtype, window: int | None, rope: slice | None):
+        w = weights
+        self.wqkv = linear_kernel(w.qkv, w.qkv_bias, mode, dtype)
+        self.wo = linear_kernel(w.o, w.o_bias, mode, dtype)
+        self.w_gate_up = linear_kernel(w.gate_up, w.gate_up_bias, mode, dtype)
+        self.w_down = linear_kernel(w.down, w.down_bias, mode, dtype)
+        self.norm1, self.post1, self.norm2, self.post2 = (None if t is None else t.to(dtype) for t in w.norms)
+        self.qk_norm = None if w.qk_norm is None else w.qk_norm.to(dtype)
+        self.window, self.rope = window, rope
 
 
 class NativeLM:
     """The forward of one decoder-only LM, its weights in precision `mode`."""
 
     def __init__(self, model: torch.nn.Module, mode: str, max_len: int, device: str = "cpu"):
-        reason = unsupported_reason(model)
-        if reason is not None:
-            raise ValueError(f"the native engine cannot run this model: {reason}")
+        spec = spec_of(model.config, type(model).__name__)
+        if isinstance(spec, str):
+            raise ValueError(f"the native engine cannot run this model: {spec}")
         config, decoder = model.config, model.get_decoder()
         base = decoder.embed_tokens.weight.dtype
+        self.spec = spec
         self.mode, self.dtype, self.device = mode, activation_dtype(mode, base), torch.device(device)
         self.hidden_size, self.vocab_size = config.hidden_size, config.vocab_size
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.eps = config.rms_norm_eps
-        self.layers = [_Layer(layer, mode, self.dtype) for layer in decoder.layers]
+        self.act = ACTIVATION[spec.activation]
+        self.softcap = spec.softcap
+        self.windows = tuple(dict.fromkeys(spec.windows))  # the distinct windows: one attention mask each
+        # cos, signed sin [max_len, kinds · R]: one table of R rotary dims per layer type, side by side
+        tables = [_rope_tables(decoder.rotary_emb, max_len, self.head_dim, base, self.dtype, kind) for kind in spec.kinds]
+        self.cos, self.sin = (torch.cat(t, -1) if len(t) > 1 else t[0] for t in zip(*tables))
+        self.rotary_dim = tables[0][0].shape[-1]  # R: D, or fewer (a partial rotary factor)
+        self.layers = [_Layer(read_layer(layer, spec, self.heads, self.kv_heads, self.head_dim), mode, self.dtype,
+                              window, self._rope_slice(spec.kinds.index(kind)))
+                       for layer, window, kind in zip(decoder.layers, spec.windows, spec.ropes)]
+        embedding = decoder.embed_tokens.weight.detach()
+        if spec.embed_scale != 1.0:  # folded in: a scaled row is what every layer and head reads
+            embedding = embedding * torch.tensor(spec.embed_scale, dtype=embedding.dtype)
         # fp16 storage where the weights are fp16 or int8: an embedding row is read, not multiplied
         table = torch.float16 if mode in ("fp16", "int8") else self.dtype
-        self.embedding = decoder.embed_tokens.weight.detach().to(table)
-        self.norm = decoder.norm.weight.detach().to(self.dtype)
+        self.embedding = embedding.to(table)
+        self.norm = norm_weight(decoder.norm, spec).to(self.dtype)
         head = model.get_output_embeddings()
+        head_weight = dense_weight(head, _float(head))
+        if spec.logit_scale != 1.0:
+            head_weight = head_weight * spec.logit_scale
         # 4-bit weights keep an 8-bit LM head (as llama.cpp's Q4 files keep theirs at 6 bits or more):
         # the logits are what a greedy step compares
-        self.head = linear_kernel(dense_weight(head, _float(head)), None, HEAD_MODE.get(mode, mode), self.dtype)
-        self.cos, self.sin = _rope_tables(decoder.rotary_emb, max_len, self.head_dim, base, self.dtype)  # [max_len, D]
+        self.head = linear_kernel(head_weight, None, HEAD_MODE.get(mode, mode), self.dtype)
         self.max_len = max_len
         if self.device.type != "cpu":
             self._to_device()
         # the torch forward attends row by row where the linears are bitwise too: the exact precisions,
         # and the C kernel's when its fused stack does not run (compile=true, static steps)
         self.exact = mode in EXACT or on_kernel(mode)
+        # the C kernel's fused stack implements Llama's layer only: other layouts run the torch stack
+        self.llama_layout = spec.llama_layout
         self.fused = FusedStack.of(self)  # the stack in one C call a forward, where the weights are on the kernel
+
+    def _rope_slice(self, kind: int) -> slice | None:
+        """A layer type's columns of the side-by-side rotary tables (None: the one table, whole)."""
+        if len(self.spec.kinds) == 1:
+            return None
+        return slice(kind * self.rotary_dim, (kind + 1) * self.rotary_dim)
 
     @property
     def num_layers(self) -> int:
@@ -160,7 +183,17 @@ class NativeLM:
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> logits [..., V] (float32 or wider)."""
-        return wide(self.head(hidden.to(self.dtype)))
+        return self._capped(wide(self.head(hidden.to(self.dtype))))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] contiguous, the final norm's output -> logits [T, V] (float32 or wider)."""
+        return self._capped(wide(self.head.matmul(x)))
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """cap · tanh(logits / cap) where the model soft-caps its logits (Gemma), else the logits."""
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap).mul_(self.softcap)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, starts: list[int], cache: KVCache, tree: tuple[int, ...] | None = None,
@@ -176,11 +209,16 @@ class NativeLM:
         device = ids.device
         width = max(starts) + n  # slots any row may see
         start = torch.tensor(starts, dtype=torch.long).to(device, non_blocking=True)  # [B]
-        offsets = list(range(n)) if tree is None else depths_of(tree)
-        positions = start[:, None] + torch.tensor(offsets, dtype=torch.long).to(device, non_blocking=True)[None]
+        offsets = torch.tensor(list(range(n)) if tree is None else depths_of(tree), dtype=torch.long)
+        offsets = offsets.to(device, non_blocking=True)  # [n]: each block row's position past its row's start
+        positions = start[:, None] + offsets[None]
         ancestry = None if tree is None else ancestry_of(tree).to(device, non_blocking=True)
         row_keys = _row_keys(starts, n, tree) if self.exact and n <= EXACT_BLOCK else None
-        bias = None if row_keys is not None else self._bias(start, n, width, ancestry)
+        bias = None
+        if row_keys is None:
+            windowed = any(window is not None for window in self.windows)
+            keys = key_positions(start, offsets, width) if tree is not None and windowed else None
+            bias = self.biases(_mask(start, n, width, ancestry), positions, keys)
         slots = start[:, None] + torch.arange(n, device=device)  # [B, n]
         cos, sin = self.cos[positions].view(batch * n, 1, -1), self.sin[positions].view(batch * n, 1, -1)
         x = self.embed(ids.view(-1))  # [T = B·n, H]: every Linear sees all rows at once
@@ -188,10 +226,21 @@ class NativeLM:
                             None if row_keys is None else (row_keys, starts))
         x = x.view(batch, n, -1)
         last = x[:, -1] if last_only else x.reshape(batch * n, -1)
-        return wide(self.head.matmul(last.contiguous())).view(batch, 1 if last_only else n, -1), out
+        return self.logits(last.contiguous()).view(batch, 1 if last_only else n, -1), out
 
-    def _bias(self, start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None) -> torch.Tensor:
-        return self.additive(_mask(start, n, width, ancestry))
+    def biases(self, mask: torch.Tensor, positions: torch.Tensor,
+               keys: torch.Tensor | None = None) -> dict[int | None, torch.Tensor]:
+        """bool [B, 1, n, width] (slot j visible to block row i), the rows' positions [B, n] and
+        each slot's position [B, width] (None: the slot's own index, as in a chain) -> {window:
+        the additive mask `stack` takes}, one per distinct window of the model's layers (None: global)."""
+        out = {}
+        for window in self.windows:
+            seen = mask
+            if window is not None:  # transformers' sliding window: key position > query position - window
+                at = torch.arange(mask.shape[-1], device=mask.device)[None] if keys is None else keys
+                seen = mask & (at[:, None, :] > positions[:, :, None] - window)[:, None]
+            out[window] = self.additive(seen)
+        return out
 
     def additive(self, mask: torch.Tensor) -> torch.Tensor:
         """bool [B, 1, n, width] (slot j visible to block row i) -> the [B, 1, group * n, width]
@@ -199,13 +248,13 @@ class NativeLM:
         mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
         return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
-    def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None, slots: torch.Tensor,
+    def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: dict | None, slots: torch.Tensor,
               caches: list[torch.Tensor], hidden: tuple[int, ...], rows: tuple | None = None):
         """The decoder layers and the final norm: x [T, H] -> (normed x [T, H], {key: [B, n, H]}).
         x is the residual stream, updated in place (each layer's output projections add into it
         inside their GEMMs: see `matmul_add`), so the caller passes a tensor of its own. caches:
-        `KVCache.layers`, [B, 2 · kv heads, width, D] each. Its inputs are tensors of fixed rank,
-        so `torch.compile` captures it whole (compile.py).
+        `KVCache.layers`, [B, 2 · kv heads, width, D] each. bias: `biases`' masks by window.
+        Its inputs are tensors of fixed rank, so `torch.compile` captures it whole (compile.py).
         rows: (row_keys, starts): per batch row, the order its block rows attend in and the slots
         each sees (see `_row_keys`; None: one masked call), and the block's first slot per row
         (host ints), for attention computed row by row as one-token forwards do (exact modes)."""
@@ -216,10 +265,13 @@ class NativeLM:
         rows = torch.arange(batch, device=x.device)[:, None]
         out: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (self.hidden_size,), layer.norm1, self.eps)
-            # [T, heads + 2 kv heads, D]: q, k, v; q and k rotated in place, so k and v stay side by side
+            h = x if layer.norm1 is None else F.rms_norm(x, (self.hidden_size,), layer.norm1, self.eps)
+            # [T, heads + 2 kv heads, D]: q, k, v; q and k normed and rotated in place, so k and v stay side by side
             qkv = layer.wqkv.matmul(h).view(batch * n, self.heads + 2 * self.kv_heads, self.head_dim)
-            _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)
+            qk = qkv[:, : self.heads + self.kv_heads]
+            if layer.qk_norm is not None:
+                self._norm_qk(qk, layer.qk_norm)
+            self._rotary(qk, cos, sin, layer.rope)
             cache = caches[index]  # [B, 2 kv heads, width, D]: keys, then values
             k_cache, v_cache = cache[:, : self.kv_heads], cache[:, self.kv_heads :]
             kv = qkv[:, self.heads :].view(batch, n, 2 * self.kv_heads, self.head_dim)
@@ -231,16 +283,17 @@ class NativeLM:
             # [B, kv heads, group * n, D]: every query head of one kv head attends in one call
             q = qkv[:, : self.heads].reshape(batch, n, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
             if row_keys is None:
-                width = bias.shape[-1]
+                mask = bias[layer.window]
+                width = mask.shape[-1]
                 att = F.scaled_dot_product_attention(q.reshape(batch, self.kv_heads, group * n, self.head_dim),
-                                                     k_cache[:, :, :width], v_cache[:, :, :width], attn_mask=bias)
+                                                     k_cache[:, :, :width], v_cache[:, :, :width], attn_mask=mask)
                 att = att.view(batch, self.kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
-            else:
-                att = _attend_rows(q, k, v, k_cache, v_cache, starts, row_keys)  # [B, n, kv heads, group, D]
-            x = layer.wo.matmul_add(att.reshape(batch * n, q_width), x)
-            h = F.rms_norm(x, (self.hidden_size,), layer.norm2, self.eps)
+            else:  # [B, n, kv heads, group, D]
+                att = _attend_rows(q, k, v, k_cache, v_cache, starts, row_keys, layer.window)
+            x = self._residual(layer.wo, att.reshape(batch * n, q_width), x, layer.post1)
+            h = x if layer.norm2 is None else F.rms_norm(x, (self.hidden_size,), layer.norm2, self.eps)
             gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
-            x = layer.w_down.matmul_add(F.silu(gate) * up, x)
+            x = self._residual(layer.w_down, self.act(gate) * up, x, layer.post2)
             if index in hidden:  # a copy: the next layers add into x in place
                 kept = wide(x)
                 out[index] = (kept.clone() if kept is x else kept).view(batch, n, -1)
@@ -248,6 +301,37 @@ class NativeLM:
         if FINAL in hidden:
             out[FINAL] = wide(x).view(batch, n, -1)
         return x, out
+
+    def _norm_qk(self, qk: torch.Tensor, weight: torch.Tensor) -> None:
+        """q's and k's RMS norms, in place in qk [T, heads + kv heads, D]: per head (weight
+        [heads + kv heads, D], both in one call) or over all of q's heads and all of k's (weight
+        [(heads + kv heads) · D], one call each)."""
+        if weight.dim() == 2:
+            qk.copy_(F.rms_norm(qk, (self.head_dim,), None, self.eps).mul_(weight))
+            return
+        for part, w in zip(qk.split((self.heads, self.kv_heads), 1), weight.split((self.heads * self.head_dim,
+                                                                                  self.kv_heads * self.head_dim))):
+            flat = part.reshape(part.shape[0], -1)  # [T, heads · D]
+            part.copy_(F.rms_norm(flat, (flat.shape[-1],), w, self.eps).view_as(part))
+
+    def _rotary(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: slice | None) -> None:
+        """Rotate qk [T, heads + kv heads, D] in place by the layer's table (cos, sin [T, 1, kinds · R])."""
+        if rope is not None:
+            cos, sin = cos[..., rope], sin[..., rope]
+        if self.rotary_dim == self.head_dim:
+            _rotate(qk, cos, sin)
+            return
+        # a partial rotary factor: the first R dims rotate, on a contiguous copy (an elementwise
+        # kernel over the strided slice picked another loop at 5 rows or more, and other bits)
+        part = qk[..., : self.rotary_dim].contiguous()
+        _rotate(part, cos, sin)
+        qk[..., : self.rotary_dim] = part
+
+    def _residual(self, linear, h: torch.Tensor, x: torch.Tensor, post: torch.Tensor | None) -> torch.Tensor:
+        """x += linear(h), normed first where the family norms a branch's output (post-norms)."""
+        if post is None:
+            return linear.matmul_add(h, x)
+        return x.add_(F.rms_norm(linear.matmul(h), (self.hidden_size,), post, self.eps))
 
     def _to_device(self) -> None:
         """Move every tensor and kernel to the device (fbgemm kernels are CPU-only: refused)."""
@@ -286,14 +370,16 @@ def _row_keys(starts: list[int], n: int, tree: tuple[int, ...] | None) -> list[l
 
 
 def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 start: list[int], rows: list[list[tuple[int, int, bool]]]) -> torch.Tensor:
+                 start: list[int], rows: list[list[tuple[int, int, bool]]], window: int | None = None) -> torch.Tensor:
     """Attention one query row at a time, each exactly as a one-token forward computes it (the
     same call on the same slice of the cache, no mask): CPU SDPA's reduction order depends on
     the number of queries, the key width and the mask, so a batched block is not bitwise equal
     to one-token steps. A tree row's path is laid out in the block's slots as it goes (one key
     moved per row, depth first; no gather of the prefix), and the block order is restored after.
     q [B, kv heads, group, n, D]; k, v: the block's [B, n, kv heads, D], already in the cache at
-    slots start[b]...; keys, values [B, kv heads, capacity, D] -> [B, n, kv heads, group, D]."""
+    slots start[b]...; keys, values [B, kv heads, capacity, D] -> [B, n, kv heads, group, D].
+    window: a sliding window's length: a row sees its last `window` slots (its path's positions), as
+    its one-token forward does."""
     out = []
     for b, order in enumerate(rows):
         queries = q[b].permute(2, 0, 1, 3).contiguous()  # [n, kv heads, group, D]: row i is queries[i : i + 1]
@@ -303,8 +389,9 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.
             if move:
                 keys[b, :, width - 1], values[b, :, width - 1] = k[b, i], v[b, i]
                 moved = True
-            att[i] = F.scaled_dot_product_attention(queries[i : i + 1], keys[b : b + 1, :, :width],
-                                                    values[b : b + 1, :, :width])
+            first = 0 if window is None else max(0, width - window)
+            att[i] = F.scaled_dot_product_attention(queries[i : i + 1], keys[b : b + 1, :, first:width],
+                                                    values[b : b + 1, :, first:width])
         if moved:  # the block's keys back in block order: what `keep` gathers the accepted path from
             block = slice(start[b], start[b] + k.shape[1])
             keys[b, :, block], values[b, :, block] = k[b].transpose(0, 1), v[b].transpose(0, 1)
@@ -320,6 +407,17 @@ def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None
     inside = (column >= 0) & (column < n)
     in_block = block[:, column.clamp(0, n - 1)].permute(1, 0, 2)  # [B, n, width]
     return (before[:, None] | (inside[:, None] & in_block))[:, None]
+
+
+def key_positions(start: torch.Tensor, offsets: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width]: the position of the key at each slot when a tree block sits at slots
+    start[b]..: a slot before the block holds its own position, block slot start + i holds
+    start + offsets[i] (its depth), slots past the block their index (never visible)."""
+    n = offsets.shape[0]
+    slot = torch.arange(width, device=start.device)[None]
+    column = slot - start[:, None]  # [B, width]: slot - block start
+    inside = (column >= 0) & (column < n)
+    return torch.where(inside, start[:, None] + offsets[column.clamp(0, n - 1)], slot)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -339,16 +437,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 
 
 def _rope_tables(rotary: torch.nn.Module, length: int, head_dim: int, dtype: torch.dtype,
-                 activations: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                 activations: torch.dtype, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, signed sin [length, D] (see `_rotate`), in the activations' dtype where it is a half
     precision, as transformers applies rotary (its tables computed in float32, then rounded to
     the activations' dtype): on bf16 the rotation is then two casts a layer cheaper, in the
-    arithmetic of transformers' own bf16 forward. Wider activations get float32 or wider tables."""
+    arithmetic of transformers' own bf16 forward. Wider activations get float32 or wider tables.
+    kind: the layer type whose table this is, where the module keeps one per type (Gemma 3). A
+    partial rotary factor gives tables narrower than D: the dims they rotate."""
     dtype = torch.promote_types(dtype, torch.float32)
-    with torch.no_grad():  # [1, length, D], the model's attention scaling included
-        cos, sin = rotary(torch.zeros(1, 1, head_dim, dtype=dtype), torch.arange(length)[None])
+    extra = () if kind is None else (kind,)
+    with torch.no_grad():  # [1, length, R], the model's attention scaling included
+        cos, sin = rotary(torch.zeros(1, 1, head_dim, dtype=dtype), torch.arange(length)[None], *extra)
     cos, sin = cos[0], sin[0].clone()
-    sin[:, : head_dim // 2] *= -1
+    sin[:, : sin.shape[-1] // 2] *= -1
     table = activations if activations in (torch.bfloat16, torch.float16) else dtype
     return cos.to(table), sin.to(table)
 
@@ -357,10 +458,3 @@ def _float(module: torch.nn.Module) -> torch.dtype:
     """A module's weight dtype if it is a wide float (float64 stays float64), else float32."""
     weight = getattr(module, "weight", None)
     return torch.float64 if isinstance(weight, torch.Tensor) and weight.dtype == torch.float64 else torch.float32
-
-
-def _cat_bias(linears: list[torch.nn.Module]) -> torch.Tensor | None:
-    biases = [dense_bias(m) for m in linears]
-    if all(b is None for b in biases):
-        return None
-    return torch.cat([b if b is not None else torch.zeros(dense_weight(m).shape[0]) for b, m in zip(biases, linears)])

@@ -48,9 +48,9 @@ from functools import cache, partial
 
 import torch
 
-from specpipe.engine.base import Split, Tail, TailInputs, TargetOutput, wide
+from specpipe.engine.base import Split, Tail, TailInputs, TargetOutput
 from specpipe.engine.graphs import Graphs
-from specpipe.engine.native_model import KVCache, NativeLM, _mask
+from specpipe.engine.native_model import KVCache, NativeLM, _mask, key_positions
 from specpipe.types import ancestry_of, depths_of
 
 MAX_BLOCK = 32  # the widest block a plan may ask for (blocks wider than the plan run the eager forward)
@@ -297,10 +297,13 @@ class StaticStep:
         starts = meta.lengths[:, None]  # [bucket, 1]: each row's length, its block's first slot
         rows = torch.arange(block, device=device)
         ring = self.ring and not shape.tree
+        keys = None  # each slot's key position (None: the slot's own, as in a chain)
         if shape.tree:
             positions = starts + meta.depths  # [bucket, K]: start + depth
             slots = starts + rows  # a tree's rows sit in block order
             mask = _mask(starts[:, 0], block, width, meta.seen != 0)  # [bucket, 1, K, width]
+            if any(window is not None for window in lm.windows):
+                keys = key_positions(starts[:, 0], meta.depths, width)
             ids = meta.ids
         else:
             # [bucket, K]: the token each block row holds
@@ -310,9 +313,9 @@ class StaticStep:
             ids = meta.ids.gather(1, order)
         table = positions.clamp(max=lm.max_len - 1).view(-1)  # padding rows may run past the rope table
         cos, sin = lm.cos[table].view(bucket * block, 1, -1), lm.sin[table].view(bucket * block, 1, -1)
-        x, hidden = lm.stack(lm.embed(ids.reshape(-1)), cos, sin, lm.additive(mask), slots, buffers.caches,
-                             shape.hidden)
-        logits = wide(lm.head.matmul(x)).view(bucket, block, -1)
+        x, hidden = lm.stack(lm.embed(ids.reshape(-1)), cos, sin, lm.biases(mask, positions, keys), slots,
+                             buffers.caches, shape.hidden)
+        logits = lm.logits(x).view(bucket, block, -1)
         if ring:  # back to block order: token j of row b sits at ring row (start + j) mod K
             back = (rows + starts) % block
             logits, hidden = _take(logits, back), {key: _take(value, back) for key, value in hidden.items()}

@@ -1,0 +1,193 @@
+"""Every decoder family of the native forward against transformers' own, one table of tiny models.
+
+Each family is a tiny random model built from a transformers config (two or three layers, hidden
+size 32, vocabulary 64; no downloads), its norms and scales set away from their defaults so that
+a norm in the wrong place, a factor left out or a window off by one changes the logits. Windowed
+families get a window shorter than the prompt. For each: native logits equal transformers'
+(masked attention and row by row); in the exact precisions a verify block's rows are bitwise
+one-token rows; greedy n-gram speculation emits plain decoding's tokens; a batch's rows equal
+each row alone; the simulated GPU's static step runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GraniteConfig, GraniteForCausalLM, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config, Olmo2ForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+from conftest import VOCAB, assert_tree_rows_equal_paths, feed, tiny_tokenizer
+from cuda_sim import simulated_cuda
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.engine import make_runner
+from specpipe.engine.native import NativeRunner
+from specpipe.engine.native_model import config_unsupported_reason
+from specpipe.models.loader import LoadedModel
+from specpipe.models.quantize import has_amx
+from specpipe.pipeline import Pipeline
+from specpipe.proposers.ngram import NgramProposer
+from specpipe.sampling import SamplingParams
+from specpipe.verifiers.greedy import GreedyVerifier
+
+WINDOW = 5  # shorter than every prompt below: sliding layers drop the prompt's first keys
+SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=2, eos_token_id=1,
+             pad_token_id=0)
+
+# name: (model class, config); every config differs from Llama's where its family does
+FAMILIES = {
+    "llama": (LlamaForCausalLM, lambda: LlamaConfig(num_hidden_layers=2, **SIZES)),
+    "qwen2-window": (Qwen2ForCausalLM, lambda: Qwen2Config(num_hidden_layers=2, use_sliding_window=True,
+                                                           sliding_window=WINDOW, max_window_layers=1, **SIZES)),
+    "qwen3": (Qwen3ForCausalLM, lambda: Qwen3Config(num_hidden_layers=2, head_dim=16, **SIZES)),
+    "mistral": (MistralForCausalLM, lambda: MistralConfig(num_hidden_layers=2, sliding_window=None, **SIZES)),
+    "mistral-window": (MistralForCausalLM, lambda: MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **SIZES)),
+    "gemma3": (Gemma3ForCausalLM, lambda: Gemma3TextConfig(
+        num_hidden_layers=3, head_dim=8, sliding_window=WINDOW, query_pre_attn_scalar=12, final_logit_softcapping=6.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}}, **SIZES)),
+    "phi3": (Phi3ForCausalLM, lambda: Phi3Config(
+        num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                              "partial_rotary_factor": 0.5}, **SIZES)),
+    "granite": (GraniteForCausalLM, lambda: GraniteConfig(
+        num_hidden_layers=2, embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.3,
+        logits_scaling=0.5, **SIZES)),
+    "olmo2": (Olmo2ForCausalLM, lambda: Olmo2Config(num_hidden_layers=2, **SIZES)),
+}
+LONG = [5, 17, 33, 2, 9, 41, 12, 30, 7, 8, 22, 50]  # 12 tokens: past the window
+REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
+GREEDY = SamplingParams()
+DEEP = (-1, -1, 1, 2, 3, 4, 5, 6, 0, 8)  # a tree 7 deep (past the window) beside a short branch
+# oneDNN's bf16 kernel on an AVX512-BF16 CPU without AMX picks its kernel by the row count
+BF16_BY_ROW_COUNT = "avx512_bf16" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "") \
+    and not has_amx()
+
+
+def tiny(name: str, seed: int = 0, dtype=torch.float64) -> torch.nn.Module:
+    """The family's tiny model: random weights, its norms' weights random around their identity."""
+    cls, config = FAMILIES[name]
+    torch.manual_seed(seed)
+    model = cls(config()).to(dtype).eval()
+    gemma = name.startswith("gemma")
+    with torch.no_grad():
+        for key, tensor in model.named_parameters():
+            if "norm" in key:  # Gemma scales by (1 + w): around 0 there, around 1 elsewhere
+                tensor.copy_(torch.rand_like(tensor) * 0.5 + (0.0 if gemma else 0.75))
+        model.lm_head.weight.mul_(8.0)  # varied greedy continuations, not one repeated token
+    return model
+
+
+def target(name: str, dtype=torch.float64) -> LoadedModel:
+    model = tiny(name, dtype=dtype)
+    model.generation_config.eos_token_id = 1
+    return LoadedModel("tiny", model, tiny_tokenizer(1))
+
+
+def transformers_logits(model, ids: list[int]) -> torch.Tensor:
+    """[len(ids), V]: transformers' forward over the whole sequence at once (no cache)."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+@pytest.mark.parametrize("exact_rows", [False, True], ids=["masked", "row by row"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_native_logits_equal_transformers(name, exact_rows):
+    """A prompt past the window, then a 2-token block and one token on the cache, against
+    transformers' forward over the whole sequence; attention masked, and row by row as the exact
+    precisions attend (the same float64 weights)."""
+    model = tiny(name)
+    runner = make_runner(model, engine="native")
+    assert runner.engine == "native"
+    runner.lm.exact = exact_rows
+    want = transformers_logits(model, LONG + [3, 60, 9])
+    got = torch.cat([feed(runner, ids).logits[0] for ids in (LONG, [3, 60], [9])])
+    # transformers computes RMSNorm in float32 even for float64 models: agreement to ~1e-6
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "w8a16"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_exact_verify_rows_are_bitwise_one_token_rows(name, precision):
+    """After a prompt past the window, every row of a 2-, 5- and 9-token block is bitwise the
+    row of one-token forwards."""
+    if precision == "bf16" and BF16_BY_ROW_COUNT:
+        pytest.skip("AVX512-BF16 without AMX: oneDNN's bf16 GEMM changes with the row count (the LM head's "
+                    "rows differ here whatever the family); w8a16 holds the promise on this CPU")
+    runner = make_runner(tiny(name).float(), engine="native", precision=precision)
+    block = [20, 21, 22, 23, 24, 25, 26, 27, 28]
+    feed(runner, LONG)
+    singles = torch.cat([feed(runner, [t]).logits[0] for t in block])  # [9, V]
+    for k in (2, 5, 9):
+        runner.crop(0, len(LONG))
+        assert torch.equal(feed(runner, block[:k]).logits[0], singles[:k]), k
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tree_rows_deeper_than_the_window_equal_their_paths(name):
+    """A tree block whose deepest rows have ancestors outside their window (keys placed by their
+    depth, not their block slot): masked rows within float64 rounding of one-token forwards
+    along their paths, and in w8a16 (row by row) bitwise equal to them."""
+    model = tiny(name)
+    runner, tokens = make_runner(model, engine="native"), list(range(30, 30 + len(DEEP)))
+    feed(runner, LONG[:-1])
+    rows = feed(runner, [LONG[-1], *tokens], tree=DEEP).logits[0]
+    for node in range(len(DEEP) + 1):  # row 0: the context's last token; row i: node i - 1
+        path, at = [], node - 1
+        while at >= 0:
+            path.insert(0, tokens[at])
+            at = DEEP[at]
+        runner.crop(0, len(LONG) - 1)
+        torch.testing.assert_close(rows[node], feed(runner, [LONG[-1], *path]).logits[0, -1], rtol=0, atol=1e-10)
+    assert_tree_rows_equal_paths(make_runner(model.float(), engine="native", precision="w8a16"), LONG, tokens, DEEP)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_ngram_speculation_is_plain_decoding(name):
+    tgt = target(name)
+    pipe = Pipeline(tgt, NgramProposer(ngram_min=1), GreedyVerifier(), FixedGamma(3), sampling=GREEDY,
+                    runner=make_runner(tgt.model, engine="native"))
+    runs = [pipe.run(prompt, max_new_tokens=32) for prompt in (REPEATING, LONG + LONG[:6])]
+    plain = [pipe.run(prompt, max_new_tokens=32, speculative=False) for prompt in (REPEATING, LONG + LONG[:6])]
+    assert [run.token_ids for run in runs] == [run.token_ids for run in plain]
+    assert sum(sum(run.stats.drafted_at) for run in runs) > 0 and sum(sum(run.stats.accepted_at) for run in runs) > 0
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_batch_rows_equal_each_row_alone(name):
+    """Ragged rows (their own lengths, one past the window) in one batch, each equal to that
+    sequence decoded alone."""
+    model = tiny(name, seed=1)
+    prefixes = torch.tensor([LONG[:8], [7, 8, 9, 10, 11, 12, 13, 14], [60, 1, 2, 3, 4, 5, 6, 7]])
+    batch = NativeRunner(model, rows=3)
+    batch.forward(prefixes)
+    lengths = [8, 4, 2]
+    batch.commit(lengths)
+    new = torch.tensor([[20, 21, 22], [30, 31, 32], [40, 41, 42]])
+    out = batch.forward(new)
+    for row in range(3):
+        alone = make_runner(model, engine="native")
+        want = feed(alone, prefixes[row, : lengths[row]].tolist() + new[row].tolist()).logits[0, -3:]
+        torch.testing.assert_close(out.logits[row], want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_static_steps_run_each_family_on_a_simulated_gpu(name):
+    """The static step (fixed shapes, masks built on the device, `kernels=exact`) on the simulated
+    GPU: nothing a GPU would refuse, greedy speculation equal to plain decoding, drafts kept."""
+    tgt = target(name)
+    with simulated_cuda() as refused:
+        pipe = Pipeline(tgt, NgramProposer(ngram_min=1), GreedyVerifier(), FixedGamma(3), sampling=GREEDY,
+                        runner=make_runner(tgt.model, device="cuda", graphs="on"))
+        run = pipe.run(LONG + LONG[:6], max_new_tokens=32)
+        plain = pipe.run(LONG + LONG[:6], max_new_tokens=32, speculative=False)
+    assert refused == [] and pipe.runner.step == "static exact"
+    assert run.token_ids == plain.token_ids and sum(run.stats.accepted_at) > 0
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_config_alone_says_native(name):
+    assert config_unsupported_reason(FAMILIES[name][1]()) is None
