@@ -109,8 +109,8 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
     slots = cache_slots(cfg, target_config)
     lowered = f"; cache_len={cfg.cache_len} is past the model's positions: {slots} are allocated" if slots < cfg.cache_len else ""
     checks = [Check("engine", "ok", (
-        f"native: own forward (fused projections, preallocated KV cache of {slots} slots indexed by "
-        f"position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}; "
+        f"native{_family_of(target_config)}: own forward (fused projections, preallocated KV cache of {slots} "
+        f"slots indexed by position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}; "
         + _step_of(cfg.device, static, kernels) if native
         else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
     if mode == BY_DEVICE.get(cfg.device):
@@ -147,6 +147,14 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
                             "device=cuda needs a visible CUDA GPU, the native engine and model.quantize=bf16 or none "
                             "(fbgemm kernels are CPU-only)", "use device=cpu, or model.quantize=bf16"))
     return checks
+
+
+def _family_of(target_config) -> str:
+    """The native family that runs the target, in words (' (Gemma3ForCausalLM)'), or nothing."""
+    from specpipe.engine.native_model import native_family
+
+    family = native_family(target_config) if target_config is not None else None
+    return f" ({family})" if family else ""
 
 
 def _step_of(device: str, static: bool, kernels: str) -> str:

@@ -35,6 +35,15 @@ def _list() -> None:
         table.add_row(row["name"], row["description"], f"{row['size_bytes'] / 1e6:.0f} MB",
                       _cached(row), _dense(row))
     Console().print(table)
+    Console().print(_families())
+
+
+def _families() -> str:
+    """The architectures the native engine runs (any other runs on engine=hf)."""
+    from specpipe.engine.native_model import FAMILIES
+
+    return (f"native engine (engine=auto picks it for these; any other architecture runs on engine=hf): "
+            f"{', '.join(FAMILIES)}")
 
 
 def _cached(row: dict) -> str:

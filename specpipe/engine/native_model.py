@@ -161,7 +161,7 @@ class NativeLM:
         # and the C kernel's when its fused stack does not run (compile=true, static steps)
         self.exact = mode in EXACT or on_kernel(mode)
         # the C kernel's fused stack implements Llama's layer only: other layouts run the torch stack
-        self.llama_layout = spec.llama_layout
+        self.llama_layout = spec.llama_layout and self.rotary_dim == self.head_dim
         self.fused = FusedStack.of(self)  # the stack in one C call a forward, where the weights are on the kernel
 
     def _rope_slice(self, kind: int) -> slice | None:
