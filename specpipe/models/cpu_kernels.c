@@ -172,7 +172,7 @@ static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
 }
 #endif
 #define N4 2
-#define M4 4 /* 8 int sums + 8 float sums + 4 nibble vectors + 2 inputs of 32 zmm */
+#define M4 6 /* 12 int sums + 4 nibble vectors + 2 inputs of 32 zmm (the float sums stay in memory) */
 #else
 #define Q4L 8
 typedef __m256i v4;
@@ -186,7 +186,7 @@ static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 }
 #define N4 2
-#define M4 2
+#define M4 3 /* 6 int sums + 4 nibble vectors + 2 inputs of 16 ymm */
 #endif
 #define T4 (N4 * Q4L) /* columns of a 4-bit tile */
 #define WGROUP 32      /* values of K sharing one 4-bit d and m (two to an activation group) */
@@ -305,11 +305,9 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
  * d q.x + m sum(x), scaled by the row's activation scale into a float sum (groups in order).
  * A tile is one stream: per block its nibbles ([4][T4][4] bytes), then its d and m (T4 fp16 each). */
 #define Q4TILE(NAME, R)                                                                                \
-    static void NAME(const int8_t *x, int ldx, const float *xs, const int32_t *xsum, int groups,       \
+    static void NAME(const int8_t *x, int ldx, const float *xs, const float *xsum, int groups,         \
                      const uint8_t *w, vf *out) {                                                      \
-        vf sum[R][N4];                                                                                  \
-        for (int i = 0; i < R; i++)                                                                     \
-            for (int v = 0; v < N4; v++) sum[i][v] = vzero();                                           \
+        for (int i = 0; i < R * N4; i++) out[i] = vzero(); /* the float sums: in memory, registers for the int ones */ \
         const int blocks = groups * (GROUP / WGROUP);                                                   \
         for (int g = 0; g < blocks; g++) {                                                              \
             v4 acc[R][N4];                                                                              \
@@ -331,24 +329,24 @@ static const qtile_fn Q8_TILES[MQ + 1] = {0, q8_1, q8_2};
             for (int v = 0; v < N4; v++) {                                                              \
                 vf dv = load_f16(d + v * Q4L), mv = load_f16(mins + v * Q4L);                           \
                 for (int i = 0; i < R; i++) {                                                           \
-                    vf part = vfma(q4_float(acc[i][v]), dv, vmul(mv, vset((float)xsum[(size_t)i * blocks + g]))); \
-                    sum[i][v] = vfma(part, vset(xs[(size_t)i * groups + g / (GROUP / WGROUP)]), sum[i][v]); \
+                    vf part = vfma(q4_float(acc[i][v]), dv, vmul(mv, vbcast(xsum + (size_t)i * blocks + g))); \
+                    out[i * N4 + v] = vfma(part, vset(xs[(size_t)i * groups + g / (GROUP / WGROUP)]), out[i * N4 + v]); \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
-        for (int i = 0; i < R; i++)                                                                     \
-            for (int v = 0; v < N4; v++) out[i * N4 + v] = sum[i][v];                                   \
     }
 
-typedef void (*q4tile_fn)(const int8_t *, int, const float *, const int32_t *, int, const uint8_t *, vf *);
+typedef void (*q4tile_fn)(const int8_t *, int, const float *, const float *, int, const uint8_t *, vf *);
 Q4TILE(q4_1, 1)
 Q4TILE(q4_2, 2)
-#if M4 > 2
 Q4TILE(q4_3, 3)
+#if M4 > 3
 Q4TILE(q4_4, 4)
-static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2, q4_3, q4_4};
+Q4TILE(q4_5, 5)
+Q4TILE(q4_6, 6)
+static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2, q4_3, q4_4, q4_5, q4_6};
 #else
-static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2};
+static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2, q4_3};
 #endif
 
 /* x: fp32 rows (W_F16, W_I8) or the int8 rows of `quantize_row` (W_Q8: q, their group scales;
@@ -358,7 +356,7 @@ typedef struct {
     const qx_t *q;
     const int8_t *q4;
     const float *xs;
-    const int32_t *xsum;
+    const float *xsum; /* W_Q4: each block's sum of q, as a float (exact: |sum| <= 32 x 127) */
     int ldx, groups;
 } Rows;
 
@@ -383,14 +381,21 @@ static void store(const Linear *L, float *y, int m, int R, int n0, int nv, const
     }
 }
 
-/* Column tile b for every row, MR (MQ) rows at a time. */
+/* The rows of the next pass over a tile, at most `most`: as many passes as `most` needs, rows
+ * shared evenly among them (9 rows: 5 + 4, not 6 + 3: each pass unpacks the tile once). */
+static inline int even_share(int left, int most) {
+    const int passes = (left + most - 1) / most;
+    return (left + passes - 1) / passes;
+}
+
+/* Column tile b for every row, MR (MQ, M4) rows at a time. */
 static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int accumulate) {
-    vf acc[MR * NV > MQ * NQ ? MR * NV : MQ * NQ];
+    vf acc[MR * NV > MQ * NQ ? (MR * NV > M4 * N4 ? MR * NV : M4 * N4) : (MQ * NQ > M4 * N4 ? MQ * NQ : M4 * N4)];
     if (L->type == W_Q4) {
         const size_t blocks = (size_t)X->groups * (GROUP / WGROUP);
         const uint8_t *w = (const uint8_t *)L->w + (size_t)b * blocks * Q4_BLOCK_BYTES;
-        for (int m = 0; m < M; m += M4) {
-            const int R = M - m < M4 ? M - m : M4;
+        for (int m = 0, R; m < M; m += R) {
+            R = even_share(M - m, M4);
             Q4_TILES[R](X->q4 + (size_t)m * X->ldx, X->ldx, X->xs + (size_t)m * X->groups,
                         X->xsum + (size_t)m * X->groups * (GROUP / WGROUP), X->groups, w, acc);
             store(L, y, m, R, b * T4, N4, acc, accumulate);
@@ -438,7 +443,7 @@ static inline int round_q(float x, float inv) {
 /* Per GROUP values of a row: q = round(x / s), s = absmax / 127 (an all-zero group: s = 0);
  * the row padded with zeros to whole groups. q8: as W_Q8's tiles read it (offset, width);
  * else q4 (plain int8) and the sum of q over each WGROUP (W_Q4). */
-static void quantize_row(const float *x, int k, int groups, qx_t *q8, int8_t *q4, int32_t *sums, float *scales) {
+static void quantize_row(const float *x, int k, int groups, qx_t *q8, int8_t *q4, float *sums, float *scales) {
     for (int g = 0; g < groups; g++) {
         const int first = g * GROUP, last = first + GROUP < k ? first + GROUP : k;
         const float top = absmax(x, first, last), inv = top > 0.0f ? 127.0f / top : 0.0f;
@@ -453,7 +458,7 @@ static void quantize_row(const float *x, int k, int groups, qx_t *q8, int8_t *q4
         for (int b = 0; b < groups * (GROUP / WGROUP); b++) {
             int32_t total = 0;
             for (int i = b * WGROUP; i < (b + 1) * WGROUP; i++) total += q4[i];
-            sums[b] = total;
+            sums[b] = (float)total;
         }
 }
 
@@ -464,7 +469,7 @@ static size_t rows_bytes(int m, int groups) { return (((size_t)m * groups * GROU
 
 static size_t work_bytes(int m, int k) {
     const int groups = groups_of(k);
-    return rows_bytes(m, groups) + (size_t)m * groups * (sizeof(float) + (GROUP / WGROUP) * sizeof(int32_t));
+    return rows_bytes(m, groups) + (size_t)m * groups * (sizeof(float) + (GROUP / WGROUP) * sizeof(float));
 }
 
 /* y [M, N] (+)= x [M, K] (rows ldx apart) . w^T; called inside a parallel region: the column
@@ -476,7 +481,7 @@ static void linear_par(const Linear *L, const float *x, int ldx, int M, float *y
     if (L->type == W_Q8 || L->type == W_Q4) {
         const int groups = groups_of(L->k), q4 = L->type == W_Q4;
         float *xs = (float *)((char *)work + rows_bytes(M, groups));
-        int32_t *sums = (int32_t *)(xs + (size_t)M * groups); /* W_Q4: [M][groups * GROUP / WGROUP] */
+        float *sums = xs + (size_t)M * groups; /* W_Q4: [M][groups * GROUP / WGROUP] */
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
             const size_t row = (size_t)m * groups * GROUP;
