@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GraniteConfig, GraniteForCausalLM, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config, Olmo2ForCausalLM,
-                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from conftest import VOCAB, assert_tree_rows_equal_paths, feed, tiny_tokenizer
 from cuda_sim import simulated_cuda
@@ -57,6 +58,10 @@ FAMILIES = {
         num_hidden_layers=2, embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.3,
         logits_scaling=0.5, **SIZES)),
     "olmo2": (Olmo2ForCausalLM, lambda: Olmo2Config(num_hidden_layers=2, **SIZES)),
+    # 8 experts, 2 a token; layer 1 keeps a dense MLP
+    "qwen3-moe": (Qwen3MoeForCausalLM, lambda: Qwen3MoeConfig(
+        num_hidden_layers=3, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+        norm_topk_prob=True, mlp_only_layers=[1], experts_implementation="eager", **SIZES)),  # eager: float64
 }
 LONG = [5, 17, 33, 2, 9, 41, 12, 30, 7, 8, 22, 50]  # 12 tokens: past the window
 REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
@@ -77,6 +82,8 @@ def tiny(name: str, seed: int = 0, dtype=torch.float64) -> torch.nn.Module:
         for key, tensor in model.named_parameters():
             if "norm" in key:  # Gemma scales by (1 + w): around 0 there, around 1 elsewhere
                 tensor.copy_(torch.rand_like(tensor) * 0.5 + (0.0 if gemma else 0.75))
+            elif key.endswith("mlp.gate.weight"):  # a router: distinct, decisive expert choices
+                tensor.normal_(0, 1.0)
         model.lm_head.weight.mul_(8.0)  # varied greedy continuations, not one repeated token
     return model
 
@@ -123,6 +130,7 @@ def test_exact_verify_rows_are_bitwise_one_token_rows(name, precision):
     runner = make_runner(tiny(name).float(), engine="native", precision=precision)
     if precision == "w8a8":  # partial rotary (this Phi-3), windows, norms elsewhere: not the kernel's layer
         assert (runner.lm.fused is not None) == (name in ("llama", "mistral", "granite"))
+        assert runner.memory().weights > 0  # every kernel counted, a sparse block's experts too
     block = [20, 21, 22, 23, 24, 25, 26, 27, 28]
     feed(runner, LONG)
     singles = torch.cat([feed(runner, [t]).logits[0] for t in block])  # [9, V]

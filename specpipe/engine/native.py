@@ -153,8 +153,7 @@ class NativeRunner(Runner):
 
     def memory(self) -> Memory:
         lm = self.lm
-        weights = module_bytes(lm.head) + sum(module_bytes(m) for layer in lm.layers
-                                              for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
+        weights = module_bytes(lm.head) + sum(module_bytes(m) for layer in lm.layers for m in layer.kernels())
         small = [lm.embedding, lm.norm, lm.cos, lm.sin] + [t for layer in lm.layers for t in vars(layer).values()
                                                             if isinstance(t, torch.Tensor)]
         weights += sum(t.numel() * t.element_size() for t in small)

@@ -30,7 +30,8 @@ PRE = ("input_layernorm", None, "post_attention_layernorm", None)  # Llama's nor
 
 @dataclass(frozen=True)
 class Family:
-    """One architecture's layer layout (module names as transformers names them)."""
+    """One architecture's layer layout (module names as transformers names them). A layer whose
+    MLP holds `experts` is read as a sparse block (router and experts) whatever the family."""
 
     qkv: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")  # attention input projections, fused in this order
     gate_up: tuple[str, ...] = ("gate_proj", "up_proj")  # the MLP's gate and up projections, fused so
@@ -63,6 +64,8 @@ FAMILIES: dict[str, Family] = {
                                  attention_scale="attention_multiplier", logit_divisor="logits_scaling"),
     "Olmo2ForCausalLM": Family(norms=(None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
                                qk_norm="all"),
+    # its sparse layers' MLP is a router and experts (native_experts.py); mlp_only_layers keep a dense MLP
+    "Qwen3MoeForCausalLM": Family(qk_norm="head", windows="every"),
 }
 
 
@@ -177,12 +180,24 @@ class LayerWeights:
     qkv_bias: torch.Tensor | None
     o: torch.Tensor  # [H, heads · D]
     o_bias: torch.Tensor | None
-    gate_up: torch.Tensor  # [2 · I, H]: gate rows, then up rows
+    gate_up: torch.Tensor | None  # [2 · I, H]: gate rows, then up rows (None: experts instead)
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor  # [H, I]
+    down: torch.Tensor | None  # [H, I]
     down_bias: torch.Tensor | None
     norms: tuple[torch.Tensor | None, ...]  # (attention pre, attention post, MLP pre, MLP post), [H] each
     qk_norm: torch.Tensor | None  # "head": [heads + kv heads, D]; "all": [(heads + kv heads) · D]
+    experts: MoE | None = None  # a sparse MLP block's router and experts
+
+
+@dataclass
+class MoE:
+    """A sparse MLP block's weights (Qwen3-MoE)."""
+
+    router: torch.Tensor  # [E, H]
+    gate_up: torch.Tensor  # [E, 2 · I, H]: per expert, gate rows then up rows
+    down: torch.Tensor  # [E, H, I]
+    top_k: int
+    normalize: bool  # renormalize the top k probabilities to sum to 1
 
 
 def read_layer(layer: torch.nn.Module, spec: Spec, heads: int, kv_heads: int, head_dim: int) -> LayerWeights:
@@ -190,9 +205,13 @@ def read_layer(layer: torch.nn.Module, spec: Spec, heads: int, kv_heads: int, he
     model's own are never changed)."""
     family, attn, mlp = spec.family, layer.self_attn, layer.mlp
     qkv, qkv_bias = _fused([getattr(attn, name) for name in family.qkv])
-    gate_up, gate_up_bias = _fused([getattr(mlp, name) for name in family.gate_up])
     o, o_bias = _dense(attn.o_proj)
-    down, down_bias = _dense(mlp.down_proj)
+    experts = _experts(mlp)
+    if experts is None:
+        gate_up, gate_up_bias = _fused([getattr(mlp, name) for name in family.gate_up])
+        down, down_bias = _dense(mlp.down_proj)
+    else:
+        gate_up = gate_up_bias = down = down_bias = None
     norms = [None if name is None else norm_weight(getattr(layer, name), spec) for name in family.norms]
     qk = _qk_norm(attn, spec, heads, kv_heads, head_dim)
     q_rows = heads * head_dim
@@ -211,7 +230,17 @@ def read_layer(layer: torch.nn.Module, spec: Spec, heads: int, kv_heads: int, he
             norms[3] = norms[3] * r
         else:
             down, down_bias = down * r, None if down_bias is None else down_bias * r
-    return LayerWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias, tuple(norms), qk)
+    return LayerWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias, tuple(norms), qk, experts)
+
+
+def _experts(mlp: torch.nn.Module) -> MoE | None:
+    """A sparse MLP block's weights (a router `gate` and stacked `experts`), or None for a dense MLP."""
+    experts = getattr(mlp, "experts", None)
+    if experts is None:
+        return None
+    wide = lambda t: t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32)  # noqa: E731
+    return MoE(wide(mlp.gate.weight), wide(experts.gate_up_proj), wide(experts.down_proj), mlp.gate.top_k,
+               bool(mlp.gate.norm_topk_prob))
 
 
 def norm_weight(norm: torch.nn.Module, spec: Spec) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The native forward for decoder-only LMs (Llama, SmolLM2, Qwen2/3, Mistral, Gemma 3, Phi-3,
-Granite, OLMo 2), gpt-fast style.
+Granite, OLMo 2, Qwen3-MoE), gpt-fast style.
 
 What differs between those families is data (native_families.py: a `Spec` per model, read from
 its config); this module runs it. Weights are taken once from a loaded transformers model and
@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from specpipe.engine.base import FINAL, wide
+from specpipe.engine.native_experts import Experts
 from specpipe.engine.native_families import FAMILIES as LAYOUTS
-from specpipe.engine.native_families import (STATIC_ROPE, LayerWeights, Spec, architecture_of, norm_weight, read_layer,
+from specpipe.engine.native_families import (STATIC_ROPE, LayerWeights, architecture_of, norm_weight, read_layer,
                                              spec_of)
 from specpipe.engine.native_fused import FusedStack
 from specpipe.types import ancestry_of, depths_of
@@ -104,15 +105,24 @@ class _Layer:
     k's norm weights side by side; window: its sliding window (None: global); rope: its slice
     of the rotary tables laid side by side (None: the one table)."""
 
-    def __init__(self, weights: LayerWeights, mode: str, dtype: torch.dtype, window: int | None, rope: slice | None):
+    def __init__(self, weights: LayerWeights, mode: str, dtype: torch.dtype, window: int | None, rope: slice | None,
+                 act):
         w = weights
         self.wqkv = linear_kernel(w.qkv, w.qkv_bias, mode, dtype)
         self.wo = linear_kernel(w.o, w.o_bias, mode, dtype)
-        self.w_gate_up = linear_kernel(w.gate_up, w.gate_up_bias, mode, dtype)
-        self.w_down = linear_kernel(w.down, w.down_bias, mode, dtype)
+        self.experts = None if w.experts is None else Experts(
+            w.experts.router, w.experts.gate_up, w.experts.down, w.experts.top_k, w.experts.normalize, mode,
+            HEAD_MODE.get(mode, mode), dtype, act)  # the router's rows pick experts: 8 bits at least, as the head's
+        self.w_gate_up = None if w.gate_up is None else linear_kernel(w.gate_up, w.gate_up_bias, mode, dtype)
+        self.w_down = None if w.down is None else linear_kernel(w.down, w.down_bias, mode, dtype)
         self.norm1, self.post1, self.norm2, self.post2 = (None if t is None else t.to(dtype) for t in w.norms)
         self.qk_norm = None if w.qk_norm is None else w.qk_norm.to(dtype)
         self.window, self.rope = window, rope
+
+    def kernels(self) -> list[torch.nn.Module]:
+        """Every linear kernel of the layer (a sparse block's router and experts included)."""
+        dense = [m for m in (self.wqkv, self.wo, self.w_gate_up, self.w_down) if m is not None]
+        return dense + ([] if self.experts is None else self.experts.kernels())
 
 
 class NativeLM:
@@ -138,7 +148,7 @@ class NativeLM:
         self.cos, self.sin = (torch.cat(t, -1) if len(t) > 1 else t[0] for t in zip(*tables))
         self.rotary_dim = tables[0][0].shape[-1]  # R: D, or fewer (a partial rotary factor)
         self.layers = [_Layer(read_layer(layer, spec, self.heads, self.kv_heads, self.head_dim), mode, self.dtype,
-                              window, self._rope_slice(spec.kinds.index(kind)))
+                              window, self._rope_slice(spec.kinds.index(kind)), self.act)
                        for layer, window, kind in zip(decoder.layers, spec.windows, spec.ropes)]
         embedding = decoder.embed_tokens.weight.detach()
         if spec.embed_scale != 1.0:  # folded in: a scaled row is what every layer and head reads
@@ -161,7 +171,8 @@ class NativeLM:
         # and the C kernel's when its fused stack does not run (compile=true, static steps)
         self.exact = mode in EXACT or on_kernel(mode)
         # the C kernel's fused stack implements Llama's layer only: other layouts run the torch stack
-        self.llama_layout = spec.llama_layout and self.rotary_dim == self.head_dim
+        self.llama_layout = (spec.llama_layout and self.rotary_dim == self.head_dim
+                             and all(layer.experts is None for layer in self.layers))
         self.fused = FusedStack.of(self)  # the stack in one C call a forward, where the weights are on the kernel
 
     def _rope_slice(self, kind: int) -> slice | None:
@@ -292,8 +303,12 @@ class NativeLM:
                 att = _attend_rows(q, k, v, k_cache, v_cache, starts, row_keys, layer.window)
             x = self._residual(layer.wo, att.reshape(batch * n, q_width), x, layer.post1)
             h = x if layer.norm2 is None else F.rms_norm(x, (self.hidden_size,), layer.norm2, self.eps)
-            gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
-            x = self._residual(layer.w_down, self.act(gate) * up, x, layer.post2)
+            if layer.experts is not None:  # a sparse block: its experts' sum, added as a branch
+                x = x.add_(layer.experts(h) if layer.post2 is None else
+                           F.rms_norm(layer.experts(h), (self.hidden_size,), layer.post2, self.eps))
+            else:
+                gate, up = layer.w_gate_up.matmul(h).chunk(2, -1)
+                x = self._residual(layer.w_down, self.act(gate) * up, x, layer.post2)
             if index in hidden:  # a copy: the next layers add into x in place
                 kept = wide(x)
                 out[index] = (kept.clone() if kept is x else kept).view(batch, n, -1)
@@ -341,6 +356,8 @@ class NativeLM:
                     setattr(owner, name, value.to(self.device))
                 elif isinstance(value, torch.nn.Module):
                     setattr(owner, name, move_kernel(value, self.device))
+                elif isinstance(value, Experts):
+                    value.to(self.device)
 
 
 def _row_keys(starts: list[int], n: int, tree: tuple[int, ...] | None) -> list[list[tuple[int, int, bool]]]:
