@@ -29,6 +29,7 @@ from specpipe.engine.native_model import config_unsupported_reason
 from specpipe.models.loader import LoadedModel
 from specpipe.models.quantize import has_amx, on_kernel
 from specpipe.pipeline import Pipeline
+from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
@@ -158,10 +159,15 @@ def test_tree_rows_deeper_than_the_window_equal_their_paths(name):
     assert_tree_rows_equal_paths(make_runner(model.float(), engine="native", precision="w8a16"), LONG, tokens, DEEP)
 
 
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_greedy_ngram_speculation_is_plain_decoding(name):
+def test_greedy_speculation_is_plain_decoding(name, proposer):
+    """n-gram lookup, and a draft model of the same family (the target's weights in float32, on a
+    native runner of its own): greedy output equal to plain decoding's, drafts proposed and kept."""
     tgt = target(name)
-    pipe = Pipeline(tgt, NgramProposer(ngram_min=1), GreedyVerifier(), FixedGamma(3), sampling=GREEDY,
+    drafter = NgramProposer(ngram_min=1) if proposer == "ngram" else \
+        ModelDrafter(tiny(name, dtype=torch.float32), GREEDY, engine="native")
+    pipe = Pipeline(tgt, drafter, GreedyVerifier(), FixedGamma(3), sampling=GREEDY,
                     runner=make_runner(tgt.model, engine="native"))
     runs = [pipe.run(prompt, max_new_tokens=32) for prompt in (REPEATING, LONG + LONG[:6])]
     plain = [pipe.run(prompt, max_new_tokens=32, speculative=False) for prompt in (REPEATING, LONG + LONG[:6])]
@@ -190,15 +196,22 @@ def test_batch_rows_equal_each_row_alone(name):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_static_steps_run_each_family_on_a_simulated_gpu(name):
     """The static step (fixed shapes, masks built on the device, `kernels=exact`) on the simulated
-    GPU: nothing a GPU would refuse, greedy speculation equal to plain decoding, drafts kept."""
+    GPU, with n-gram drafts and with a draft model of the family (its own static steps,
+    `kernels=fast`): nothing a GPU would refuse, greedy output equal to plain decoding's, drafts kept."""
     tgt = target(name)
     with simulated_cuda() as refused:
+        runner = make_runner(tgt.model, device="cuda", graphs="on")
         pipe = Pipeline(tgt, NgramProposer(ngram_min=1), GreedyVerifier(), FixedGamma(3), sampling=GREEDY,
-                        runner=make_runner(tgt.model, device="cuda", graphs="on"))
+                        runner=runner)
         run = pipe.run(LONG + LONG[:6], max_new_tokens=32)
         plain = pipe.run(LONG + LONG[:6], max_new_tokens=32, speculative=False)
-    assert refused == [] and pipe.runner.step == "static exact"
+        drafter = ModelDrafter(tiny(name, dtype=torch.float32), GREEDY, device="cuda", graphs="on")
+        drafted = Pipeline(tgt, drafter, GreedyVerifier(), FixedGamma(3), sampling=GREEDY,
+                           runner=runner).run(LONG, max_new_tokens=16)
+        short = pipe.run(LONG, max_new_tokens=16, speculative=False)
+    assert refused == [] and pipe.runner.step == "static exact" and drafter.runner.step == "static fast"
     assert run.token_ids == plain.token_ids and sum(run.stats.accepted_at) > 0
+    assert drafted.token_ids == short.token_ids and sum(drafted.stats.accepted_at) > 0
 
 
 @pytest.mark.parametrize("name", FAMILIES)

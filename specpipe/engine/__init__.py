@@ -1,7 +1,7 @@
 """Runners: one model and its KV cache behind one interface (base.py), three engines.
 
 `make_runner(model, engine=..., precision=...)` is the only place that picks one: `native`
-(native.py, Llama and Qwen2 families), `hf` (hf.py, any transformers model), `auto` (native
+(native.py, the families of native_families.py), `hf` (hf.py, any transformers model), `auto` (native
 where the architecture is supported, hf otherwise), or `llamacpp` (llamacpp.py: the model's
 GGUF file on llama.cpp's CPU kernels; `model` is then the resolved source, not torch weights).
 """
@@ -73,13 +73,14 @@ def make_runner(model, *, engine: str = "auto", precision: str = "none", cache_l
         return NativeRunner(model, precision, cache_len or DEFAULT_CACHE_LEN, device, compile=compile,
                             static=static_step(graphs, device), exact=kernels == "exact")
     if compile:
-        raise SpecpipeError("compile=true needs the native engine (Llama / Qwen2 families); use engine=native or "
-                            "drop compile.")
+        raise SpecpipeError("compile=true needs the native engine (its families: `specpipe models`); use "
+                            "engine=native or drop compile.")
     if graphs == "on":
-        raise SpecpipeError("graphs=on needs the native engine (Llama / Qwen2 families); use engine=native or "
-                            "drop graphs=on.")
+        raise SpecpipeError("graphs=on needs the native engine (its families: `specpipe models`); use "
+                            "engine=native or drop graphs=on.")
     if device != "cpu":
-        raise SpecpipeError("device=cuda needs the native engine (Llama / Qwen2 families); engine=hf runs on the CPU.")
+        raise SpecpipeError("device=cuda needs the native engine (its families: `specpipe models`); engine=hf "
+                            "runs on the CPU.")
     from specpipe.engine.hf import HFRunner
 
     return HFRunner(model, precision)
