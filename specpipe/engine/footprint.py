@@ -16,9 +16,20 @@ def parameters(config) -> tuple[int, int]:
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * config.intermediate_size
+    mlp = sum(_mlp(config, layer) for layer in range(layers))
     embedding = config.vocab_size * hidden
-    return layers * (attention + mlp) + embedding, embedding  # the LM head is a Linear of the embedding's size
+    return layers * attention + mlp + embedding, embedding  # the LM head is a Linear of the embedding's size
+
+
+def _mlp(config, layer: int) -> int:
+    """One layer's MLP weights: gate, up, down; a sparse block's are its experts' and its router's
+    (Qwen3-MoE's rule for which layers are sparse)."""
+    experts = getattr(config, "num_experts", 0) or 0
+    sparse = experts > 0 and layer not in (getattr(config, "mlp_only_layers", None) or []) \
+        and (layer + 1) % (getattr(config, "decoder_sparse_step", 1) or 1) == 0
+    if sparse:
+        return experts * (3 * config.hidden_size * config.moe_intermediate_size + config.hidden_size)
+    return 3 * config.hidden_size * config.intermediate_size
 
 
 def weight_bytes(config, precision: str) -> int:
