@@ -159,6 +159,21 @@ def test_tree_rows_deeper_than_the_window_equal_their_paths(name):
     assert_tree_rows_equal_paths(make_runner(model.float(), engine="native", precision="w8a16"), LONG, tokens, DEEP)
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_static_tree_rows_deeper_than_the_window_equal_the_eager_rows(name):
+    """The static step's tree block (`kernels=fast`: its mask built on the device from the rows'
+    lengths and the tree's depths) against the eager forward's, to float64 rounding."""
+    model = tiny(name)
+    eager, fixed = make_runner(model, engine="native"), make_runner(model, engine="native", graphs="on", kernels="fast")
+    fixed.plan(len(DEEP) + 1)
+    block = [LONG[-1], *range(30, 30 + len(DEEP))]
+    for runner in (eager, fixed):
+        feed(runner, LONG[:-1])
+    got, want = feed(fixed, block, tree=DEEP), feed(eager, block, tree=DEEP)
+    assert any(shape.tree for shape in fixed.static.shapes)  # the static tree shape ran
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("proposer", ["ngram", "draft"])
 @pytest.mark.parametrize("name", FAMILIES)
 def test_greedy_speculation_is_plain_decoding(name, proposer):
