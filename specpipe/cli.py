@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from specpipe import streams
 from specpipe.config import compose
 from specpipe.errors import SpecpipeError, report
 from specpipe.prompt_args import argv_text, decode_text, is_flag
@@ -59,6 +60,17 @@ def _plain_commands() -> dict[str, Callable]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            with streams.guarded():  # a closed stdout is refused here; a failed write ends below
+                return _dispatch(argv)
+        except SpecpipeError as err:
+            return report(err)
+    except streams.StreamFailed as err:
+        return streams.ended(err)
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
@@ -101,6 +113,7 @@ def _show_own_warnings() -> None:
 def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
     from specpipe.config import conf_dir, expand_overrides, with_shipped_recipe
 
+    prompts: list[str] = []
     if command in PROMPT_COMMANDS:
         overrides, prompts = take_prompts(overrides)
         if prompts:
@@ -108,10 +121,60 @@ def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
         overrides = with_shipped_recipe(overrides, command, conf_dir())
     if any(arg.startswith("-") for arg in overrides):
         flags, settings = _split_flags(overrides)
+        if prompts and _shows_config(flags):  # what would run: the prompt given, not the default one
+            return _show_config(command, settings, prompts)
+        if {"-m", "--multirun"} & set(flags):
+            check_sweep(command, settings)  # every job's settings, before Hydra writes a folder
         # Hydra reads its flags before the overrides: a recipe's settings, which expansion puts
         # in front of the user's, must not land before `-m`
         return _hydra_main(command, task, flags + expand_overrides(settings, conf_dir()))
     return task(compose(overrides, command)) or 0
+
+
+def check_sweep(command: str, settings: list[str]) -> None:
+    """A `-m` sweep's settings, job by job, as a single run checks its own (compose, and the
+    checks generate and bench make before any weights load): a bad value or range is one
+    SpecpipeError naming the job, exit 2, and nothing is run or written (no multirun.yaml)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from specpipe.config import _condense
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(settings)
+    except HydraException as err:
+        raise SpecpipeError(f"The sweep `{' '.join(settings)}` cannot be read: {_condense(str(err))} Write each "
+                            "swept setting as key=a,b,c or key=range(START,STOP[,STEP]) with numbers. Nothing was "
+                            "run.") from None
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    for job in jobs:
+        own = [s for s in job if not s.lstrip("+~").startswith("hydra.")]  # Hydra's own settings: its to judge
+        try:
+            cfg = compose(own, command)
+            if command in ("generate", "bench"):
+                from specpipe.build import config_checks
+                from specpipe.checks.result import refuse_if_any
+
+                refuse_if_any(config_checks(cfg, fetch=False))
+        except SpecpipeError as err:
+            which = f"job {jobs.index(job) + 1} of {len(jobs)} ({' '.join(own)})" if len(jobs) > 1 else "the sweep"
+            raise SpecpipeError(f"In {which}: {err} Nothing of the sweep was run.") from None
+
+
+def _shows_config(flags: list[str]) -> bool:
+    return any(flag in ("--cfg", "-c") or flag.startswith("--cfg=") for flag in flags)
+
+
+def _show_config(command: str, settings: list[str], prompts: list[str]) -> int:
+    """`--cfg job` with prompts given: the config that would run, those prompts in it (Hydra's
+    printout would hold the default prompt: the prompts never go through its grammar)."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(compose(settings, command), resolve=True)
+    config["prompt"] = prompts[0] if len(prompts) == 1 else prompts
+    print(OmegaConf.to_yaml(OmegaConf.create(config)), end="")
+    return 0
 
 
 PROMPT_COMMANDS = ("generate", "check")  # commands that take prompts (check: to see what generate would)
@@ -139,7 +202,7 @@ def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
             i += 2
             continue
         if arg == "-":
-            prompts.append(_read_text(sys.stdin.buffer.read(), "standard input"))
+            prompts.append(_read_stdin())
         elif arg.startswith("prompt="):
             prompts.append(argv_text(arg[len("prompt="):], "prompt="))
         elif arg.startswith("prompt_file="):
@@ -167,6 +230,20 @@ def _is_setting(arg: str) -> bool:
     if not match:
         return False
     return match.group(1) in {f.name for f in fields(GenerateConfig)} | {"hydra"} or not any(c.isspace() for c in arg)
+
+
+def _read_stdin() -> str:
+    """`-`: standard input, whole; a closed one is refused before any work."""
+    if streams.stdin_closed():
+        raise SpecpipeError("`-` reads the prompt from standard input, but standard input is closed. Nothing was "
+                            "run: pipe the prompt in (`echo \"Hi\" | specpipe generate -`), or pass it as an "
+                            "argument or prompt_file=PATH.")
+    try:
+        data = sys.stdin.buffer.read()
+    except (OSError, ValueError) as err:
+        raise SpecpipeError(f"`-` reads the prompt from standard input, which cannot be read ({err}). Nothing was "
+                            "run: pass the prompt as an argument or prompt_file=PATH.") from None
+    return _read_text(data, "standard input")
 
 
 def _read_prompt_file(path: str) -> str:
@@ -211,6 +288,8 @@ def _hydra_main(command: str, task: Callable, overrides: list[str]) -> int:
             code = task(_precisions(cfg)) or 0  # model.quantize=auto resolved, as `compose` does for a single run
         except SpecpipeError as err:
             sys.exit(report(err))
+        except streams.StreamFailed as err:  # Hydra would print it as a crash
+            sys.exit(streams.ended(err))
         if code:
             sys.exit(code)
 

@@ -97,6 +97,7 @@ class TuneConfig(BenchConfig):
     draft: str = ""  # the draft model for draft strategies (default: a smaller zoo model, same tokenizer)
     out: str = "recipes"  # recipes/<model>/specpipe.yaml; `beside`: <model dir>/specpipe.yaml
     work: str = "bench-results/tune"  # each candidate's results.json (an interrupted tune resumes)
+    overwrite: bool = False  # replace a recipe already at the destination (else it is kept, renamed with its date)
 
 
 @dataclass
@@ -170,7 +171,7 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
         if err.__cause__ is not None:  # e.g. "Key 'quantize' is not in struct"
             detail += " (" + str(err.__cause__).splitlines()[0] + " for this choice.)"
         raise SpecpipeError(
-            f"The settings `{' '.join(typed)}` are not valid: {detail}{_recipe_hint(typed)} Settings are key=value "
+            f"The settings `{' '.join(typed)}` are not valid: {detail}{_recipe_hint(typed, detail)} Settings are key=value "
             f"pairs from conf/{command}.yaml; components are chosen by name (proposer=draft, "
             "verifier=rejection, ...) from the folders of conf/."
         ) from None
@@ -197,11 +198,13 @@ def _precisions(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def _recipe_hint(typed: list[str]) -> str:
+def _recipe_hint(typed: list[str], detail: str) -> str:
     """A recipe's settings come first: an option of another component than the recipe chose is
-    refused for that component, which the user may not know they were using."""
+    refused for that component, which the user may not know they were using. Said only for that
+    error (a key the chosen component does not have), never beside a bad value."""
     recipe = next((arg.partition("=")[2] for arg in typed if arg.startswith("recipe=")), None)
-    return "" if recipe is None else (f" (recipe={recipe} is applied first: an option of a component other than "
+    unknown_key = "not in struct" in detail or "Could not override" in detail
+    return "" if recipe is None or not unknown_key else (f" (recipe={recipe} is applied first: an option of a component other than "
                                        "the one it chose needs that component named too, e.g. proposer=ngram "
                                        "proposer.ngram_max=3.)")
 

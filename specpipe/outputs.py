@@ -9,6 +9,15 @@
   if anything fails, so neither half a file nor a stray temporary one is ever left.
 - `SweepPreflight`: the same check for a `-m` sweep's folder, before Hydra creates it.
 
+One rule for what a command would write over: nothing measured or trained is lost silently.
+- a measurement or a recipe (bench's results.json, an interrupted run's results.partial.json,
+  tune's specpipe.yaml) is never replaced: `keep_aside(path)` renames the older file with its
+  date (results-20261207-101500.json) and the command names it; tune's `overwrite=true` replaces
+  the recipe instead;
+- trained heads and their recipe (train's: a folder the recipe names, which a dated copy of the
+  recipe would not follow) are replaced only with `overwrite=true`: `refuse_replacing` refuses
+  before any work otherwise, since with the default out=recipes in a checkout they are shipped.
+
 Not here: what a result depends on (bench/results.py `measured_with`).
 """
 
@@ -16,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -75,6 +85,31 @@ def save_or_keep(write: Callable[[Path], Path], path: Path, what: str) -> Path:
                             "once the destination is writable.")
     raise SpecpipeError(f"{problem}, nor to {' or '.join(tried)}. Free some space or fix the permissions, then "
                         "run the command again.")
+
+
+KEPT_ASIDE = re.compile(r"-\d{8}-\d{6}(-\d+)?(\.\w+)?$")  # the end of a name keep_aside gave
+
+
+def keep_aside(path: Path) -> Path:
+    """Rename the file at `path` to `<stem>-<its date><suffix>` beside it (never over another
+    kept one); the new path. results.partial.json becomes results.partial-20261207-101500.json."""
+    path = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    stem, suffix = (path.name[: -len(path.suffix)], path.suffix) if path.suffix else (path.name, "")
+    aside, n = path.with_name(f"{stem}-{stamp}{suffix}"), 1
+    while aside.exists():
+        aside, n = path.with_name(f"{stem}-{stamp}-{n}{suffix}"), n + 1
+    path.rename(aside)
+    return aside
+
+
+def refuse_replacing(paths: list[Path], overwrite: bool, what: str) -> None:
+    """Before any work: `paths` that exist (a recipe, heads) are another run's, maybe the shipped
+    ones, and are replaced only with overwrite=true."""
+    earlier = [path for path in map(Path, paths) if path.exists()]
+    if earlier and not overwrite:
+        raise SpecpipeError(f"{earlier[0]} exists already, and this run would replace it with {what}. Nothing was "
+                            "run: pass out=ANOTHER_FOLDER to keep both, or overwrite=true to replace it.")
 
 
 def fallback_roots() -> list[Path]:

@@ -80,10 +80,18 @@ def earlier_results(path: Path, measured: dict) -> tuple[dict | None, list[str]]
     payload = read_results(path)  # a damaged file is an error, not a finished job
     then = payload.get("measured_with") or {
         "settings": {k: v for k, v in payload["config"].items() if k not in NOT_MEASURED}}
+    changed = changes(then, measured)
+    return (None if changed else payload), changed
+
+
+def changes(then: dict, measured: dict) -> list[str]:
+    """What differs between two `measured_with`, as "key: then → now" (the prompts' text last)."""
+    if not isinstance(then, dict) or not isinstance(then.get("settings"), dict):
+        return ["an unknown earlier run (no settings recorded)"]
     changed = _differences(dict(_flat(then["settings"])), dict(_flat(measured["settings"])))
     if not changed and then.get("prompts", measured["prompts"]) != measured["prompts"]:
         changed.append(f"the text of prompts={measured['settings'].get('prompts')} (edited since)")
-    return (None if changed else payload), changed
+    return changed
 
 
 def _flat(tree: dict, prefix: str = ""):

@@ -17,7 +17,6 @@ anyway, the results are kept elsewhere and the error names where (specpipe/outpu
 from __future__ import annotations
 
 import gc
-import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -37,7 +36,8 @@ from specpipe.context import check_fits
 from specpipe.errors import SpecpipeError
 from specpipe.limits import fit_slots
 from specpipe.markup import esc
-from specpipe.outputs import save_or_keep, writable_output
+from specpipe.ui.tables import show
+from specpipe.outputs import keep_aside, save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
 from specpipe.prompts import load_prompts
 
@@ -61,11 +61,13 @@ def run(cfg: DictConfig) -> int:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {esc(warning.why)}", highlight=False)
     payload = measure_requests(cfg, pipeline, prompts, peers, err) if load else measure(cfg, pipeline, prompts,
                                                                                          peers, err, folder)
-    Console().print(load_table(payload) if load else bench_table(payload))  # seen, whatever happens to the file
-    if not load and is_spec_bench(cfg.prompts):  # also as the field reports it, beside its papers' numbers
-        Console().print(spec_bench_table(payload))
-    path = save(payload, folder)
-    (folder / PARTIAL_FILE).unlink(missing_ok=True)  # every prompt is in results.json now
+    try:  # saved first: a stdout gone bad (a closed pipe, a full disk) loses no measurement
+        path = save(payload, folder)
+        (folder / PARTIAL_FILE).unlink(missing_ok=True)  # every prompt is in results.json now
+    finally:  # seen, whatever happened to the file (a write kept elsewhere raises, naming where)
+        show(load_table(payload) if load else bench_table(payload))
+        if not load and is_spec_bench(cfg.prompts):  # also as the field reports it, beside its papers' numbers
+            show(spec_bench_table(payload))
     err.print(f"results: {esc(path)}")
     if cfg.plot:
         for png in plots.plot_run(payload, folder):
@@ -122,6 +124,9 @@ def measure(cfg: DictConfig, pipeline: Pipeline, prompts: list[dict], peers: lis
     if kept.resumed:
         err.print(f"resuming: {kept.resumed} of {len(prompts)} prompts measured by an interrupted run with the same "
                   f"settings ({esc(kept.path)}); measuring the rest", highlight=False)
+    elif kept.set_aside:
+        err.print(f"an interrupted run's {PARTIAL_FILE} here was measured otherwise ({esc(kept.why_aside)}): kept as "
+                  f"{esc(kept.set_aside)}; measuring from the start", highlight=False)
     peer_runs = make_peers(peers, pipeline, cfg)
     with err.status("warming up…"):
         warm_up(pipeline, pipeline.encode(prompts[0]["messages"]), peer_runs, cfg.warmup, cfg.seed)
@@ -196,16 +201,7 @@ def save(payload: dict, folder: Path) -> Path:
     folder refuses it, kept elsewhere and a SpecpipeError names where (outputs.save_or_keep)."""
     def write(path: Path) -> Path:
         if path.is_file():
-            path.rename(_aside(path))  # nothing measured earlier is lost
+            keep_aside(path)  # nothing measured earlier is lost
         return write_json(path, payload)
 
     return save_or_keep(write, folder / RESULTS_FILE, "the results")
-
-
-def _aside(path: Path) -> Path:
-    """results-<its date>.json, never over another earlier one."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-    aside, n = path.with_name(f"results-{stamp}.json"), 1
-    while aside.exists():
-        aside, n = path.with_name(f"results-{stamp}-{n}.json"), n + 1
-    return aside

@@ -14,13 +14,16 @@ from specpipe.checks.result import Check
 from specpipe.checks.validate import check_prompts
 from specpipe.limits import fit_slots
 from specpipe.markup import esc
+from specpipe.ui.tables import show
 
 STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 
 
-def _prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
-    """What generate refuses once loaded, found from the tokenizer and config: a prompt that fills the
-    context (counted without a chat template, which only adds tokens, so every refusal is certain)."""
+def prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
+    """Whether each prompt leaves room for output, counted as generate counts it (the chat template
+    through `decode.text.encode`, the bound of `Pipeline.fit`: n tokens fit a context of n), from
+    the tokenizer and config alone: generate asks this before any weights load, and check shows it."""
+    from specpipe.decode.text import encode
     from specpipe.limits import cache_slots
     from specpipe.models.loader import load_config, load_tokenizer, resolve
 
@@ -32,13 +35,15 @@ def _prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
     limit = cache_slots(cfg, config) if cfg.engine != "hf" else positions
     if not isinstance(limit, int):
         return Check("context", "n/a", "the target's context is unknown")
-    lengths = [len(tokenizer(p, add_special_tokens=True)["input_ids"]) for p in prompts]
-    full = [f"prompt {i + 1} ({n} tokens)" for i, n in enumerate(lengths) if n >= limit]
+    chat = bool(getattr(tokenizer, "chat_template", None)) if cfg.model.chat is None else bool(cfg.model.chat)
+    lengths = [len(encode(tokenizer, p, chat)) for p in prompts]
+    after = " after the chat template" if chat else ""
+    full = [f"prompt {i + 1} ({n} tokens{after})" for i, n in enumerate(lengths) if n > limit]
     if full:
         return Check("context", "refuse", f"{', '.join(full)} leave no room for output in the {limit}-token context "
                      f"(cache_len={cfg.cache_len}, the model's positions {positions})",
                      "shorten the prompt, or raise cache_len= up to the model's positions")
-    return Check("context", "ok", f"the longest prompt is {max(lengths)} tokens of the {limit}-token context")
+    return Check("context", "ok", f"the longest prompt is {max(lengths)} tokens{after} of the {limit}-token context")
 
 
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
@@ -47,7 +52,7 @@ def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     # judged by the zoo entry where a model is not fetched yet: `check` never downloads
     checks = [*config_checks(cfg, fetch=False), *([check_prompts(prompts)] if prompts else [])]
     if prompts and not any(c.status == "refuse" for c in checks):
-        checks.append(_prompt_room(cfg, prompts))
+        checks.append(prompt_room(cfg, prompts))
     if lowered:
         checks.append(Check("batch size", "ok", lowered))
     table = Table(title=f"specpipe check: {esc(cfg.model.name)}")
@@ -56,5 +61,5 @@ def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     for check in checks:
         style = STYLE[check.status]
         table.add_row(check.name, f"[{style}]{check.status}[/{style}]", esc(check.why), esc(check.fix))
-    Console().print(table)
+    show(table)
     return 2 if any(c.status == "refuse" for c in checks) else 0

@@ -17,6 +17,7 @@ from specpipe import jsonsafe
 from specpipe.checks.identity import proposer_kind
 from specpipe.checks.result import refuse_if_any
 from specpipe.checks.validate import check_prompts, check_settings
+from specpipe.commands.check import prompt_room
 from specpipe.limits import fit_slots
 from specpipe.markup import esc
 from specpipe.pipeline import Generation, Pipeline, collect
@@ -103,8 +104,10 @@ def _request_json(prompt: str, spec: Generation, base: Generation | None, equal:
 
 
 def _validate(cfg: DictConfig, prompts: list[str]) -> None:
-    """What `specpipe check` refuses too (specpipe/checks/), before the status line and any load."""
+    """What `specpipe check` refuses too (specpipe/checks/, and a prompt that fills the context,
+    counted as check counts it), before the status line and any load."""
     refuse_if_any([check_settings(cfg), check_prompts(prompts)])
+    refuse_if_any([prompt_room(cfg, prompts)])
 
 
 def _speculative(pipeline: Pipeline, cfg: DictConfig, prompt: str, kwargs: dict) -> Generation:

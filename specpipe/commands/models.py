@@ -7,6 +7,7 @@ from rich.table import Table
 
 from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
+from specpipe.ui.tables import show
 from specpipe.models import zoo
 
 USAGE = "usage: specpipe models            list the built-in models and what is cached\n" \
@@ -34,7 +35,7 @@ def _list() -> None:
     for row in zoo.status():
         table.add_row(row["name"], row["description"], f"{row['size_bytes'] / 1e6:.0f} MB",
                       _cached(row), _dense(row))
-    Console().print(table)
+    show(table)
     Console().print(_families())
 
 

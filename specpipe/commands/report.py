@@ -20,6 +20,7 @@ from specpipe.bench.table import sweep_markdown, sweep_table
 from specpipe import errors
 from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
+from specpipe.ui.tables import show
 from specpipe.outputs import save_or_keep
 
 USAGE = ("usage: specpipe report DIR [plot=true] [markdown=true]   (DIR: the `out=` folder of a bench sweep "
@@ -33,8 +34,11 @@ def run(args: list[str]) -> int:
     flags = {"plot": False, "markdown": False}
     for arg in args[1:]:
         key, _, value = arg.partition("=")
-        if key not in flags or value.lower() not in ("true", "false"):
-            raise SpecpipeError(f"`{arg}` is not a report setting. {USAGE}")
+        if key not in flags:
+            raise SpecpipeError(f"`{arg}` is not a report setting (they are {', '.join(f'{k}=' for k in flags)}). "
+                                f"{USAGE}")
+        if value.lower() not in ("true", "false"):
+            raise SpecpipeError(f"{key}={value} is not true or false: pass {key}=true or {key}=false. {USAGE}")
         flags[key] = value.lower() == "true"
     report(Path(args[0]), **flags)
     return 0
@@ -55,7 +59,7 @@ def report(folder: Path, plot: bool = False, markdown: bool = False) -> None:
     if markdown:
         print(sweep_markdown(jobs))
     else:
-        Console().print(sweep_table(jobs))
+        show(sweep_table(jobs))
     rows = [{"job": name, "model": p["model"], **p["strategy"], "overall": p["summary"][OVERALL]}
             for name, p in jobs]
     err = Console(stderr=True)

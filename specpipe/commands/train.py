@@ -40,7 +40,7 @@ from specpipe.markup import esc
 from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
 from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.models.quantize import bulk_rows, quantize_model
-from specpipe.outputs import save_or_keep, why, writable_output
+from specpipe.outputs import refuse_replacing, save_or_keep, why, writable_output
 from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features, requests, self_instruct
@@ -62,7 +62,8 @@ def run(cfg: DictConfig) -> int:
     kind = kind_in(declared(cfg).trainer)
     folder = Path(cfg.out) / model_slug(cfg.model.name)
     checkpoint = folder / f".{name}-checkpoint"
-    _refuse_earlier_heads(folder, name, cfg.overwrite)
+    # heads are written once, at the end: what is there is another run's (maybe the shipped heads)
+    refuse_replacing([folder / name, folder / f"{name}.yaml"], cfg.overwrite, "the heads it trains")
     writable_output(folder, f"out={cfg.out}", files=(f"{name}.yaml",), folders=(name,))
     err = Console(stderr=True)
     started = time.perf_counter()
@@ -89,15 +90,6 @@ def run(cfg: DictConfig) -> int:
     shutil.rmtree(checkpoint, ignore_errors=True)  # saved where asked: nothing left to resume
     err.print(f"heads: {esc(path.parent / name)}\nrecipe: {esc(path)}  (use it: specpipe generate recipe={esc(path)})")
     return 0
-
-
-def _refuse_earlier_heads(folder: Path, name: str, overwrite: bool) -> None:
-    """A run writes its heads once, at its end: heads or a recipe already there are another run's
-    (with the default out=recipes, maybe the shipped ones), and are replaced only when asked."""
-    earlier = [path for path in (folder / name, folder / f"{name}.yaml") if path.exists()]
-    if earlier and not overwrite:
-        raise SpecpipeError(f"{earlier[0]} exists already, and train would replace it with the heads it trains. Nothing "
-                            "was run: pass out=ANOTHER_FOLDER to keep both, or overwrite=true to replace them.")
 
 
 def _features(cfg: DictConfig, source, layers: tuple[int, ...], err: Console) -> list[dict]:
@@ -234,10 +226,12 @@ def _validate(cfg: DictConfig) -> None:
                             "in its range.")
     at_least = {"num_heads": 1, "layers": 1, "epochs": 1, "batch": 1, "seq_len": 2, "unroll": 0, "ttt": 1, "distill": 0,
                 "distill_tokens": 1, "distill_batch": 1, "vocab_subset": 1, "intermediate_size": 0, "tokens": 0}
-    low = [f"{key}={cfg[key]} (at least {bound})" for key, bound in at_least.items() if cfg[key] < bound]
-    if low or not 0 < cfg.held_out < 1 or not cfg.lr > 0:
-        raise SpecpipeError(f"train settings out of range: {', '.join(low) or 'none below their bounds'}; "
-                            f"held_out={cfg.held_out} must be in (0, 1) and lr={cfg.lr} positive.")
+    wrong = [f"{key}={cfg[key]} must be at least {bound}" for key, bound in at_least.items() if cfg[key] < bound]
+    wrong += [f"held_out={cfg.held_out} must be between 0 and 1 (a share)"] if not 0 < cfg.held_out < 1 else []
+    wrong += [f"lr={cfg.lr} must be positive"] if not cfg.lr > 0 else []
+    if wrong:  # only the settings that are wrong: a valid one named beside them reads as wrong too
+        raise SpecpipeError(f"train settings out of range: {'; '.join(wrong)}. Fix those values (see conf/train.yaml "
+                            "for the defaults).")
     if cfg.init and not (Path(cfg.init) / "config.json").is_file():
         raise SpecpipeError(f"init={cfg.init}: no config.json there. Point init= at heads a `specpipe train "
                             f"proposer={kind}` run wrote (e.g. recipes/<model>/{kind}), or leave it empty for fresh heads.")

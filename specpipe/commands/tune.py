@@ -20,7 +20,10 @@ if it beats both there (tune_split.py `shipped`). With `batch_sizes=[4,8]` the s
 load (bench/load.py) at each of those concurrencies once per γ in `gammas`: the best γ there
 (0 where none beats plain batched decoding) goes into the recipe as its `batch_schedule`. It is written atomically to `recipes/<model>/specpipe.yaml`
 (`out=DIR`: DIR/<model>/specpipe.yaml; `out=beside`: <model dir>/specpipe.yaml), its `measured`
-block holding both splits' figures and the command.
+block holding both splits' figures and the command. A recipe already there (with the default
+out=recipes in a checkout, the shipped one) is kept beside it renamed with its date
+(specpipe-20261207-101500.yaml, outputs.keep_aside) and the command names it; `overwrite=true`
+replaces it instead.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ from specpipe.commands import tune_split as split
 from specpipe.config import TuneConfig, compose
 from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
+from specpipe.ui.tables import show
 from specpipe.models import zoo
-from specpipe.outputs import save_or_keep, writable_output
+from specpipe.outputs import KEPT_ASIDE, keep_aside, save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
 from specpipe.recipe import (ARTIFACT, RECIPE_FILE, RECIPE_VERSION, as_overrides, load_recipe, load_strategy,
                              strategy_names, with_artifacts, write_recipe)
@@ -53,6 +57,7 @@ CARRIED = ("model", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "
 
 
 def run(cfg: DictConfig) -> int:
+    check_gammas(cfg)
     prompts, report_prompts = split.select_splits(cfg)  # an overlap is refused before anything is written
     destination = recipe_path(cfg)
     writable_output(destination.parent, f"out={cfg.out}", files=(RECIPE_FILE,))
@@ -68,15 +73,48 @@ def run(cfg: DictConfig) -> int:
     reported = {name: _bench_candidate(report_cfg, name, tried[name][0], report_prompts, err, on=split.REPORT)
                 for name in (split.to_report(tried, best) if report_prompts else [])}
     ship, why = split.shipped(tried, best, reported, str(cfg.report_on) if report_prompts else "")
-    Console().print(split.table(cfg, tried, reported, (ship, why)))
     data = recipe_data(cfg, tried, reported, (ship, why), (prompts, report_prompts))
     if cfg.batch_sizes and data["strategy"].get("proposer", "none") != "none":
         schedule, loads = batch_schedule(choose_cfg, ship, data["strategy"], prompts, err)
         data["strategy"]["batch_schedule"] = schedule
         data["measured"]["batch_schedule"] = loads
-    path = save_or_keep(lambda to: write_recipe(to, data), destination, "the recipe")
+    kept = []
+
+    def write(to: Path) -> Path:  # an earlier recipe there (maybe the shipped one) is kept, dated
+        if to.is_file() and not cfg.overwrite:
+            kept.append(keep_aside(to))
+        return write_recipe(to, data)
+
+    try:  # written first: a stdout gone bad loses no recipe
+        path = save_or_keep(write, destination, "the recipe")
+    finally:
+        show(split.table(cfg, tried, reported, (ship, why)))
+    if kept:
+        err.print(f"the earlier recipe there is kept as {esc(kept[0])} (overwrite=true replaces it instead)",
+                  highlight=False)
     err.print(f"recipe: {esc(path)}  (use it: specpipe generate recipe={esc(path)})")
     return 0
+
+
+def check_gammas(cfg: DictConfig) -> None:
+    """Each γ of `gammas=` (and size of `batch_sizes=`) held to what `gamma=` is held to, and refused
+    under its own name: the user typed gammas=, not gamma=."""
+    from specpipe.checks.validate import check_settings
+
+    if not cfg.gammas:
+        raise SpecpipeError("gammas=[] holds no γ: give the fixed γ values to try, e.g. gammas=[2,4,6].")
+    for gamma in cfg.gammas:
+        one = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        one.gamma = gamma
+        check = check_settings(one)
+        if check.status == "refuse" and f"gamma={gamma}" in check.why:
+            why = check.why.replace(f"gamma={gamma}", f"γ={gamma}")
+            raise SpecpipeError(f"gammas={list(cfg.gammas)} holds a γ a candidate cannot run with: {why}. Give "
+                                "gammas= values in that range. Nothing was measured.")
+    small = [size for size in cfg.batch_sizes if size < 1]
+    if small:
+        raise SpecpipeError(f"batch_sizes={list(cfg.batch_sizes)}: {small[0]} is no batch size (at least 1, and "
+                            "sizes above 1 are measured). Nothing was measured.")
 
 
 def recipe_path(cfg: DictConfig) -> Path:
@@ -121,7 +159,7 @@ def trained(cfg: DictConfig, destination: Path, err: Console):
     """Recipes of trained heads in the destination folder (`specpipe train` writes them there),
     each with its own γ; their artifact paths stay valid in the recipe written beside them."""
     for path in sorted(destination.parent.glob("*.yaml")):
-        if path.name == RECIPE_FILE:
+        if path.name == RECIPE_FILE or KEPT_ASIDE.search(path.name):  # an earlier tune's recipe, kept
             continue
         try:
             recipe = load_recipe(path)

@@ -53,7 +53,14 @@ def split_config(cfg: DictConfig, split: str) -> DictConfig:
 
 def select_splits(cfg: DictConfig) -> tuple[list[dict], list[dict]]:
     """(the choose split's prompts, the report split's: [] without one), refused before anything
-    is measured if the two share a prompt."""
+    is measured if the two share a prompt (or if prompts= and choose_on= name two different sets:
+    one is the other's short form, and one of them would be ignored)."""
+    from specpipe.config import BenchConfig
+
+    if cfg.prompts != BenchConfig.prompts and str(cfg.choose_on) != str(cfg.prompts):
+        raise SpecpipeError(f"prompts={cfg.prompts} and choose_on={cfg.choose_on} name two different sets, but "
+                            "prompts= is only choose_on='s short form: tune chooses on one set. Pass one of them "
+                            "(and report_on= for the set it reports on). Nothing was measured.")
     choose = bench.select_prompts(split_config(cfg, CHOOSE))
     benchmark = [p["id"] for p in choose if str(p.get("id", "")).startswith(REPORT_ONLY)]
     if benchmark:

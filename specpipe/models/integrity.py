@@ -4,7 +4,9 @@ Two kinds of check, one per origin:
 - what specpipe wrote itself (a fetched GGUF, a dense safetensors cache) carries a record of how
   it looked when it was known good: a `.verified` sidecar (sha256, size, mtime) for a file, a
   manifest (file sizes) for a folder. A use compares the record with `stat()`, so a later
-  truncation or rewrite is caught without hashing a gigabyte on every load.
+  truncation or rewrite is caught without hashing a gigabyte on every load; a folder's weights
+  headers and JSON files are read too (a few kB), so damage inside a file's size is caught where
+  loading would fail on it. Damage to tensor data alone is not.
 - what a user hands over (a `.gguf` file, a model directory) is checked by its structure:
   the GGUF header and tensor table must fit the file, a directory must hold a config with a
   `model_type`, weights whose safetensors headers fit their files, and a tokenizer.
@@ -177,8 +179,14 @@ def _json(path: Path) -> tuple[object, str | None]:
         return None, f"{path.name} is not valid JSON ({err})"
 
 
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
 def safetensors_problem(path: Path) -> str | None:
-    """The 8-byte header length and JSON header, and that every tensor's data fits the file."""
+    """The header as the safetensors library reads it (its length, its JSON, each tensor's dtype,
+    shape and offsets, the offsets tiling the data with no gap), and that the data fits the file:
+    a header damaged in place, size unchanged, is found here rather than as a SafetensorError."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -187,12 +195,33 @@ def safetensors_problem(path: Path) -> str | None:
             return f"{path.name} is cut short ({size:,} bytes, less than its own header)"
         try:
             header = json.loads(f.read(n))
-            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+            spans = [(name, *_span(tensor)) for name, tensor in header.items() if name != "__metadata__"]
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            return f"{path.name} has a corrupt header (not a safetensors file?)"
-    if 8 + n + end > size:
+            return f"{path.name} has a corrupt header (damaged, or not a safetensors file)"
+    data = size - 8 - n
+    end = max((stop for _, _, stop, _ in spans), default=0)
+    if end > data:
         return f"{path.name} is truncated ({size:,} bytes, its tensors need {8 + n + end:,})"
+    for name, begin, stop, need in spans:
+        if need is not None and stop - begin != need:
+            return (f"{path.name}'s tensor {name!r} needs {need:,} bytes at [{begin:,}, {stop:,}) of {data:,} bytes "
+                    "of data (corrupt header)")
+    at = 0
+    for name, begin, stop, _ in sorted(spans, key=lambda span: span[1:3]):
+        if begin != at:
+            return f"{path.name}'s tensor {name!r} starts at byte {begin:,} of its data, not {at:,} (corrupt header)"
+        at = stop
     return None
+
+
+def _span(tensor: dict) -> tuple[int, int, int | None]:
+    """(begin, end, the bytes its dtype and shape need: None for a dtype newer than this table)."""
+    begin, end = tensor["data_offsets"]
+    shape = tensor["shape"]
+    if not all(type(v) is int and v >= 0 for v in (begin, end, *shape)) or end < begin:
+        raise ValueError("offsets and shape must be non-negative integers")
+    width = _DTYPE_BYTES.get(tensor["dtype"])
+    return begin, end, None if width is None else math.prod(shape) * width
 
 
 def torch_bin_problem(path: Path) -> str | None:
@@ -268,6 +297,13 @@ def folder_problem(folder: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} is {path.stat().st_size:,} bytes, expected {size:,} (truncated or replaced)"
+    # damage inside a file's size: the weights' headers (a few kB each) and the JSON files are read
+    for name in sorted(sizes):
+        path = folder / name
+        problem = (safetensors_problem(path) if name.endswith(".safetensors") else
+                   _json(path)[1] if name.endswith(".json") else None)
+        if problem:
+            return problem
     return None
 
 

@@ -11,7 +11,8 @@ never chosen or tuned on.
 Sets join with `+` (`prompts=dev+held-aside`). `requests` to `requests-6`: 280 training requests each in the first five
 (train/requests.py), written apart from `dev`: a head never learns the prompts it is measured on. A file
 holds one JSON object a line: {"id", "category", "messages": [{"role", "content"}, ...],
-"max_new_tokens"} (only "messages" is required; a bare {"prompt": text} is one user message).
+"max_new_tokens"} (only "messages" is required; a bare {"prompt": text} is one user message; any
+other key is refused by name rather than ignored).
 Blank lines are skipped. Every reader of a prompt file (bench's `prompts=`, train's
 `distill_prompts=`) goes through `load_prompts`, so a bad file is refused the same way
 everywhere: with the file, the physical line number (1-based, blank lines counted) and the field.
@@ -87,6 +88,9 @@ def _lines(path: Path) -> list[str]:
     return text.split("\n")
 
 
+RECORD_KEYS = {"id", "category", "messages", "prompt", "max_new_tokens"}
+
+
 def _record(line: str, number: int, path: Path) -> dict:
     """One line's record, validated field by field; "messages" filled in from a bare "prompt"."""
     where = f"{path}, line {number}"
@@ -94,6 +98,11 @@ def _record(line: str, number: int, path: Path) -> dict:
     if not isinstance(record, dict):
         raise SpecpipeError(f"{where}: the line is a JSON {_kind(record)}, not an object. Write one JSON "
                             f"object a line, e.g. {EXAMPLE}.")
+    unknown = sorted(set(record) - RECORD_KEYS)
+    if unknown:  # else silently ignored, while "max_new_tokens" beside it is honoured
+        raise SpecpipeError(f"{where}: the record has the key \"{unknown[0]}\", which a prompt record does not take "
+                            f"(its keys: {', '.join(sorted(RECORD_KEYS))}); settings such as temperature are the "
+                            "command's (temperature=...). Remove it, or fix its spelling.")
     if "prompt" in record and "messages" in record:
         raise SpecpipeError(f"{where}: the record has both \"prompt\" and \"messages\"; keep one of them.")
     if "prompt" in record:
