@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPT, tiny_model, tiny_target, feed
+from conftest import PROMPT, reference_probs, tiny_model, tiny_target
 from specpipe.decode.loop import Decoder, Request
 from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
@@ -26,7 +26,7 @@ from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from test_eagle import copy_head, random_head
 from test_medusa import random_heads
-from test_rejection import KeepEverything, chi_square
+from test_rejection import NeighbourLogits, chi_square
 
 GREEDY = SamplingParams()
 EOS = 1
@@ -123,27 +123,31 @@ def test_sampled_rows_use_their_own_generators():
 
 
 def test_a_batched_step_samples_the_target_distribution():
-    """The rejection verifier's distribution test on batched steps: 3000 requests of one prompt,
-    64 at a time, each with its own seed; the first emitted token of each must follow the
-    target's distribution (top_k=8: df = 7, chi-square at significance 1e-6). A verifier that
-    keeps every draft token fails the same test by far: the test has power."""
+    """The rejection verifier's distribution test on batched steps: 3000 requests of two prompts
+    (interleaved, so rows beside each other want different distributions), 64 at a time, each
+    with its own seed; the first emitted token of each must follow the distribution that
+    transformers' own forward and warpers give its prompt (top_k=8: df = 7, chi-square at
+    significance 1e-6, fixed seeds). A verifier that reads another row's logits fails the same
+    test by far: the test has power for the bug batching can bring."""
     sampling = SamplingParams(temperature=1.0, top_k=8)
     target = tiny_target(seed=0, eos=EOS)
-    plain = Pipeline(target, None, GreedyVerifier(), None)
-    probs = sampling.probs(feed(plain.runner, PROMPT).logits[0, -1])  # [V]
-    reqs = [Request(PROMPT, 2, seed=s) for s in range(3000)]
+    prompts = [PROMPT, [44, 3, 60]]
+    with torch.no_grad():
+        probs = [reference_probs(target.model(torch.tensor([p])).logits[0, -1], top_k=8) for p in prompts]  # [V] each
+    reqs = [Request(prompts[s % 2], 2, seed=s) for s in range(3000)]
 
-    def first_tokens(verifier) -> torch.Tensor:
+    def first_tokens(verifier) -> list[torch.Tensor]:
         pipe = Pipeline(target, ModelDrafter(tiny_model(seed=7, layers=1), sampling), verifier, FixedGamma(2),
                         sampling=sampling)
-        counts = torch.zeros_like(probs)
-        for tokens in decode(pipe, reqs, 64):
-            counts[tokens[0]] += 1
+        counts = [torch.zeros_like(p) for p in probs]
+        for s, tokens in enumerate(decode(pipe, reqs, 64)):
+            counts[s % 2][tokens[0]] += 1
         return counts
 
-    assert chi_square(first_tokens(RejectionVerifier(sampling)), probs) < 40.52  # chi2.isf(1e-6, 7)
-    wrong = first_tokens(KeepEverything(sampling)) / len(reqs)
-    assert (wrong - probs).abs().sum() / 2 > 0.3  # total variation: far from the target
+    for counts, p in zip(first_tokens(RejectionVerifier(sampling)), probs):
+        assert chi_square(counts, p) < 40.52  # chi2.isf(1e-6, 7)
+    for counts, p in zip(first_tokens(NeighbourLogits(sampling)), probs):
+        assert (counts / counts.sum() - p).abs().sum() / 2 > 0.3  # total variation: far from the target
 
 
 def test_cost_controller_turns_speculation_off_where_the_batch_makes_it_dear():

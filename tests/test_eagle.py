@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PROMPT, VOCAB, tiny_target, feed
+from conftest import PROMPT, VOCAB, feed, reference_probs, tiny_target
 from specpipe.config import compose
 from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
@@ -362,11 +362,13 @@ def test_sampling_with_a_suffix_lookup_keeps_the_target_distribution():
     lookup = counting(as_lookup(1.0, 1))
     proposer = EagleProposer(random_head(8), sampling, lookup=lookup)
     pipe = Pipeline(target, proposer, RejectionVerifier(sampling), FixedGamma(4), sampling)
-    plain = Pipeline(target, None, RejectionVerifier(sampling), None, sampling)
 
-    def next_probs(ids):  # [V] the target's sampling distribution after ids
-        plain.runner.reset()
-        return sampling.probs(feed(plain.runner, ids).logits[0, -1:])[0]
+    def next_probs(ids, temperature=0.3):  # [V] the target's sampling distribution after ids, by transformers alone
+        with torch.no_grad():
+            return reference_probs(target.model(torch.tensor([ids])).logits[0, -1], temperature=temperature)
+
+    def cells_of(first, marginal):  # [8] the 7 likeliest second tokens, the rest and an EOS first
+        return torch.cat([marginal[top], marginal[rest].sum()[None] + first[eos]])
 
     first, eos = next_probs(prompt), 63  # a first token of EOS ends the output: counted with the rest
     marginal = sum(first[t] * next_probs(prompt + [t]) for t in range(first.numel()) if t != eos)  # [V]
@@ -384,9 +386,11 @@ def test_sampling_with_a_suffix_lookup_keeps_the_target_distribution():
     rest = torch.ones_like(marginal, dtype=torch.bool)
     rest[top] = False
     cells = torch.cat([counts[top], counts[rest].sum()[None] + ended])
-    expected = torch.cat([marginal[top], marginal[rest].sum()[None] + first[eos]])
+    expected = cells_of(first, marginal)
     assert float(((cells - expected * draws) ** 2 / (expected * draws)).sum()) < CHI2_CRITICAL_1E6_DF7
-    wrong = torch.roll(expected, 1)  # the test has power: a shifted distribution fails it
+    # the test has power: the marginal a realistic bug gives (the temperature left out) fails it
+    hot = next_probs(prompt, 1.0)
+    wrong = cells_of(hot, sum(hot[t] * next_probs(prompt + [t], 1.0) for t in range(hot.numel()) if t != eos))
     assert float(((cells - wrong * draws) ** 2 / (wrong * draws)).sum()) > 10 * CHI2_CRITICAL_1E6_DF7
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPT, feed, one_row, tiny_target
+from conftest import PROMPT, one_row, reference_probs, tiny_target
 from specpipe.controllers.fixed import FixedGamma
 from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Pipeline
@@ -286,10 +286,13 @@ def test_sampling_keeps_the_target_distribution():
     answer = Pipeline(target, None, GreedyVerifier(), None).run([3, 60, 22], max_new_tokens=8).token_ids
     prompt = [3, 60, 22, *answer, 3, 60, 22]  # suffix drafts the greedy answer again: often kept
     pipe = Pipeline(target, proposer(), RejectionVerifier(sampling), FixedGamma(4), sampling)
-    plain = Pipeline(target, None, RejectionVerifier(sampling), None, sampling)
-    def next_probs(ids):  # [V] the target's sampling distribution after ids
-        plain.runner.reset()
-        return sampling.probs(feed(plain.runner, ids).logits[0, -1:])[0]
+
+    def next_probs(ids, temperature=0.3):  # [V] the target's sampling distribution after ids, by transformers alone
+        with torch.no_grad():
+            return reference_probs(target.model(torch.tensor([ids])).logits[0, -1], temperature=temperature)
+
+    def cells_of(first, marginal):  # [8] the 7 likeliest second tokens, the rest and an EOS first
+        return torch.cat([marginal[top], marginal[rest].sum()[None] + first[eos]])
 
     first = next_probs(prompt)
     eos = 63  # a first token of EOS ends the output: counted with the rest
@@ -306,11 +309,13 @@ def test_sampling_keeps_the_target_distribution():
     rest = torch.ones_like(marginal, dtype=torch.bool)
     rest[top] = False
     cells = torch.cat([counts[top], counts[rest].sum()[None] + ended])
-    expected = torch.cat([marginal[top], marginal[rest].sum()[None] + first[eos]])
+    expected = cells_of(first, marginal)
     statistic = float(((cells - expected * draws) ** 2 / (expected * draws)).sum())
     assert accepted > draws / 4  # the drafts were really verified, and often kept
     assert statistic < CHI2_CRITICAL_1E6_DF7
-    wrong = torch.roll(expected, 1)  # the test has power: a shifted distribution fails it
+    # the test has power: the marginal a realistic bug gives (the temperature left out) fails it
+    hot = next_probs(prompt, 1.0)
+    wrong = cells_of(hot, sum(hot[t] * next_probs(prompt + [t], 1.0) for t in range(hot.numel()) if t != eos))
     assert float(((cells - wrong * draws) ** 2 / (wrong * draws)).sum()) > 10 * CHI2_CRITICAL_1E6_DF7
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specpipe.sampling import RowRandom, SamplingParams
-from specpipe.types import DraftBlock
+from specpipe.types import DraftBatch, DraftBlock
 from specpipe.verifiers.typical import TypicalVerifier
 
 
@@ -31,16 +31,23 @@ def test_accepts_the_plausible_prefix_and_samples_the_next_token():
     v = TypicalVerifier(SamplingParams(temperature=1.0), epsilon=0.09, delta=0.3)
     target = logits_of(
         [0.25, 0.25, 0.25, 0.25],  # threshold 0.075: token 2 (p 0.25) is plausible
-        [0.97, 0.01, 0.01, 0.01],  # threshold 0.09: token 1 (p 0.01) is not
+        [0.6, 0.3, 0.05, 0.05],  # entropy 0.967: threshold min(0.09, 0.114) = 0.09: token 3 (p 0.05) is not
         [0.25, 0.25, 0.25, 0.25],
         [0.0, 0.0, 1.0, 0.0],  # would be the bonus row
     )
-    draft = DraftBlock(torch.tensor([2, 1, 3]))
+    draft = DraftBlock(torch.tensor([2, 3, 3]))
     verdict = v.verify_row(draft, target, RowRandom(0))
     assert verdict.n_accepted == 1 and verdict.accepted_tokens == (2,)
-    # the next token is sampled from the target's row 1: 0 with probability 0.97
-    draws = [v.verify_row(draft, target, RowRandom(s)).next_token for s in range(200)]
-    assert 180 <= draws.count(0) <= 200
+    # the next token is drawn from the target's row 1, one batched verify of 20k rows (each its
+    # own RowRandom): chi-square against [0.6, 0.3, 0.05, 0.05] at significance 1e-6 (df 3),
+    # fixed seeds; the argmax (always 0) or a draw from another row fails it by far
+    rows = 20_000
+    batch = DraftBatch(draft.tokens.expand(rows, -1), torch.full((rows,), 3), (3,) * rows)
+    verdict = v.verify(batch, target.expand(rows, -1, -1), [RowRandom(9, i) for i in range(rows)])
+    assert bool((verdict.num_accepted == 1).all())
+    counts = torch.bincount(verdict.ids[:, 1], minlength=4).double()
+    expected = torch.tensor([0.6, 0.3, 0.05, 0.05], dtype=torch.float64) * rows
+    assert float(((counts - expected) ** 2 / expected).sum()) < 30.66  # scipy.stats.chi2.isf(1e-6, 3)
 
 
 def test_all_accepted_takes_a_bonus_token_and_greedy_keeps_only_the_argmax():

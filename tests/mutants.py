@@ -1,0 +1,133 @@
+"""Mutation checks: each entry plants one realistic bug in a copy of the package and runs the
+tests that guard against it; every such run must fail. A test that still passes with the bug in
+place cannot catch it.
+
+    python tests/mutants.py              # every mutation
+    python tests/mutants.py NAME ...     # some of them (python tests/mutants.py --list)
+
+The copy lives in a temporary folder (the working tree is never edited); large folders the
+tests only read are linked, not copied. Exit status 0 when every mutation was caught.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("specpipe", "tests", "conf", "strategies", "pyproject.toml")
+LINKED = ("recipes", "benchmarks", "docs", "README.md")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest node ids that must fail with the bug in place
+
+
+MUTATIONS = (
+    Mutation("temperature ignored", "specpipe/sampling.py",
+             "logits = logits / self.temperature", "logits = logits",
+             ("tests/test_rejection.py::test_sampling_distributions_equal_transformers_warpers",
+              "tests/test_rejection.py::test_temperature_top_k_and_top_p_shape_target_and_draft")),
+    Mutation("top-k keeps one token more", "specpipe/sampling.py",
+             "torch.topk(logits, self.top_k, dim=-1)", "torch.topk(logits, self.top_k + 1, dim=-1)",
+             ("tests/test_rejection.py::test_sampling_distributions_equal_transformers_warpers",
+              "tests/test_rejection.py::test_temperature_top_k_and_top_p_shape_target_and_draft")),
+    Mutation("top-p drops the token that crosses it", "specpipe/sampling.py",
+             "sorted_probs.masked_fill(mass_before >= top_p, 0.0)",
+             "sorted_probs.masked_fill(mass_before + sorted_probs >= top_p, 0.0)",
+             ("tests/test_rejection.py::test_sampling_distributions_equal_transformers_warpers",
+              "tests/test_rejection.py::test_temperature_top_k_and_top_p_shape_target_and_draft")),
+    Mutation("recovered token from the target, not the residual", "specpipe/verifiers/rejection.py",
+             "residual = (final - torch.where(rejected, draft_dist(tokens, probs, num_accepted, final), 0.0))",
+             "residual = (final - torch.where(rejected, 0.0 * final, 0.0))",
+             ("tests/test_rejection.py::test_emitted_tokens_follow_the_target",
+              "tests/test_rejection.py::test_temperature_top_k_and_top_p_shape_target_and_draft")),
+    Mutation("recovered token from the residual one column early", "specpipe/verifiers/rejection.py",
+             "draft_dist(tokens, probs, num_accepted, final)", "draft_dist(tokens, probs, num_accepted - 1, final)",
+             ("tests/test_rejection.py::test_emitted_tokens_follow_the_target",)),
+    Mutation("argmax instead of a draw", "specpipe/verifiers/rejection.py",
+             "return num_accepted, race(residual, draws)", "return num_accepted, residual.argmax(-1)",
+             ("tests/test_rejection.py::test_emitted_tokens_follow_the_target",
+              "tests/test_rejection.py::test_one_hot_draft_is_lossless",
+              "tests/test_suffix.py::test_sampling_keeps_the_target_distribution",
+              "tests/test_eagle.py::test_sampling_with_a_suffix_lookup_keeps_the_target_distribution")),
+    Mutation("acceptance ignores the draft's probability", "specpipe/verifiers/rejection.py",
+             "num_accepted = leading((uniform * draft_p < target_p) & drafted)",
+             "num_accepted = leading((uniform < target_p) & drafted)",
+             ("tests/test_rejection.py::test_emitted_tokens_follow_the_target",)),
+    Mutation("a row verified against another row's logits", "specpipe/verifiers/rejection.py",
+             "target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32",
+             "target_probs = self.sampling.probs(target_logits.roll(1, 0))",
+             ("tests/test_rejection.py::test_every_row_is_verified_against_its_own_logits",
+              "tests/test_batch.py::test_a_batched_step_samples_the_target_distribution")),
+    Mutation("typical acceptance takes the argmax", "specpipe/verifiers/typical.py",
+             "picks = torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])",
+             "picks = final.argmax(-1)",
+             ("tests/test_typical.py::test_accepts_the_plausible_prefix_and_samples_the_next_token",)),
+)
+
+
+def copy_tree(into: Path) -> None:
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, into / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        else:
+            shutil.copy2(source, into / name)
+    for name in LINKED:
+        if (ROOT / name).exists():
+            (into / name).symlink_to(ROOT / name)
+
+
+def check(mutation: Mutation) -> bool:
+    """True when the tests fail with the mutation in place (the bug is caught)."""
+    with tempfile.TemporaryDirectory(prefix="specpipe-mutant-") as folder:
+        into = Path(folder)
+        copy_tree(into)
+        path = into / mutation.path
+        text = path.read_text()
+        if text.count(mutation.old) != 1:
+            raise SystemExit(f"{mutation.name}: the text to mutate occurs {text.count(mutation.old)} times "
+                             f"in {mutation.path}; update the mutation")
+        path.write_text(text.replace(mutation.old, mutation.new))
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        caught = True
+        for test in mutation.tests:
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                  "-m", "full or not full", test], cwd=into, env=env, capture_output=True, text=True)
+            if run.returncode == 0:
+                print(f"  NOT CAUGHT by {test}")
+                caught = False
+            elif run.returncode != 1:  # 1: tests failed; anything else is a broken run, not a catch
+                print(run.stdout[-2000:], run.stderr[-2000:])
+                raise SystemExit(f"{mutation.name}: pytest exited {run.returncode} on {test}")
+        return caught
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--list"]:
+        print("\n".join(m.name for m in MUTATIONS))
+        return 0
+    chosen = [m for m in MUTATIONS if not argv or m.name in argv]
+    missed = []
+    for mutation in chosen:
+        caught = check(mutation)
+        print(f"{'caught' if caught else 'MISSED'}: {mutation.name}", flush=True)
+        if not caught:
+            missed.append(mutation.name)
+    print(f"{len(chosen) - len(missed)} of {len(chosen)} mutations caught")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
