@@ -23,7 +23,7 @@ from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GraniteConfig, Gr
 from conftest import VOCAB, assert_tree_rows_equal_paths, feed, tiny_tokenizer
 from cuda_sim import simulated_cuda
 from specpipe.controllers.fixed import FixedGamma
-from specpipe.engine import make_runner
+from specpipe.engine import FINAL, make_runner
 from specpipe.engine.native import NativeRunner
 from specpipe.engine.native_model import config_unsupported_reason
 from specpipe.models.loader import LoadedModel
@@ -115,6 +115,20 @@ def test_native_logits_equal_transformers(name, exact_rows):
     got = torch.cat([feed(runner, ids).logits[0] for ids in (LONG, [3, 60], [9])])
     # transformers computes RMSNorm in float32 even for float64 models: agreement to ~1e-6
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_hidden_states_equal_transformers_on_its_own_cache(name):
+    """What heads read (a layer's output, the final norm's) and the logits, against engine=hf:
+    transformers' forward on its own cache (sliding layers keep their window there), a prompt
+    and then steps."""
+    model = tiny(name)
+    hf, native = make_runner(model, engine="hf"), make_runner(model, engine="native")
+    for ids in (LONG, [3, 60], [9]):
+        want, got = feed(hf, ids, hidden=(0, FINAL)), feed(native, ids, hidden=(0, FINAL))
+        torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=2e-5)
+        for key in (0, FINAL):
+            torch.testing.assert_close(got.hidden[key], want.hidden[key], rtol=0, atol=2e-5)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "w8a16", "w8a8"])
