@@ -246,11 +246,13 @@ def test_greedy_output_equals_plain_on_llamacpp(overrides, prompts):
 def test_a_batch_of_requests_equals_each_alone_on_llamacpp(prompts):
     from specpipe.pipeline import Pipeline
 
-    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=ngram", "gamma=3"]))  # guarded
+    pipeline = Pipeline.from_config(compose(["engine=llamacpp", "proposer=ngram", "gamma=3", *PINNED]))
     ids = [pipeline.encode(p["messages"]) for p in prompts]
     together = pipeline.generate_batch(ids, max_new_tokens=32)
     for prompt, out in zip(ids, together):
         assert out.token_ids == pipeline.run(prompt, max_new_tokens=32, speculative=False).token_ids
+    drafted, accepted = sum(out.stats.drafted for out in together), sum(out.stats.accepted for out in together)
+    assert drafted > 0 and accepted > 0, (drafted, accepted)  # the batch really speculated
 
 
 @pytest.mark.slow

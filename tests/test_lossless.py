@@ -69,6 +69,7 @@ def test_greedy_equals_plain(proposer, verifier, gamma, engine):
     target = tiny_target(seed=0, eos=EOS)
     pipe = Pipeline(target, drafters(target, engine)[proposer](), VERIFIERS[verifier](), FixedGamma(gamma),
                     engine=engine)
+    drafted = accepted = 0
     for prompt in (PROMPT, [3, 60, 22], [44], REPEATING):
         for max_new in (1, 2, 7, 40):
             expected = plain_reference(tuple(prompt), max_new, engine)
@@ -76,6 +77,12 @@ def test_greedy_equals_plain(proposer, verifier, gamma, engine):
             assert got.token_ids == expected.token_ids, (prompt, max_new)
             assert got.finish_reason == expected.finish_reason
             assert got.stats.emitted == len(expected.token_ids)
+            drafted, accepted = drafted + got.stats.drafted, accepted + got.stats.accepted
+    # speculation really ran: drafts were verified and some kept (all of the perfect draft's, not all of
+    # the unrelated one's: the rejection branch ran)
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+    if proposer in ("draft-perfect", "draft-unrelated"):
+        assert (accepted == drafted) == (proposer == "draft-perfect"), (drafted, accepted)
 
 
 @pytest.mark.parametrize("gamma", [3, 8])
@@ -120,7 +127,7 @@ def test_ngram_drafts_from_the_context():
     pipe = Pipeline(target, NgramProposer(ngram_max=3, ngram_min=1), GreedyVerifier(), FixedGamma(4))
     got = pipe.run(REPEATING, max_new_tokens=30)
     assert got.token_ids == plain(target, REPEATING, 30).token_ids
-    assert got.stats.drafted > 0  # it found matches and the target verified them
+    assert got.stats.drafted > 0 and got.stats.accepted > 0  # it found matches and the target kept some
 
 
 @pytest.mark.parametrize("sizes", [(1, 3), (2, 4), (3, 3)])
@@ -160,9 +167,11 @@ def test_adaptive_controllers_keep_greedy_output(controller, proposer, engine):
     target = tiny_target(seed=0, eos=EOS)
     pipe = Pipeline(target, drafters(target, engine)[proposer](), GreedyVerifier(), CONTROLLERS[controller](),
                     engine=engine)
-    traces = []
+    traces, drafted, accepted = [], 0, 0
     for prompt in (PROMPT, REPEATING):
         got = pipe.run(prompt, max_new_tokens=40)
         assert got.token_ids == plain_reference(tuple(prompt), 40, engine).token_ids
         traces += got.stats.gamma_trace
+        drafted, accepted = drafted + got.stats.drafted, accepted + got.stats.accepted
     assert len(set(traces)) > 1 or proposer == "draft-perfect"  # γ really moved
+    assert drafted > 0 and accepted > 0, (drafted, accepted)  # and drafts were verified and kept
