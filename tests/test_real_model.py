@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import PINNED, assert_tree_rows_equal_paths, feed
+from conftest import BF16_TOLERANCE, PINNED, assert_tree_rows_equal_paths, feed
 from specpipe.config import compose
 from specpipe.exactness import first_divergence
 from specpipe.pipeline import Pipeline
@@ -117,7 +117,7 @@ def test_smollm2_bench_tune_and_export(tmp_path):
     assert export.returncode == 0 and "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in export.stdout
 
 
-@pytest.mark.parametrize("precision", ["w8a16", "bf16"])
+@pytest.mark.parametrize("precision", ["w8a16", pytest.param("bf16", marks=BF16_TOLERANCE)])
 def test_smollm2_exact_precision_rows_are_bitwise(precision):
     """The exact precisions: every row of a 2-, 5- and 9-token block (and a 16-node tree's
     size) is bitwise equal to one-token forwards, on the real model (bf16 on AMX CPUs needs its
@@ -125,8 +125,6 @@ def test_smollm2_exact_precision_rows_are_bitwise(precision):
     tree equals one-token forwards along its path."""
     from specpipe.models.quantize import has_amx
 
-    if precision == "bf16" and not has_amx():  # measured on an AVX2 AMD EPYC: row 0 of a 2-row block differs
-        pytest.xfail("bf16 rows are not bitwise across block sizes on CPUs without AMX (an open engine bug)")
     pipeline = Pipeline.from_config(compose(["proposer=none", f"model.quantize={precision}"]))
     runner = pipeline.runner
     assert runner.engine == "native"
@@ -276,14 +274,11 @@ def test_the_shipped_qwen_head_keeps_the_real_targets_output(prompts):
 
 
 @pytest.mark.full  # loads Qwen2.5-Coder-1.5B (~1.1 GB fetched once, ~3.4 GB in memory)
+@BF16_TOLERANCE
 def test_the_shipped_qwen_head_is_bitwise_lossless_in_bf16(prompts):
     """Where bf16's kernel split was found (oneDNN on AMX, K = 8960): the 1.5B's rows of 2- to
     16-token blocks equal one-token forwards bitwise, and the shipped head with its recipe, on
     the exact precision, gives the plain output token for token with no near-tie excuse."""
-    from specpipe.models.quantize import has_amx
-
-    if not has_amx():
-        pytest.skip("bf16 on a CPU without AMX is a plain F.linear, measured bitwise up to 9 rows (SmolLM2's test)")
     recipe = RECIPES.parent / "qwen2.5-coder-1.5b" / "eagle3.yaml"
     pipeline = Pipeline.from_config(compose(["model=qwen2.5-coder-1.5b", f"recipe={recipe}", "model.quantize=bf16"]))
     runner = pipeline.runner
