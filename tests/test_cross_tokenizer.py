@@ -11,7 +11,6 @@ on a BPE trained on other text.
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from conftest import reference_probs
 from test_rejection import critical, chi_square, first_two
-from test_step import Recording
+from test_step import Recording, WorkClock, proposer_cache
 
 PROSE = ["the quick brown fox jumps over the lazy dog", "speculative decoding drafts tokens cheaply",
          "a target model verifies every draft token in one forward pass", "the dog sleeps while the fox runs"]
@@ -111,18 +110,32 @@ def test_greedy_equals_plain(pair, name, gamma):
         assert accepted > 0.05 * drafted > 0
 
 
-def test_the_drafts_cache_fill_is_timed_apart(pair):
+def test_the_drafts_cache_fill_is_timed_apart(pair, monkeypatch):
     """The first draft fills the draft's cache with the prompt's text in draft ids (`fill_s`);
-    later steps feed what the last verdict committed with the draft itself."""
+    later steps feed what the last verdict committed with the draft itself. The step clock is
+    scripted: it moves a second for each draft id the fill feeds the draft's cache."""
+    from specpipe.decode import timing
+
+    clock = WorkClock()
+    monkeypatch.setattr(timing, "time", clock)
     target, _ = pair
     controller = Recording(3)
     pipe = Pipeline(target, drafter(pair, "permuted"), GreedyVerifier(), controller)
+    fill, fed = pipe.proposer.fill, []
+
+    def counted(rows, gammas):
+        before = proposer_cache(pipe.proposer)
+        fill(rows, gammas)
+        fed.append(proposer_cache(pipe.proposer) - before)
+        clock.now += max(fed[-1], 0)
+
+    monkeypatch.setattr(pipe.proposer, "fill", counted)
     prompt = " ".join(PROSE * 2)
     got = pipe.run(prompt, max_new_tokens=12)
     assert got.token_ids == pipe.run(prompt, max_new_tokens=12, speculative=False).token_ids
     first, *later = controller.timings
-    # against later steps' median: one scheduler hiccup can make a single step's clock marks slow
-    assert later and first.fill_s > 5 * statistics.median(t.fill_s for t in later), [t.fill_s for t in controller.timings]
+    assert fed[0] > 10 and all(n <= 0 for n in fed[1:]), fed  # the prompt's text once, then nothing
+    assert first.fill_s >= fed[0] and all(t.fill_s < 1e-3 for t in later), [t.fill_s for t in controller.timings]
     assert got.stats.accepted > 0  # the target's own guesses, in another id space: the fill kept them
 
 

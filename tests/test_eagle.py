@@ -236,8 +236,10 @@ def test_save_then_load_is_bit_exact_in_vllms_layout(tmp_path):
     save_eagle(head, tmp_path / "eagle", target="tiny")
     loaded = load_eagle(tmp_path / "eagle")
     assert loaded.shape == SHAPE and loaded.draft_vocab.tolist() == [3, 7, 9]
-    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
-        assert torch.equal(a, b), name
+    want, got = head.state_dict(), loaded.state_dict()
+    assert list(got) == list(want)  # every tensor, under its own name
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
     names = load_file(str(tmp_path / "eagle" / "model.safetensors"))
     assert names["fc.weight"].shape == (32, 64)
     assert {"layers.0.self_attn.q_proj.weight", "layers.0.post_attention_layernorm.weight",

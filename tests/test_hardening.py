@@ -105,6 +105,11 @@ def write_recipe(folder: Path, strategy: dict, target: str = "smollm2-135m", art
     ({"proposer": "ngram", "controller.probe_every": "${oc.env:PATH}"}, "smollm2-135m", ["controller.probe_every"]),
     ({"proposer": "ngram", "proposer.ngram_max": ["${oc.decode:'4'}"]}, "smollm2-135m", ["proposer.ngram_max"]),
     ({"proposer": "ngram"}, "${oc.env:HOME}", ["target", "interpolation"]),
+    ({"proposer": "draft", "proposer.model": "${oc.env:SPECPIPE_SECRET_FOR_TEST}"}, "smollm2-135m",
+     ["proposer.model", "interpolation"]),
+    ({"proposer": "ngram", "controller.probe_every": "${oc.env:SPECPIPE_SECRET_FOR_TEST}"}, "smollm2-135m",
+     ["controller.probe_every"]),
+    ({"proposer": "ngram"}, "${oc.env:SPECPIPE_SECRET_FOR_TEST}", ["target", "interpolation"]),
     ({"proposer": "draft", "proposer.model": "/etc"}, "smollm2-135m", ["proposer.model", "outside"]),
     ({"proposer": "medusa", "proposer.heads": "../elsewhere"}, "smollm2-135m", ["proposer.heads", "outside"]),
     ({"proposer": "medusa", "proposer.heads": "~/heads"}, "smollm2-135m", ["proposer.heads", "outside"]),
@@ -112,14 +117,16 @@ def write_recipe(folder: Path, strategy: dict, target: str = "smollm2-135m", art
     ({"proposer": "ngram"}, "/opt/some/model", ["target", "outside", "model=PATH"]),
     ({"proposer": "ngram"}, "../model", ["target", "outside"]),
 ])
-def test_a_recipe_is_data_and_stays_in_its_folder(tmp_path, strategy, target, words):
-    os.environ["SPECPIPE_SECRET_FOR_TEST"] = "secret"
+def test_a_recipe_is_data_and_stays_in_its_folder(tmp_path, monkeypatch, strategy, target, words):
+    """A recipe's `${...}` is refused, never resolved: no environment variable's value (a secret's,
+    the home folder) reaches the message."""
+    monkeypatch.setenv("SPECPIPE_SECRET_FOR_TEST", "s3cr3t-f7e2")
     recipe = write_recipe(tmp_path / "recipe", strategy, target)
     with pytest.raises(SpecpipeError) as err:
         compose([f"recipe={recipe}"])
     message = str(err.value)
     assert all(word in message for word in words), message
-    assert "secret" not in message and str(Path.home()) + "/" not in message
+    assert "s3cr3t-f7e2" not in message and str(Path.home()) + "/" not in message
 
 
 def test_a_model_folder_recipe_and_a_strategy_file_obey_the_same_rules(tmp_path):

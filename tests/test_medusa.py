@@ -75,8 +75,10 @@ def test_save_then_load_is_bit_exact(tmp_path, shared):
     save_medusa(heads, tmp_path / "heads", target="tiny")
     loaded = load_medusa(tmp_path / "heads")
     assert loaded.shared_lm_head == shared and loaded.num_heads == 4
-    for (name, a), (_, b) in zip(heads.state_dict().items(), loaded.state_dict().items()):
-        assert torch.equal(a, b), name
+    want, got = heads.state_dict(), loaded.state_dict()
+    assert list(got) == list(want)  # every tensor, under its own name
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
     names = set(__import__("safetensors.torch", fromlist=["load_file"]).load_file(str(tmp_path / "heads" / "model.safetensors")))
     assert "blocks.0.layers.0.weight" in names and "blocks.3.layers.0.bias" in names  # vLLM's names
     assert ("lm_heads.0.weight" in names) != shared
