@@ -205,6 +205,30 @@ def test_greedy_speculation_is_plain_decoding(name, proposer):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_eagle3_head_in_the_speculators_format_is_plain_decoding(name, tmp_path):
+    """A random EAGLE-3 head of the family target's shape, saved and read back as a speculators
+    checkpoint, reading the target's inner layers, embeddings and LM head through the runner:
+    greedy output equal to plain decoding's, drafts proposed (a random head's are rarely kept)."""
+    from specpipe.heads.eagle3 import Eagle3Head, Eagle3Shape
+    from specpipe.heads.speculators import load_eagle3, save_eagle3
+    from specpipe.proposers.eagle3 import proposer_for
+
+    tgt = target(name)
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Shape.of_target(tgt.model.config, VOCAB))
+    with torch.no_grad():
+        for key, weight in head.named_parameters():
+            weight.normal_(1.0 if "norm" in key else 0.0, 0.3)
+    head.set_vocabulary(torch.arange(VOCAB))
+    save_eagle3(head, tmp_path / "head", target="tiny")
+    pipe = Pipeline(tgt, proposer_for(load_eagle3(tmp_path / "head").double().eval(), GREEDY), GreedyVerifier(),
+                    FixedGamma(3), sampling=GREEDY, runner=make_runner(tgt.model, engine="native"))
+    run = pipe.run(LONG, max_new_tokens=16)
+    assert run.token_ids == pipe.run(LONG, max_new_tokens=16, speculative=False).token_ids
+    assert sum(run.stats.drafted_at) > 0
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_batch_rows_equal_each_row_alone(name):
     """Ragged rows (their own lengths, one past the window) in one batch, each equal to that
     sequence decoded alone."""
