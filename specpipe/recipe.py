@@ -325,7 +325,7 @@ def _check_artifacts(recipe: Recipe) -> None:
         if folder not in (target, *target.parents):
             via = f" (it is a symbolic link to {target})" if target != Path(os.path.abspath(written)) else ""
             raise SpecpipeError(f"The recipe {recipe.path}: artifact {name}={rel!r} leads outside the recipe's folder "
-                                f"{folder}{via}: a recipe may name only files inside its own folder. Copy the "
+                                f"{folder}{via}: an artifact must be a path inside the recipe's folder. Copy the "
                                 "files into it (not a link to them elsewhere) and name them there.")
         if not target.exists():
             raise SpecpipeError(f"The recipe {recipe.path}: artifact {name}={rel!r} does not exist in the recipe's "
