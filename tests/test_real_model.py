@@ -74,7 +74,8 @@ def greedy_equal_on(pipeline, prompts, tokens: int) -> int:
                                                   ("suffix", "fixed"), ("eagle", None),
                                                   pytest.param("eagle-tree", None, marks=pytest.mark.full),
                                                   ("medusa", None), ("eagle3", None),
-                                                  # in CI through test_simulated_cuda's shipped recipes
+                                                  # in CI through test_simulated_cuda's shipped recipes (tokens compared:
+                                                  # the chain token for token, the tree up to a near-tie)
                                                   pytest.param("eagle3-ngram", None, marks=pytest.mark.full),
                                                   pytest.param("eagle3-tree", None, marks=pytest.mark.full)])
 def test_smollm2_greedy_equals_plain(proposer, controller, prompts):
