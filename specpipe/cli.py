@@ -63,11 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             with streams.guarded():  # a closed stdout is refused here; a failed write ends below
-                return _dispatch(argv)
+                code = _dispatch(argv)
         except SpecpipeError as err:
-            return report(err)
+            code = report(err)
     except streams.StreamFailed as err:
-        return streams.ended(err)
+        code = streams.ended(err)
+    if code == SpecpipeError.exit_code:  # refused: no empty out= or work= folder is left behind
+        from specpipe.outputs import remove_unused_folders
+
+        remove_unused_folders()
+    return code
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -8,6 +8,8 @@
 - `atomic_write(path, dump)`: a temporary file beside `path` renamed into place; it is removed
   if anything fails, so neither half a file nor a stray temporary one is ever left.
 - `SweepPreflight`: the same check for a `-m` sweep's folder, before Hydra creates it.
+- `remove_unused_folders()`: after a refusal, the folders those checks made that are still empty
+  go again (the CLI calls it): a refused command leaves no empty `out=` or `work=` behind.
 
 One rule for what a command would write over: nothing measured or trained is lost silently.
 - a measurement or a recipe (bench's results.json, an interrupted run's results.partial.json,
@@ -42,8 +44,11 @@ def writable_output(folder: Path, setting: str, files: tuple[str, ...] = (), fol
     """`folder`, created if missing and proven writable; `files` and `folders` in it, where they
     exist already, must be of that kind. `setting` is the user's setting, `out=...`."""
     folder, key = Path(folder), setting.partition("=")[0]
+    missing = [part for part in (folder, *folder.parents) if not part.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if missing:
+            CREATED.append(missing[-1])  # the outermost folder this check made
         with tempfile.TemporaryFile(dir=folder, prefix=".specpipe-probe-"):
             pass  # nameless on Linux (O_TMPFILE), else removed at once: the probe leaves nothing
     except OSError as err:
@@ -56,6 +61,20 @@ def writable_output(folder: Path, setting: str, files: tuple[str, ...] = (), fol
                                 f"writes a {'folder' if want_folder else 'file'}. Nothing was run: move it away or "
                                 f"point {key}= elsewhere.")
     return folder
+
+
+CREATED: list[Path] = []  # folders writable_output made in this process, outermost first
+
+
+def remove_unused_folders() -> None:
+    """After a refusal: the folders `writable_output` made that nothing was written into go again,
+    so a command that says "nothing was run" leaves nothing behind (a folder holding anything stays)."""
+    while CREATED:
+        top = CREATED.pop()
+        for folder in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: len(p.parts),
+                             reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only an empty one: never a file, nor a folder holding one
 
 
 def _where(setting: str, path: Path) -> str:

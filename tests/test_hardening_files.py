@@ -172,3 +172,16 @@ def test_free_form_measured_keys_and_every_shipped_recipe_still_load():
 
     for path in sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*/*.yaml")):
         load_recipe(path)
+
+
+def test_a_refused_command_leaves_no_empty_out_folder(setup, tmp_path):  # noqa: F811
+    out = tmp_path / "new" / "out"
+    result = specpipe("bench", f"model={setup / 'target'}", f"prompts={setup / 'prompts.jsonl'}", "limit=1",
+                      "proposer=eagle", f"proposer.heads={tmp_path / 'no-heads'}", f"out={out}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("x")  # a folder that was there, or holds anything, stays
+    result = specpipe("bench", f"model={setup / 'target'}", "proposer=eagle", f"proposer.heads={tmp_path / 'no'}",
+                      f"out={tmp_path / 'kept'}")
+    assert result.returncode == 2 and (tmp_path / "kept" / "mine.txt").is_file()
