@@ -255,8 +255,10 @@ def _read_prompt_file(path: str) -> str:
     try:
         data = Path(path).expanduser().read_bytes()
     except OSError as err:
-        raise SpecpipeError(f"prompt_file={path} cannot be read ({err.strerror or err}). Give the path of a "
-                            "text file holding the prompt, or pass the prompt itself.") from None
+        where = "" if Path(path).expanduser().is_absolute() else f" (looked at {Path(path).expanduser().resolve()})"
+        raise SpecpipeError(f"prompt_file={path} cannot be read ({err.strerror or err}){where}. Give the path of a "
+                            "text file holding the prompt, relative to the working directory or absolute, or pass "
+                            "the prompt itself.") from None
     return _read_text(data, f"prompt_file={path}")
 
 

@@ -274,13 +274,34 @@ def load_strategy(name_or_path: str) -> dict:
 
 
 def find_recipe(value: str) -> Path:
-    """A recipe file, a folder holding specpipe.yaml, or a model name with recipes/<name>/."""
-    path = Path(value)
-    for candidate in (path, path / RECIPE_FILE, Path("recipes") / value / RECIPE_FILE):
-        if candidate.is_file():
-            return candidate.resolve()
-    raise SpecpipeError(f"recipe={value} was not found: give a recipe file, a folder holding "
+    """A recipe file, a folder holding specpipe.yaml, or a model name with recipes/<name>/; a
+    relative path is looked for from the working directory, then in specpipe's own recipes/ (so
+    `recipe=recipes/smollm2-135m`, as the docs write it, works outside a checkout too)."""
+    path = Path(value).expanduser()
+    shipped = shipped_recipes_dir()
+    roots = [Path("recipes")] + ([shipped] if shipped else [])
+    inside = [] if path.is_absolute() else [root / _under_recipes(path) for root in roots]
+    for candidate in (path, *inside):
+        for found in (candidate, candidate / RECIPE_FILE):
+            if found.is_file():
+                return found.resolve()
+    looked = ", ".join(dict.fromkeys(str(p.resolve()) for p in (path, *inside)))
+    raise SpecpipeError(f"recipe={value} was not found (looked at {looked}): give a recipe file, a folder holding "
                         f"{RECIPE_FILE}, or a model name with recipes/<name>/{RECIPE_FILE}.")
+
+
+def _under_recipes(path: Path) -> Path:
+    """`recipes/x/y` as `x/y`: a path the docs give from the project's root, looked up in a recipes/ folder."""
+    return Path(*path.parts[1:]) if path.parts[:1] == ("recipes",) and len(path.parts) > 1 else path
+
+
+def shipped_recipes_dir() -> Path | None:
+    """recipes/ of this checkout, or the copy installed with the package, if any."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "recipes", here.parent / "recipes"):
+        if candidate.is_dir():
+            return candidate
+    return None
 
 
 def shipped_recipe(model: str) -> Path | None:

@@ -161,3 +161,33 @@ def test_a_pipe_gets_the_whole_table_whatever_its_width():
     show(_table(), Console(file=out, width=30, force_terminal=False, color_system=None))
     assert "…" not in out.getvalue()
     assert "gamma=1000 is more than 64, the most γ specpipe drafts" in out.getvalue()
+
+
+# ---- what a newcomer meets, following the docs from outside the checkout ------------------------------
+
+
+def test_a_recipe_path_from_the_docs_resolves_outside_the_checkout(tmp_path, monkeypatch):
+    from specpipe.recipe import find_recipe, shipped_recipes_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert find_recipe("recipes/smollm2-135m") == shipped_recipes_dir() / "smollm2-135m" / "specpipe.yaml"
+    with pytest.raises(SpecpipeError, match=f"looked at {tmp_path}/recipes/nothing-here"):
+        find_recipe("recipes/nothing-here")
+
+
+def test_a_missing_prompt_file_says_where_it_looked(tmp_path, model_dirs):  # noqa: F811
+    result = specpipe("generate", f"model={model_dirs / 'target'}", "prompt_file=no/such.txt")
+    assert_user_error(result, "prompt_file=no/such.txt", "looked at", "working directory")
+
+
+def test_a_llama_cpp_peer_without_the_library_is_refused_before_loading(monkeypatch):
+    import sys
+
+    from specpipe.bench.peers import peer_names
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
+    with pytest.raises(SpecpipeError, match="peer=llama-cpp runs llama.cpp .* not installed. Nothing was run: run "
+                                            "`specpipe install llamacpp`"):
+        peer_names("llama-cpp", None)
+    with pytest.raises(SpecpipeError, match="peer=hf-batched is the peer of a request load: add requests=N"):
+        peer_names("hf-batched", None)

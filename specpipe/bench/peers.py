@@ -71,11 +71,31 @@ def peer_names(value, proposer, engine: str = "auto") -> list[str]:
             return ["llama-cpp", *(["llama-cpp-lookup"] if peer == "hf-prompt-lookup" else [])]
         return [peer] if peer else []
     names = [] if value in (None, "", "none") else [value] if isinstance(value, str) else list(value)
+    _llama_cpp_installed([n for n in names if n in LLAMA_CPP_PEERS])  # before any weights load
     unknown = [n for n in names if n not in PEERS]
     if unknown:
+        if unknown[0] in LOAD_PEERS:  # a known peer, of the other kind of bench
+            raise SpecpipeError(f"peer={unknown[0]} is the peer of a request load: add requests=N (and "
+                                "concurrency=C) to serve a load, or pick a per-prompt peer: "
+                                f"{' or '.join(PEERS)}.")
         raise SpecpipeError(f"peer={unknown[0]} is not known: use {' or '.join(PEERS)}, a list "
-                            "(peer=[hf-assisted,hf-prompt-lookup]), or auto (the proposer's counterpart).")
+                            "(peer=[hf-assisted,hf-prompt-lookup]), or auto (the proposer's counterpart); "
+                            f"with requests=N, {' or '.join(LOAD_PEERS)}.")
     return names
+
+
+def _llama_cpp_installed(names: list[str]) -> None:
+    """The llama.cpp peers need llama-cpp-python: said before anything loads, in the peer's words."""
+    if not names:
+        return
+    try:
+        import llama_cpp  # noqa: F401 (importable, not only installed)
+    except ImportError:
+        from specpipe.engine.llamacpp import INSTALL
+
+        raise SpecpipeError(f"peer={names[0]} runs llama.cpp through llama-cpp-python, which is not installed. "
+                            f"Nothing was run: run `{INSTALL}` (a few minutes, once), or drop the peer "
+                            f"(peer=none, or one of {', '.join(p for p in PEERS if p not in LLAMA_CPP_PEERS)}).") from None
 
 
 def make_peers(names: list[str], pipeline, cfg) -> list[Peer]:
