@@ -123,6 +123,7 @@ def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
         overrides, prompts = take_prompts(overrides)
         if prompts:
             task = functools.partial(task, prompts=prompts)
+    if command in RECIPE_COMMANDS:  # naming no proposer means the target's shipped recipe, as in export
         overrides = with_shipped_recipe(overrides, command, conf_dir())
     if any(arg.startswith("-") for arg in overrides):
         flags, settings = _split_flags(overrides)
@@ -183,6 +184,7 @@ def _show_config(command: str, settings: list[str], prompts: list[str]) -> int:
 
 
 PROMPT_COMMANDS = ("generate", "check")  # commands that take prompts (check: to see what generate would)
+RECIPE_COMMANDS = ("generate", "check", "bench")  # and export: a zoo target's shipped recipe when no proposer is named
 
 
 def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:

@@ -191,3 +191,15 @@ def test_a_llama_cpp_peer_without_the_library_is_refused_before_loading(monkeypa
         peer_names("llama-cpp", None)
     with pytest.raises(SpecpipeError, match="peer=hf-batched is the peer of a request load: add requests=N"):
         peer_names("hf-batched", None)
+
+
+def test_bench_naming_no_proposer_runs_the_shipped_recipe_as_generate_does(tmp_path):
+    from specpipe.recipe import load_recipe, shipped_recipe
+
+    kind = load_recipe(shipped_recipe("smollm2-135m")).strategy["proposer"]
+    for command in ("generate", "bench"):
+        shown = specpipe(command, "--cfg", "job")
+        assert shown.returncode == 0, shown.stderr
+        config = yaml.safe_load(shown.stdout)
+        assert config["proposer"]["_target_"] == f"specpipe.proposers.{kind}.build", command
+        assert config["recipe"].endswith("recipes/smollm2-135m/specpipe.yaml")
