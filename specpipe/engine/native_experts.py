@@ -13,9 +13,10 @@ computes a row the same whatever rows it is called with, and an unrouted expert 
 of exactly 0):
 - sparse (CPU): the routed experts only, each over the rows routed to it (which experts and rows
   are read back to the host: a CPU computes as it is asked, nothing to wait for);
-- dense (any other device): every expert over every row, weighted by 0 where a row is not routed
-  to it: no read back, static shapes, so a step can be captured as a CUDA graph, at E / k times
-  the experts' arithmetic (a grouped GEMM is what would avoid it).
+- dense (any other device, and under torch.compile): every expert over every row, weighted by 0
+  where a row is not routed to it: no read back, static shapes, so a step can be captured as a
+  CUDA graph (or compiled as one graph), at E / k times the experts' arithmetic (a grouped GEMM
+  is what would avoid it).
 
 This module holds no attention and reads no files: native_families.py reads the weights.
 """
@@ -50,7 +51,7 @@ class Experts:
         """h [T, H], the normed residual -> the block's output [T, H] (in h's dtype)."""
         weights = self.route(h)  # [T, E]: each row's weight per expert, 0 where not routed
         out = torch.zeros_like(h)
-        if h.device.type == "cpu":
+        if h.device.type == "cpu" and not torch.compiler.is_compiling():  # compile=true: one graph, no reads
             routed = weights.ne(0)
             for expert in routed.any(0).nonzero()[:, 0].tolist():  # ascending: the same order for every row
                 rows = routed[:, expert].nonzero()[:, 0]
