@@ -147,6 +147,20 @@ def test_the_exporters_key_lists_are_the_wheels():
         assert vllm.VERSIONS[version].methods == tuple(VLLM_METHODS[version])
 
 
+@pytest.mark.parametrize("version", VLLM_KEYS)
+def test_the_key_lists_are_read_from_vllms_own_config(tmp_path_factory, version):
+    """The lists above (and so the exporters') against the released wheel itself: every key a
+    field of its SpeculativeConfig, every method one of its SpeculativeMethod."""
+    from vllm_wheel import speculative_config, unpack, wheel
+
+    whl = wheel(version)
+    if whl is None:
+        pytest.skip(f"no vllm-{version} wheel in $SPECPIPE_VLLM_WHEELS (pip download --no-deps vllm=={version} -d DIR)")
+    own = speculative_config(unpack(whl, tmp_path_factory.mktemp(f"vllm-{version}")))
+    assert set(VLLM_KEYS[version]) <= set(own["fields"]), set(VLLM_KEYS[version]) - set(own["fields"])
+    assert set(VLLM_METHODS[version]) <= set(own["methods"]), set(VLLM_METHODS[version]) - set(own["methods"])
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_sglang_flags_exist_in_v0_5_23(case):
     settings = exported(sglang, case)["settings"]

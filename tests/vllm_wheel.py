@@ -99,3 +99,28 @@ def validate(sources: Path, settings: list[dict]) -> list[str | None]:
                             capture_output=True, timeout=600, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+FIELDS = r'''
+import dataclasses, typing
+from vllm.config import speculative
+
+
+def values(kind):
+    """The strings of a Literal, or of a Union of Literals (SpeculativeMethod's form)."""
+    return [kind] if isinstance(kind, str) else [v for arg in typing.get_args(kind) for v in values(arg)]
+
+
+print(json.dumps({"fields": [f.name for f in dataclasses.fields(speculative.SpeculativeConfig)],
+                  "methods": values(getattr(speculative, "SpeculativeMethod", str))}))
+'''
+
+
+def speculative_config(sources: Path) -> dict[str, list[str]]:
+    """SpeculativeConfig's field names and SpeculativeMethod's values, read from vLLM's own sources
+    by a child process (the stubs of `CHILD`, then `FIELDS`)."""
+    code = CHILD.split("MODEL_FREE = ")[0] + FIELDS
+    result = subprocess.run([sys.executable, "-c", code, str(sources)], text=True, capture_output=True, timeout=600,
+                            env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
