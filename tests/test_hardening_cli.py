@@ -203,3 +203,24 @@ def test_bench_naming_no_proposer_runs_the_shipped_recipe_as_generate_does(tmp_p
         config = yaml.safe_load(shown.stdout)
         assert config["proposer"]["_target_"] == f"specpipe.proposers.{kind}.build", command
         assert config["recipe"].endswith("recipes/smollm2-135m/specpipe.yaml")
+
+
+def test_install_llamacpp_builds_once_for_the_same_version_and_flags(tmp_path, monkeypatch, capsys):
+    from importlib import metadata
+
+    from specpipe.commands import install
+    from specpipe.engine.llamacpp import PINNED
+
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    builds = []
+    monkeypatch.setattr(install.subprocess, "run", lambda line, env: builds.append(line) or
+                        type("Done", (), {"returncode": 0})())
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: PINNED if name == "llama_cpp_python" else real(name))
+    assert install.run(["llamacpp"]) == 0 and len(builds) == 2  # the build, then its dependencies
+    assert install.run(["llamacpp"]) == 0 and len(builds) == 2  # the same: nothing built again
+    assert "nothing to do" in " ".join(capsys.readouterr().err.split())
+    assert install.run(["llamacpp", "--force"]) == 0 and len(builds) == 4
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")  # other flags: built again
+    assert install.run(["llamacpp"]) == 0 and len(builds) == 6

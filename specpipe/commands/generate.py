@@ -1,5 +1,8 @@
 """`specpipe generate`: one prompt, speculatively with a live view, then the plain target.
 
+Where a speedup is printed (output=rich or json, baseline=true), one short warm-up of both modes
+runs first, as bench's does: a first call's kernel set-up is not part of the figure.
+
 Several `prompt=` (or `batch=N`) decode as a batch (specpipe/decode/loop.py): every prompt at once, or
 N at a time with continuous batching, then the plain target as the same batch; the figures are
 the batch's throughput (output tokens over the wall time, prefills included).
@@ -14,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from specpipe import jsonsafe
+from specpipe.bench.runner import warm_up
 from specpipe.checks.identity import proposer_kind
 from specpipe.checks.result import refuse_if_any
 from specpipe.checks.validate import check_prompts, check_settings
@@ -36,12 +40,15 @@ def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
     for warning in pipeline.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {esc(warning.why)}", highlight=False)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, stop=list(cfg.stop))
+    if _compares(cfg, pipeline):  # first calls pay kernel set-up: not in a speedup it prints
+        with err.status("warming up…"):
+            warm_up(pipeline, pipeline.encode(prompts[0]), [], 1, cfg.seed)
     if len(prompts) > 1 or cfg.batch > 1:
         return _batch(cfg, pipeline, prompts, kwargs, err)
     prompt = prompts[0]
     spec = _speculative(pipeline, cfg, prompt, kwargs)
     base = None
-    if cfg.baseline and pipeline.proposer is not None:
+    if _compares(cfg, pipeline):
         with err.status("running the plain target on the same prompt…"):
             base = pipeline.run(prompt, speculative=False, **kwargs)
     equal = spec.token_ids == base.token_ids if base is not None and pipeline.sampling.greedy else None
@@ -59,7 +66,7 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
                   highlight=False)
         concurrency = 1  # what runs, and what the output reports
     runs = {}
-    for mode in ("speculative", "plain") if cfg.baseline and pipeline.proposer is not None else ("speculative",):
+    for mode in ("speculative", "plain") if _compares(cfg, pipeline) else ("speculative",):
         with err.status(f"decoding {len(prompts)} prompts, {concurrency} at a time ({mode})…"):
             started = time.perf_counter()
             outs = pipeline.generate_batch(prompts, concurrency=concurrency, speculative=mode == "speculative",
@@ -94,6 +101,12 @@ def _batch(cfg: DictConfig, pipeline: Pipeline, prompts: list[str], kwargs: dict
             line += ", greedy output " + ("identical" if all(equal) else
                                           f"[red]DIFFERS on {len(equal) - sum(equal)} prompt(s)[/red]")
         Console().print(line, highlight=False)
+
+
+def _compares(cfg: DictConfig, pipeline: Pipeline) -> bool:
+    """Whether the plain target runs too: a speedup is printed (output=text prints none, so it
+    does not spend a second decode on one)."""
+    return bool(cfg.baseline) and pipeline.proposer is not None and cfg.output != "text"
 
 
 def _request_json(prompt: str, spec: Generation, base: Generation | None, equal: bool | None) -> dict:

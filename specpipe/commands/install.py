@@ -7,11 +7,13 @@ command builds for AVX2/FMA/F16C instead. llamafile's batched matmul (`GGML_LLAM
 switched off: with it ggml evaluates a block of several tokens with other kernels than one
 token, so a verify block's rows would not equal plain decoding's; without it they do (measured
 by `specpipe check engine=llamacpp`). A user's own `CMAKE_ARGS` wins: the command then prints
-what it uses and passes them on unchanged.
+what it uses and passes them on unchanged. A build it made is recorded (version and flags, in the
+cache): run again with the same, it says so and builds nothing; `--force` builds anyway.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,8 +24,10 @@ from specpipe.errors import SpecpipeError
 from specpipe.machine import cpu_features
 from specpipe.markup import esc
 
-USAGE = ("usage: specpipe install llamacpp [--print]   build llama-cpp-python for engine=llamacpp "
-         "(--print: show the command only; set CMAKE_ARGS to choose other build flags)")
+USAGE = ("usage: specpipe install llamacpp [--print|--force]   build llama-cpp-python for engine=llamacpp "
+         "(--print: show the command only; --force: build again although this build is installed; set "
+         "CMAKE_ARGS to choose other build flags)")
+RECORD = "llamacpp-build.json"  # in the cache: the version and flags of the last build this command made
 EXACT = "-DGGML_LLAMAFILE=OFF"  # one kernel for one token and for a block: verify rows equal plain rows
 PORTABLE = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"  # where the native build crashes
 
@@ -48,8 +52,27 @@ def commands() -> list[list[str]]:
     return [[*pip, "--no-cache-dir", "--force-reinstall", "--no-deps", package], [*pip, package]]
 
 
+def _record():
+    from specpipe.models.zoo import cache_root
+
+    return cache_root() / RECORD
+
+
+def built(flags: str) -> bool:
+    """Whether the installed llama-cpp-python is the pinned version this command built with `flags`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from specpipe.engine.llamacpp import PINNED
+
+    try:
+        return version("llama_cpp_python") == PINNED and json.loads(_record().read_text()) == {
+            "version": PINNED, "cmake_args": flags}
+    except (OSError, ValueError, PackageNotFoundError):
+        return False
+
+
 def run(args: list[str]) -> int:
-    if args in ([], ["-h"], ["--help"]) or args[0] != "llamacpp" or args[1:] not in ([], ["--print"]):
+    if args in ([], ["-h"], ["--help"]) or args[0] != "llamacpp" or args[1:] not in ([], ["--print"], ["--force"]):
         if args in (["-h"], ["--help"]):
             print(USAGE)
             return 0
@@ -61,6 +84,10 @@ def run(args: list[str]) -> int:
         err.print(esc(" ".join(line)))
     if args[1:] == ["--print"]:
         return 0
+    if args[1:] != ["--force"] and built(flags):  # the README runs it before each engine=llamacpp example
+        err.print("[green]llama-cpp-python is installed[/green], built by this command with these flags: nothing to "
+                  "do (`specpipe install llamacpp --force` builds it again).")
+        return 0
     err.print("[dim]Building llama.cpp from source: a few minutes.[/dim]")
     for line in commands():
         done = subprocess.run(line, env={**os.environ, "CMAKE_ARGS": flags, "FORCE_CMAKE": "1"})
@@ -68,5 +95,12 @@ def run(args: list[str]) -> int:
             raise SpecpipeError(f"pip could not install llama-cpp-python (exit {done.returncode}; its output is "
                                 "above). The build needs a C++ compiler and cmake (e.g. apt install build-essential "
                                 "cmake); other build flags can be set with CMAKE_ARGS.")
+    from specpipe.engine.llamacpp import PINNED
+    from specpipe.outputs import atomic_write
+
+    try:  # what a later run compares: the same version and flags are not built again
+        atomic_write(_record(), lambda f: f.write(json.dumps({"version": PINNED, "cmake_args": flags})))
+    except OSError:
+        pass  # no record: the next run builds again, nothing worse
     err.print("[green]llama-cpp-python installed[/green]: `specpipe check engine=llamacpp` measures its guarantee here.")
     return 0
