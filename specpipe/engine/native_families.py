@@ -7,8 +7,8 @@ per head or over all heads, whether a norm scales by (1 + w), where its sliding 
 rotary tables come from. A `Spec` is a family applied to one model's config: per layer its
 window and rotary table, its activation, and the constant factors it multiplies by (embeddings,
 residual branches, the attention scale, the logits), most of which are folded into the weights
-once when they are read (`fold`). `spec_of` builds one from a config alone, or says why the
-native forward cannot run it (what `specpipe check` reports before any weights load).
+once when they are read (`read_layer`). `spec_of` builds one from a config alone, or says why
+the native forward cannot run it (what `specpipe check` reports before any weights load).
 
 This module holds no forward (native_model.py runs the spec) and loads no files.
 """
