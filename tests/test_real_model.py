@@ -35,6 +35,7 @@ SHIPPED = {  # the heads shipped in recipes/, as `specpipe generate recipe=...` 
     "eagle-tree": [f"recipe={RECIPES / 'eagle.yaml'}", "proposer.tree={top_k: 3, nodes: 8}"],
     "medusa": [f"recipe={RECIPES / 'medusa.yaml'}"],
     "eagle3": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.lookup=false"],  # the head alone (eagle: with lookup)
+    "eagle3-shipped": [f"recipe={RECIPES / 'eagle3.yaml'}"],  # as shipped: its suffix lookup first
     "eagle3-tree": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.tree={top_k: 3, nodes: 8}"],
     "eagle3-ngram": [f"recipe={RECIPES / 'eagle3.yaml'}", "proposer.lookup=ngram"],  # prompt lookup (the recipe: suffix)
 }
@@ -73,7 +74,7 @@ def greedy_equal_on(pipeline, prompts, tokens: int) -> int:
                                                   pytest.param("ngram", "cost", marks=pytest.mark.full),
                                                   ("suffix", "fixed"), ("eagle", None),
                                                   pytest.param("eagle-tree", None, marks=pytest.mark.full),
-                                                  ("medusa", None), ("eagle3", None),
+                                                  ("medusa", None), ("eagle3", None), ("eagle3-shipped", None),
                                                   # in CI through test_simulated_cuda's shipped recipes (tokens compared:
                                                   # the chain token for token, the tree up to a near-tie)
                                                   pytest.param("eagle3-ngram", None, marks=pytest.mark.full),
@@ -147,19 +148,31 @@ EXACT_SETS = {"ngram": ["proposer=ngram"], "twin": ["proposer=twin"], "eagle": S
               "eagle-tree": SHIPPED["eagle-tree"], "medusa": SHIPPED["medusa"]}
 
 
-@pytest.mark.full  # bitwise on the real model, every proposer: `pytest -m full` (CI keeps the greedy set above)
+def bit_for_bit(proposer: str, prompts, tokens: int) -> None:
+    """On the exact precision no near-tie excuse is needed: every prompt's output identical, with
+    drafts proposed and kept."""
+    pipeline = Pipeline.from_config(compose([*EXACT_SETS[proposer], "model.quantize=w8a16", "gamma=4", *PINNED]))
+    drafted = accepted = 0
+    for prompt in prompts:
+        ids = pipeline.encode(prompt["messages"])
+        spec = pipeline.run(ids, max_new_tokens=tokens)
+        plain = pipeline.run(ids, max_new_tokens=tokens, speculative=False)
+        assert spec.token_ids == plain.token_ids, prompt["id"]
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+
+
+@pytest.mark.parametrize("proposer", EXACT_SETS)
+def test_smollm2_exact_speculative_output_is_plain_bit_for_bit_in_brief(proposer, prompts):
+    """The bitwise set in CI's time: every proposer, 3 dev prompts, 16 tokens each."""
+    bit_for_bit(proposer, prompts, 16)
+
+
+@pytest.mark.full  # bitwise on the real model, every proposer, at length: `pytest -m full`
 @pytest.mark.parametrize("proposer", EXACT_SETS)
 def test_smollm2_exact_speculative_output_is_plain_bit_for_bit(proposer):
-    """On the exact precision no near-tie excuse is needed: 10 dev prompts, output identical."""
-    pipeline = Pipeline.from_config(compose([*EXACT_SETS[proposer], "model.quantize=w8a16", "gamma=4"]))
-    drafted = 0
-    for prompt in load_prompts("dev")[:10]:
-        ids = pipeline.encode(prompt["messages"])
-        spec = pipeline.run(ids, max_new_tokens=24)
-        plain = pipeline.run(ids, max_new_tokens=24, speculative=False)
-        assert spec.token_ids == plain.token_ids, prompt["id"]
-        drafted += spec.stats.drafted
-    assert drafted > 0
+    """10 dev prompts, 24 tokens each."""
+    bit_for_bit(proposer, load_prompts("dev")[:10], 24)
 
 
 def test_smollm2_overlapped_plain_decoding_is_the_sequential_loop(prompts):
