@@ -17,7 +17,7 @@ from specpipe.bench import plots
 from specpipe.bench.results import RESULTS_FILE, now, read_results, write_json
 from specpipe.bench.summary import OVERALL
 from specpipe.bench.table import sweep_markdown, sweep_table
-from specpipe import errors
+from specpipe import errors, streams
 from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
 from specpipe.ui.tables import show
@@ -80,3 +80,5 @@ class SweepSummary(Callback):
                 report(folder, plot=bool(config.get("plot", False)))
             except SpecpipeError as err:  # every job's results.json is saved already; say so, no traceback
                 sys.exit(errors.report(err))
+            except streams.StreamFailed as err:  # a closed pipe or full disk on stdout: as a single run ends
+                sys.exit(streams.ended(err))
