@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PROMPT, VOCAB, feed, reference_probs, tiny_target
+from conftest import PINNED, PROMPT, VOCAB, feed, reference_probs, tiny_target
 from specpipe.config import compose
 from specpipe.controllers.cost import CostModelGamma
 from specpipe.controllers.fixed import FixedGamma
@@ -398,14 +398,16 @@ def test_sampling_with_a_suffix_lookup_keeps_the_target_distribution():
 
 def test_lookup_from_config_and_a_bad_lookup_is_one_clear_error(tmp_path, target_dir):  # noqa: F811
     save_eagle(random_head(9).float(), tmp_path / "heads", target=str(target_dir))
-    base = [f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / 'heads'}", "gamma=3"]
+    base = [f"model={target_dir}", "proposer=eagle", f"proposer.heads={tmp_path / 'heads'}", "gamma=3", *PINNED]
     pipeline = Pipeline.from_config(compose([*base, "proposer.lookup=true", "proposer.lookup_min=1"]))
     assert (pipeline.proposer.lookup.ngram_min, pipeline.proposer.lookup.ngram_max) == (1, 4)
     spec = pipeline.run(PROMPT, max_new_tokens=24)
     assert spec.token_ids == pipeline.run(PROMPT, max_new_tokens=24, speculative=False).token_ids
+    assert spec.stats.drafted > 0 and spec.stats.accepted > 0, (spec.stats.drafted, spec.stats.accepted)
     suffix = Pipeline.from_config(compose([*base, "proposer.lookup=suffix", "proposer.lookup_score=1.5"]))
     assert isinstance(suffix.proposer.lookup, SuffixProposer) and suffix.proposer.lookup.min_score == 1.5
-    assert suffix.run(PROMPT, max_new_tokens=24).token_ids == spec.token_ids
+    again = suffix.run(PROMPT, max_new_tokens=24)
+    assert again.token_ids == spec.token_ids and again.stats.drafted > 0
     for bad, words in (("proposer.lookup_min=abc", "is not an integer"),
                        ("proposer.lookup_max=2", "1 <= lookup_min <= lookup_max"),
                        ("proposer.lookup=prefix", "is not a lookup: use ngram"),

@@ -254,16 +254,20 @@ def test_smollm2_exact_batched_rows_equal_each_prompt_alone(proposer):
     from specpipe.pipeline import Request
 
     settings = {"plain": ["proposer=none"], **EXACT_SETS}[proposer]
-    pipeline = Pipeline.from_config(compose([*settings, "model.quantize=w8a16", "gamma=4"]))
+    pipeline = Pipeline.from_config(compose([*settings, "model.quantize=w8a16", "gamma=4", *PINNED]))
     speculative = proposer != "plain"
     ids = [pipeline.encode(p["messages"]) for p in load_prompts("dev")[:6]]
     lengths = [24, 9, 17, 24, 5, 12]
     alone = [pipeline.run(i, max_new_tokens=n, speculative=speculative).token_ids for i, n in zip(ids, lengths)]
     batched: dict[int, list[int]] = {i: [] for i in range(len(ids))}
+    drafted = accepted = 0
     for event in pipeline.serve([Request(i, n) for i, n in zip(ids, lengths)], concurrency=4,
                                 speculative=speculative):
         batched[event.index].extend(event.tokens)
+        if event.finish_reason is not None:
+            drafted, accepted = drafted + event.stats.drafted, accepted + event.stats.accepted
     assert [batched[i] for i in range(len(ids))] == alone
+    assert not speculative or (drafted > 0 and accepted > 0), (drafted, accepted)
 
 
 @pytest.mark.full  # loads Qwen2.5-Coder-0.5B (~1 GB fetched once) beside SmolLM2
