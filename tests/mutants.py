@@ -12,6 +12,7 @@ tests only read are linked, not copied. Exit status 0 when every mutation was ca
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ class Mutation:
     path: str  # relative to the repository root
     old: str  # must occur exactly once
     new: str
-    tests: tuple[str, ...]  # pytest node ids that must fail with the bug in place
+    tests: tuple[str, ...]  # pytest arguments (a node id, with `-k EXPR` where it names a subset), each must fail
 
 
 MUTATIONS = (
@@ -74,6 +75,22 @@ MUTATIONS = (
              "picks = torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])",
              "picks = final.argmax(-1)",
              ("tests/test_typical.py::test_accepts_the_plausible_prefix_and_samples_the_next_token",)),
+    Mutation("the n-gram lookup never drafts from its index", "specpipe/proposers/ngram.py",
+             "return None if start is None else DraftBlock(torch.tensor(committed[start + n : start + n + gamma]))",
+             "return None",
+             ("tests/test_lossless.py::test_greedy_equals_plain -k 'ngram and greedy and native and 3-'",
+              "tests/test_guard.py::test_a_guarded_run_equals_plain_greedy_token_for_token")),
+    Mutation("a tree's next token from its deepest node's parent row", "specpipe/verifiers/greedy.py",
+             "return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[end])",
+             "return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[(end - 1).clamp_min(0)])",
+             ("tests/test_simulated_cuda.py::test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_device"
+              " -k fast",)),
+    Mutation("a draft model's cache is filled inside its drafts", "specpipe/proposers/model_drafter.py",
+             "if gamma and len(rows.tokens[row]) - start > FEED:", "if False:",
+             ("tests/test_step.py::test_a_proposers_cache_fill_is_timed_apart_from_its_drafts -k draft",)),
+    Mutation("every feature shard rewritten", "specpipe/train/features.py",
+             "if not _holds(path, shard):", "if True:",
+             ("tests/test_train.py::test_a_growing_sequence_list_reuses_its_feature_shards",)),
 )
 
 
@@ -104,7 +121,8 @@ def check(mutation: Mutation) -> bool:
         caught = True
         for test in mutation.tests:
             run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                  "-m", "full or not full", test], cwd=into, env=env, capture_output=True, text=True)
+                                  "-m", "full or not full", *shlex.split(test)], cwd=into, env=env,
+                                 capture_output=True, text=True)
             if run.returncode == 0:
                 print(f"  NOT CAUGHT by {test}")
                 caught = False
