@@ -184,8 +184,7 @@ def test_memory_figures_match_the_estimate(precision):
     assert abs(used.weights - weight_bytes(model.config, precision)) < 0.15 * used.weights
 
 
-@pytest.mark.full  # 37 s of torch.compile; compile is off by default
-def test_compiled_stack_equals_eager_and_never_recompiles():
+def test_compiled_stack_equals_eager_and_never_recompiles():  # ~37 s of torch.compile on 2 cores: compile=true's promise
     """One compiled graph serves every block size and cache width of a generation."""
     from specpipe.engine.compile import graphs_compiled
 
