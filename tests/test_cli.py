@@ -134,6 +134,22 @@ def test_hydra_flags_with_a_recipe():
     assert _split_flags(["a=1", "-m", "b=2,3", "--cfg", "job", "c=4"]) == (["-m", "--cfg", "job"], ["a=1", "b=2,3", "c=4"])
 
 
+def test_a_batch_of_prompts_is_each_prompt_alone_in_brief(model_dirs):
+    """The batch promise in CI's time (two CLI runs): a row of a batched generate, its prompt
+    Hydra-like text, equals that prompt decoded alone, and the batch really speculated."""
+    prompts = ["w7 w8 w9 w10 w7 w8 w9 w10 w7 w8", "w9 ${oc.env:HOME} w9 w9"]  # the first repeats: drafts kept
+    args = [f"model={model_dirs / 'target'}", "proposer=ngram", "gamma=3", "max_new_tokens=24", "output=json",
+            "guard=false"]
+    result = specpipe("generate", *args, *[f"prompt={p}" for p in prompts], "batch=2")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["batch"] == 2 and out["greedy_equal"] is True
+    alone = json.loads(specpipe("generate", *args, f"prompt={prompts[1]}", "baseline=false").stdout)
+    assert alone["prompt"] == prompts[1] and out["requests"][1]["token_ids"] == alone["token_ids"]
+    rows = out["requests"]
+    assert sum(r["drafted"] for r in rows) > 0 and sum(r["accepted"] for r in rows) > 0, rows
+
+
 @pytest.mark.full  # 47 s in CI (six CLI runs); test_hardening keeps each prompt form verbatim in CI
 def test_several_prompts_decode_as_a_batch_each_verbatim(model_dirs):
     """Several prompt= are a batch (2 at a time here, so one joins mid-run); each row equals that
