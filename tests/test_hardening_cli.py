@@ -224,3 +224,16 @@ def test_install_llamacpp_builds_once_for_the_same_version_and_flags(tmp_path, m
     assert install.run(["llamacpp", "--force"]) == 0 and len(builds) == 4
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")  # other flags: built again
     assert install.run(["llamacpp"]) == 0 and len(builds) == 6
+
+
+def test_bench_tables_in_a_pipe_keep_every_cell_and_a_peers_divergence_is_not_a_failure():
+    from rich.console import Group
+
+    from specpipe.bench.table import exact_cell
+
+    wide = Group(_table(), _table())
+    out = io.StringIO()
+    show(wide, Console(file=out, width=30, force_terminal=False, color_system=None))
+    assert "…" not in out.getvalue() and out.getvalue().count("gamma=1000 is more than 64") == 2
+    assert "FAIL" in exact_cell({"identical": 9, "of": 10, "share": 0.9})
+    assert "FAIL" not in exact_cell({"identical": 9, "of": 10, "share": 0.9}, peer=True)

@@ -12,7 +12,7 @@ Not here: what the tables hold (commands/, bench/table.py).
 
 from __future__ import annotations
 
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -20,6 +20,10 @@ from rich.text import Text
 
 def show(table: RenderableType, console: Console | None = None) -> None:
     console = console or Console()
+    if isinstance(table, Group):  # tables one after the other (bench's two): each shown so
+        for part in table.renderables:
+            show(part, console)
+        return
     if not isinstance(table, Table):
         console.print(table)
         return
