@@ -237,3 +237,10 @@ def test_bench_tables_in_a_pipe_keep_every_cell_and_a_peers_divergence_is_not_a_
     assert "…" not in out.getvalue() and out.getvalue().count("gamma=1000 is more than 64") == 2
     assert "FAIL" in exact_cell({"identical": 9, "of": 10, "share": 0.9})
     assert "FAIL" not in exact_cell({"identical": 9, "of": 10, "share": 0.9}, peer=True)
+
+
+def test_a_cache_len_above_the_models_positions_is_said_not_silently_capped(model_dirs):  # noqa: F811
+    result = specpipe("generate", "w5 w9", f"model={model_dirs / 'target'}", "cache_len=4096", "max_new_tokens=2",
+                      "output=json", "baseline=false")
+    assert result.returncode == 0, result.stderr
+    assert "note: cache_len=4096 is more than the 256 positions" in " ".join(result.stderr.split())

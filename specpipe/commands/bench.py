@@ -32,6 +32,7 @@ from specpipe.bench.spec_bench import is_spec_bench, spec_bench_table
 from specpipe.bench.summary import all_exact, summarize
 from specpipe.bench.table import bench_table, load_table
 from specpipe.checks.identity import kind_of, proposer_kind
+from specpipe.commands.check import capped_cache
 from specpipe.context import check_fits
 from specpipe.errors import SpecpipeError
 from specpipe.limits import fit_slots
@@ -52,8 +53,9 @@ def run(cfg: DictConfig) -> int:
     if in_sweep and earlier_run(folder, cfg, prompts, folder.name, err) is not None:
         return 0
     writable_output(folder, f"out={cfg.out}", files=(RESULTS_FILE,))
-    if lowered:
-        err.print(f"note: {esc(lowered)}", highlight=False)
+    for note in (lowered, capped_cache(cfg)):
+        if note:
+            err.print(f"note: {esc(note)}", highlight=False)
     gc.collect()  # a sweep runs its jobs in one process: the last job's models must be gone first
     with err.status(f"loading {esc(cfg.model.name)} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)

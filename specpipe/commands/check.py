@@ -46,6 +46,23 @@ def prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
     return Check("context", "ok", f"the longest prompt is {max(lengths)} tokens{after} of the {limit}-token context")
 
 
+def capped_cache(cfg: DictConfig) -> str | None:
+    """What a run says when cache_len is above the target's positions (the native engine allocates
+    no more than them: limits.cache_slots), from its config alone; None where nothing is capped."""
+    from specpipe.limits import cache_slots
+    from specpipe.models.loader import load_config, resolve
+
+    source = resolve(cfg.model.name, fetch=False)
+    if cfg.engine == "hf" or not (source.is_dense_cached or fetched(source)):
+        return None
+    config = load_config(source)
+    slots = cache_slots(cfg, config)
+    if slots >= cfg.cache_len:
+        return None
+    return (f"cache_len={cfg.cache_len} is more than the {slots} positions {cfg.model.name} was trained for: its KV "
+            f"cache holds {slots} tokens a sequence (pass cache_len={slots} or less to say so yourself)")
+
+
 def run(cfg: DictConfig, prompts: list[str] | None = None) -> int:
     """prompts: the command line's prompts, as generate takes them (checked the same way)."""
     lowered = fit_slots(cfg, len(prompts), "batch") if prompts else None  # as generate runs them

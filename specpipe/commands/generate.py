@@ -21,7 +21,7 @@ from specpipe.bench.runner import warm_up
 from specpipe.checks.identity import proposer_kind
 from specpipe.checks.result import refuse_if_any
 from specpipe.checks.validate import check_prompts, check_settings
-from specpipe.commands.check import prompt_room
+from specpipe.commands.check import capped_cache, prompt_room
 from specpipe.limits import fit_slots
 from specpipe.markup import esc
 from specpipe.pipeline import Generation, Pipeline, collect
@@ -33,8 +33,9 @@ def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
     err = Console(stderr=True)
     lowered = fit_slots(cfg, len(prompts), "batch")  # before the checks: their memory estimate reads it
     _validate(cfg, prompts)
-    if lowered:
-        err.print(f"note: {esc(lowered)}", highlight=False)
+    for note in (lowered, capped_cache(cfg)):
+        if note:
+            err.print(f"note: {esc(note)}", highlight=False)
     with err.status(f"loading {esc(cfg.model.name)} and the proposer…"):
         pipeline = Pipeline.from_config(cfg)
     for warning in pipeline.warnings:
