@@ -34,6 +34,7 @@ def test_strategy_settings_come_first_and_the_user_wins():
     assert cfg.proposer._target_.endswith("ngram.build") and "quantize" not in cfg.proposer
 
 
+@pytest.mark.full  # ~21 s; test_tune chooses and writes a recipe in CI
 def test_tune_then_generate_with_the_recipe(setup, tmp_path):  # noqa: F811
     out, work = tmp_path / "recipes", tmp_path / "work"
     # report_on=none: chosen on the one prompt set, not reported on another (tests/test_tune.py has the splits)

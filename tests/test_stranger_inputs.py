@@ -98,6 +98,7 @@ def test_slots_are_never_more_than_the_prompts(model_dirs):
     assert "batch=1000 with 2 request(s): 2 decode at once" in " ".join(result.stderr.split())
 
 
+@pytest.mark.full  # ~16 s of CLI runs
 def test_a_memory_estimate_above_the_machine_is_refused_before_loading(model_dirs):
     small = {"SPECPIPE_MEMORY_BYTES": "100000"}  # a machine of 100 kB: the tiny target alone needs more
     for command in (["check"], ["generate"], ["export", "vllm"]):
