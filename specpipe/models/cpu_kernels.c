@@ -388,9 +388,11 @@ static inline int even_share(int left, int most) {
     return (left + passes - 1) / passes;
 }
 
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+
 /* Column tile b for every row, MR (MQ, M4) rows at a time. */
 static void columns(const Linear *L, const Rows *X, int M, float *y, int b, int accumulate) {
-    vf acc[MR * NV > MQ * NQ ? (MR * NV > M4 * N4 ? MR * NV : M4 * N4) : (MQ * NQ > M4 * N4 ? MQ * NQ : M4 * N4)];
+    vf acc[MAX2(MAX2(MR * NV, MQ * NQ), M4 * N4)]; /* the widest tile's sums */
     if (L->type == W_Q4) {
         const size_t blocks = (size_t)X->groups * (GROUP / WGROUP);
         const uint8_t *w = (const uint8_t *)L->w + (size_t)b * blocks * Q4_BLOCK_BYTES;
