@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.types import DraftBatch, depths_of
+from specpipe.drafts import DraftBatch, depths_of
 
 
 class ContextWarning(UserWarning):

@@ -115,8 +115,8 @@ def feed(runner, ids: list[int], tree: tuple[int, ...] | None = None, hidden: tu
 
 def one_row(tokens: list[int], seed: int = 0, trees: bool = True):
     """A step's view of one sequence (`Rows` of a batch of one) on the CPU, no early stop."""
-    from specpipe.proposers.base import Rows
     from specpipe.sampling import RowRandom
+    from specpipe.types import Rows
 
     return Rows([list(tokens)], [RowRandom(seed)], lambda position: 0.0, torch.device("cpu"), trees)
 
@@ -124,7 +124,7 @@ def one_row(tokens: list[int], seed: int = 0, trees: bool = True):
 def assert_tree_rows_equal_paths(runner, context: list[int], tokens: list[int], parents=TREE_PARENTS) -> None:
     """A tree verify block after `context`: every row's logits bitwise equal to one-token
     forwards along that node's path (the exact precisions' promise for trees)."""
-    from specpipe.types import DraftTree
+    from specpipe.drafts import DraftTree
 
     tree = DraftTree(torch.tensor(tokens[: len(parents)]), parents, torch.ones(len(parents)))
     runner.reset()

@@ -26,9 +26,9 @@ from specpipe.checks.proposer import check_sampling
 from specpipe.checks.result import refuse_if_any
 from specpipe.config import compose
 from specpipe.decode.syncs import capture_hazards, host_reads
+from specpipe.drafts import DraftBatch
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import RowRandom, SamplingParams
-from specpipe.types import DraftBatch
 from specpipe.verifiers import block
 from specpipe.verifiers.block import BlockVerifier
 from specpipe.verifiers.greedy import GreedyVerifier

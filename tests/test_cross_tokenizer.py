@@ -18,11 +18,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specpipe.controllers.fixed import FixedGamma
+from specpipe.drafts import DraftBlock
 from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab, token_texts
 from specpipe.sampling import SamplingParams
-from specpipe.types import DraftBlock
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from conftest import reference_probs

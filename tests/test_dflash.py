@@ -31,10 +31,10 @@ from specpipe.heads.dflash_format import fit_summary, load_dflash, read_shape, s
 from specpipe.heads.eagle import EagleShape
 from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline
-from specpipe.proposers.base import Rows
 from specpipe.proposers.dflash import DFlashProposer
 from specpipe.proposers.eagle import make_lookup
 from specpipe.sampling import RowRandom, SamplingParams
+from specpipe.types import Rows
 from specpipe.types import RowVerdict
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier

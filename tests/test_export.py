@@ -1,13 +1,14 @@
 """`specpipe export`: golden files for every proposer × engine, and every key checked against
 the engine versions named.
 
-The key lists below were read from the engines' released packages at the versions the
+The vLLM key lists below were read from the engines' released packages at the versions the
 exporters name: vLLM 0.34.0 and 0.33.0 (`vllm/config/speculative.py` of each wheel:
-SpeculativeConfig's user-settable fields and SpeculativeMethod) and SGLang 0.5.23
-(`sglang/srt/arg_groups/fields/spec.py` of the wheel: the `Spec` namespace its parser is built
-from). They are kept here, apart from the exporters' own copies, so a typo in either shows.
-Where the vLLM wheels are at hand ($SPECPIPE_VLLM_WHEELS, see vllm_wheel.py), vLLM's own
-SpeculativeConfig of each version validates every golden export of that version.
+SpeculativeConfig's user-settable fields and SpeculativeMethod). They are kept here, apart from
+the exporters' own copies, so a typo in either shows. Where the vLLM wheels are at hand
+($SPECPIPE_VLLM_WHEELS, see vllm_wheel.py), vLLM's own SpeculativeConfig of each version
+validates every golden export of that version. SGLang's flags and algorithms are read from the
+0.5.23 wheel itself ($SPECPIPE_SGLANG_WHEELS, see sglang_wheel.py: the `Spec` namespace of
+`sglang/srt/arg_groups/fields/spec.py` its parser is built from), never from a copy.
 """
 
 from __future__ import annotations
@@ -56,25 +57,6 @@ VLLM_0_34_0_METHODS = ["ngram", "draft_model", "suffix", "eagle", "eagle3", "ext
                        "ngram_gpu", "dspark"]  # plus 29 model-specific *_mtp names; custom_class is gone
 VLLM_0_33_0_METHODS = ["ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3", "extract_hidden_states",
                        "mtp", "dflash", "ngram_gpu", "dspark"]  # plus 27 model-specific *_mtp names
-SGLANG_0_5_23_SPECULATIVE_FLAGS = [
-    "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
-    "--speculative-draft-model-revision", "--speculative-draft-load-format", "--speculative-num-steps",
-    "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-dflash-block-size",
-    "--speculative-domino-candidate-pool-size", "--speculative-dspark-block-size", "--speculative-dspark-sps-table-path",
-    "--speculative-dspark-confidence-sts-path", "--speculative-dspark-align-verify-tokens-to-graph-tier",
-    "--speculative-accept-threshold-single", "--speculative-accept-threshold-acc",
-    "--speculative-use-rejection-sampling", "--speculative-use-block-verification", "--speculative-token-map",
-    "--speculative-attention-mode", "--speculative-draft-attention-backend", "--speculative-dsa-topk-backend",
-    "--speculative-draft-kv-cache-dtype", "--speculative-draft-window-size", "--speculative-draft-sink-size",
-    "--speculative-moe-runner-backend", "--speculative-moe-a2a-backend", "--speculative-enable-w4a4-mxfp4-megamoe",
-    "--speculative-draft-model-quantization", "--speculative-adaptive", "--speculative-adaptive-config",
-    "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-max-bfs-breadth", "--speculative-ngram-match-type",
-    "--speculative-ngram-max-trie-depth", "--speculative-ngram-capacity", "--speculative-ngram-external-corpus-path",
-    "--speculative-ngram-external-sam-budget", "--speculative-ngram-external-corpus-max-tokens",
-]
-SGLANG_0_5_23_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO",
-                            "FROZEN_KV_MTP"]
-
 CASES = {
     "ngram": ["model=smollm2-135m", "proposer=ngram", "gamma=5"],
     "suffix": ["model=smollm2-135m", "proposer=suffix", "gamma=12"],
@@ -161,14 +143,47 @@ def test_the_key_lists_are_read_from_vllms_own_config(tmp_path_factory, version)
     assert set(VLLM_METHODS[version]) <= set(own["methods"]), set(VLLM_METHODS[version]) - set(own["methods"])
 
 
+@pytest.fixture(scope="module")
+def sglang_parser() -> tuple[dict, set[str]]:
+    """The arguments (by flag) and algorithm names of SGLang 0.5.23's own parser, read from the
+    released wheel (sglang_wheel.py)."""
+    from sglang_wheel import algorithms, arguments, wheel
+
+    whl = wheel(sglang.VERSION)
+    fill = f"pip download --no-deps --only-binary=:all: sglang=={sglang.VERSION} -d DIR"
+    if whl is None and os.environ.get("SPECPIPE_SGLANG_WHEELS"):  # named (as CI does) but empty: not a skip
+        pytest.fail(f"no sglang-{sglang.VERSION} wheel in $SPECPIPE_SGLANG_WHEELS ({fill})")
+    if whl is None:
+        pytest.skip(f"no sglang-{sglang.VERSION} wheel: $SPECPIPE_SGLANG_WHEELS is not set ({fill})")
+    return arguments(whl), algorithms(whl)
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_sglang_flags_exist_in_v0_5_23(case):
+def test_sglang_flags_exist_in_v0_5_23(case, sglang_parser):
+    """Every flag an export writes is an argument of the wheel's parser, with a value that
+    argument takes (a switch bare, an int an int, one of its choices), and the algorithm one the
+    wheel knows."""
+    own, names = sglang_parser
     settings = exported(sglang, case)["settings"]
-    assert set(settings) <= set(SGLANG_0_5_23_SPECULATIVE_FLAGS)
+    assert set(settings) <= set(own), set(settings) - set(own)
+    refused = {flag: own[flag].refuses(value) for flag, value in settings.items() if own[flag].refuses(value)}
+    assert not refused
     if settings:
-        assert settings["--speculative-algorithm"] in SGLANG_0_5_23_ALGORITHMS
-        if settings.get("--speculative-eagle-topk") == 1:  # SGLang forces a chain's draft tokens to steps + 1
-            assert settings["--speculative-num-draft-tokens"] == settings["--speculative-num-steps"] + 1
+        assert settings["--speculative-algorithm"] in names, (settings["--speculative-algorithm"], sorted(names))
+
+
+def test_the_sglang_exporters_lists_are_the_wheels(sglang_parser):
+    """The exporter's FLAGS and ALGORITHMS (what it may write at all) against the wheel itself."""
+    own, names = sglang_parser
+    assert set(sglang.FLAGS) <= set(own), set(sglang.FLAGS) - set(own)
+    assert set(sglang.ALGORITHMS) <= names, set(sglang.ALGORITHMS) - names
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sglang_chains_draft_steps_plus_one_tokens(case):
+    settings = exported(sglang, case)["settings"]
+    if settings.get("--speculative-eagle-topk") == 1:  # SGLang forces a chain's draft tokens to steps + 1
+        assert settings["--speculative-num-draft-tokens"] == settings["--speculative-num-steps"] + 1
 
 
 @pytest.mark.parametrize("version", VLLM_KEYS)
@@ -272,7 +287,7 @@ def test_eagle_exports_its_heads_folder_to_vllm_and_sglang(tmp_path, tree):
     assert set(v.settings) <= set(VLLM_0_34_0_SPECULATIVE_CONFIG_KEYS)
     assert any("dynamic tree" in w for w in v.warnings) == bool(tree)
     s = sglang.export(plan_of(cfg)).settings
-    assert set(s) <= set(SGLANG_0_5_23_SPECULATIVE_FLAGS) and s["--speculative-algorithm"] == "EAGLE"
+    assert s["--speculative-algorithm"] == "EAGLE"  # the flags: the wheel judges the eagle cases above
     assert s["--speculative-draft-model-path"] == str((tmp_path / "eagle").resolve())
     expected = (5, 4, 13) if tree else (5, 1, 6)  # steps, top-k, draft tokens (incl. the verified one)
     assert (s["--speculative-num-steps"], s["--speculative-eagle-topk"], s["--speculative-num-draft-tokens"]) == expected

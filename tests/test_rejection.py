@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import reference_probs
+from specpipe.drafts import DraftBatch, DraftBlock
 from specpipe.sampling import RowRandom, SamplingParams
-from specpipe.types import DraftBatch, DraftBlock
 from specpipe.verifiers import rejection
 from specpipe.verifiers.rejection import RejectionVerifier
 

@@ -197,7 +197,7 @@ def test_device_chains_of_one_width_stack_into_the_batch_they_pad_into():
     batch in one launch a part; what they stack into is what padding row by row gives (the
     path rows of other widths take), counts and confidences included."""
     from cuda_sim import device_launches
-    from specpipe.types import DraftBatch, DraftBlock
+    from specpipe.drafts import DraftBatch, DraftBlock
 
     with simulated_cuda() as refused:
         rows = [DraftBlock(torch.tensor([5, 6, 7], device="cuda"), None, torch.tensor([0.9, 0.5, 0.2], device="cuda"),

@@ -27,9 +27,9 @@ from specpipe.engine import FINAL, make_runner
 from specpipe.engine.static import WIDTH_MIN, Shape
 from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline, Request
+from specpipe.proposers.eagle import TreeShape
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
-from specpipe.proposers.eagle import TreeShape
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
@@ -97,7 +97,7 @@ def test_static_batch_rows_are_independent_and_ragged(kernels, device):
 def test_fast_static_tree_rows_equal_their_paths(device):
     """A tree block (kernels=fast takes trees) through the static step: every row equals the
     eager one-token forwards along its path."""
-    from specpipe.types import ancestry_of
+    from specpipe.drafts import ancestry_of
 
     model, tokens = tiny_model(0), list(range(30, 30 + len(TREE_PARENTS)))
     runner, eager = static(model, device, "fast", block=len(TREE_PARENTS) + 1), make_runner(model, graphs="off")

@@ -14,16 +14,17 @@ import torch
 
 from conftest import PROMPT, tiny_model, tiny_target
 from specpipe.controllers.fixed import FixedGamma
-from specpipe.engine import make_runner
 from specpipe.decode.loop import Decoder
 from specpipe.decode.syncs import reads_per_step
+from specpipe.drafts import DraftBatch
+from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline, Request
 from specpipe.proposers.eagle import EagleProposer, TreeShape
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.sampling import SamplingParams
-from specpipe.types import PAD, DraftBatch
+from specpipe.types import PAD
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from test_eagle import copy_head
@@ -354,8 +355,8 @@ def test_a_draft_models_sampled_pick_inside_its_graph_is_the_eager_pick():
     rows' streams, ones past a row's γ) gives the eager pick's token, distribution and top
     probability, bit for bit: a drafting row samples what `_pick` samples, one past its γ
     takes the argmax."""
-    from specpipe.proposers.base import Rows
     from specpipe.sampling import RowRandom
+    from specpipe.types import Rows
 
     gen = torch.Generator().manual_seed(0)
     sampling = SamplingParams(temperature=0.9, top_k=20)

@@ -12,8 +12,8 @@ from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.suffix import (NODE_BYTES, RequestCache, SuffixProposer, SuffixTree, build, grow,
                                       validate_options)
+from specpipe.drafts import DraftTree
 from specpipe.sampling import SamplingParams
-from specpipe.types import DraftTree
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from specpipe.verifiers.typical import TypicalVerifier
@@ -195,8 +195,8 @@ def test_a_row_reads_the_global_tree_again_when_another_row_finishes():
     a new token, 1-3 new tokens a step). Another row's request joining the tree mid-generation
     changes what the tree holds: the drafts stay the exhaustive search's at every step of both
     rows."""
-    from specpipe.proposers.base import Rows
     from specpipe.sampling import RowRandom
+    from specpipe.types import Rows
 
     generator = torch.Generator().manual_seed(1)
     suffix = proposer(max_depth=6)

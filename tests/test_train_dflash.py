@@ -16,12 +16,12 @@ from specpipe.engine import TargetOutput, make_runner
 from specpipe.heads.dflash import DFlashDrafter, DFlashShape
 from specpipe.heads.eagle import EagleShape
 from specpipe.pipeline import Pipeline
-from specpipe.proposers.base import Rows
 from specpipe.proposers.dflash import DFlashProposer
 from specpipe.recipe import load_recipe
 from specpipe.sampling import RowRandom, SamplingParams
 from specpipe.train import data, dflash, features
 from specpipe.train.drafting import FrozenTarget
+from specpipe.types import Rows
 from zygote import specpipe
 
 

@@ -8,12 +8,12 @@ import torch
 
 from conftest import PROMPT, tiny_target, feed
 from specpipe.controllers.fixed import FixedGamma
-from specpipe.errors import SpecpipeError
+from specpipe.drafts import DraftTree
 from specpipe.engine import make_runner
+from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.medusa import MedusaProposer, check_tree
 from specpipe.sampling import SamplingParams
-from specpipe.types import DraftTree
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
 from specpipe.verifiers.typical import TypicalVerifier

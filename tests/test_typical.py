@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specpipe.drafts import DraftBatch, DraftBlock
 from specpipe.sampling import RowRandom, SamplingParams
-from specpipe.types import DraftBatch, DraftBlock
 from specpipe.verifiers.typical import TypicalVerifier
 
 

@@ -37,7 +37,7 @@ from specpipe.bench import llamacpp_peers
 from specpipe.bench.llamacpp_peers import PEERS as LLAMA_CPP_PEERS
 from specpipe.bench.records import Measured
 from specpipe.checks.identity import proposer_kind
-from specpipe.proposers.declaration import declaration_of
+from specpipe.declaration import declaration_of
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import quantize_model
 

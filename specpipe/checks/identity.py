@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from specpipe.proposers.declaration import Declaration, declaration_of
+from specpipe.declaration import Declaration, declaration_of
 
 
 def kind_of(node: DictConfig) -> str:
@@ -19,7 +19,7 @@ def proposer_kind(cfg: DictConfig) -> str:
 
 
 def declared(cfg: DictConfig) -> Declaration:
-    """What the config's proposer declares of itself (specpipe/proposers/declaration.py)."""
+    """What the config's proposer declares of itself (specpipe/declaration.py)."""
     return declaration_of(cfg.proposer)
 
 

@@ -34,17 +34,17 @@ from specpipe.bench.results import environment, now
 from specpipe.checks.identity import declared, proposer_kind
 from specpipe.checks.validate import non_finite
 from specpipe.commands.tune import model_slug
+from specpipe.declaration import declared_proposers
+from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.errors import SpecpipeError
 from specpipe.limits import integer_problems
 from specpipe.markup import esc
 from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
-from specpipe.engine import FINAL, make_runner, pick_engine
 from specpipe.models.quantize import bulk_rows, quantize_model
 from specpipe.outputs import refuse_replacing, save_or_keep, why, writable_output
 from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features, requests, self_instruct
-from specpipe.proposers.declaration import declared_proposers
 from specpipe.train.kind import Kind, kind_in
 from specpipe.train.prompts import instructions
 

@@ -52,12 +52,13 @@ import torch
 from specpipe.context import trimmed
 from specpipe.decode.text import TextStream, is_ids
 from specpipe.decode.timing import Clock
+from specpipe.drafts import DraftBatch
 from specpipe.engine.base import Split
 from specpipe.metrics import Stats
-from specpipe.proposers.base import Rows
 from specpipe.sampling import RowRandom
 from specpipe.stopping import StopRule
-from specpipe.types import DraftBatch, HostCopy, RowVerdict, Verdict
+from specpipe.types import Rows
+from specpipe.types import HostCopy, RowVerdict, Verdict
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from specpipe.drafts import ancestry_of, depths_of
 from specpipe.engine.base import FINAL, Memory, Runner, Split, Tail, TargetOutput, joined, wide
 from specpipe.errors import SpecpipeError
 from specpipe.models.quantize import dense_weight, module_bytes, quantize_model
-from specpipe.types import ancestry_of, depths_of
 
 
 class HFRunner(Runner):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.drafts import depths_of
 from specpipe.engine.base import FINAL
 from specpipe.models import cpu_kernels
 from specpipe.models.quantize import KernelLinear
-from specpipe.types import depths_of
 
 
 class FusedStack:

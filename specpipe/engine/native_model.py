@@ -31,8 +31,8 @@ from specpipe.engine.native_experts import Experts
 from specpipe.engine.native_families import FAMILIES as LAYOUTS
 from specpipe.engine.native_families import (STATIC_ROPE, LayerWeights, architecture_of, norm_weight, read_layer,
                                              spec_of)
+from specpipe.drafts import ancestry_of, depths_of
 from specpipe.engine.native_fused import FusedStack
-from specpipe.types import ancestry_of, depths_of
 from specpipe.models.quantize import EXACT, activation_dtype, dense_weight, linear_kernel, move_kernel, on_kernel
 
 __all__ = ["FAMILIES", "STATIC_ROPE", "KVCache", "NativeLM", "config_unsupported_reason", "unsupported_reason"]

@@ -17,10 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from specpipe.checks.identity import declared, kind_of, lora_paths
 from specpipe.components import module_of
-from specpipe.proposers.declaration import Declaration
 from specpipe.controllers.base import check_schedule
+from specpipe.declaration import Declaration
+from specpipe.declaration import engine_model
 from specpipe.errors import SpecpipeError
-from specpipe.export.engine import engine_model
 from specpipe.models import zoo
 from specpipe.recipe import load_recipe
 

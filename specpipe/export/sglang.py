@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import shlex
 
+from specpipe.declaration import EngineExport
 from specpipe.errors import SpecpipeError
-from specpipe.export.engine import EngineExport
 from specpipe.export.plan import ExportPlan
 
 VERSION = "0.5.23"

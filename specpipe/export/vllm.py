@@ -20,8 +20,8 @@ import shlex
 from dataclasses import dataclass
 
 from specpipe import jsonsafe
+from specpipe.declaration import EngineExport
 from specpipe.errors import SpecpipeError
-from specpipe.export.engine import EngineExport
 from specpipe.export.plan import ExportPlan
 
 

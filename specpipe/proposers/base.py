@@ -20,25 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from specpipe.drafts import DraftBatch, DraftBlock, DraftTree
 from specpipe.engine import Runner, TargetOutput
 from specpipe.sampling import RowRandom
-from specpipe.types import DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict
-
-
-@dataclass(frozen=True)
-class Rows:
-    """What a step tells a proposer about its rows (every list indexed by batch row).
-
-    tokens: each row's committed tokens (host; a free row's is empty). rngs: each row's
-    randomness. stop_below: the controller's early stop, (draft position) -> stop after it where
-    the drafter's confidence is below this (0.0: never). trees: a tree draft may be returned
-    (one row, and a verifier that takes trees); else chains only. device: the runner's."""
-
-    tokens: list[list[int]]
-    rngs: list[RowRandom]
-    stop_below: Callable[[int], float]
-    device: torch.device
-    trees: bool = True
+from specpipe.types import RowVerdict, Verdict
 
 
 class Proposer(ABC):

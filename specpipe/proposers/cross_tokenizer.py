@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.drafts import DraftBlock
 from specpipe.engine import Runner, TargetOutput, make_runner
-from specpipe.proposers.base import RowProposer, Rows
+from specpipe.proposers.base import RowProposer
 from specpipe.sampling import DRAFT, SamplingParams, sample
-from specpipe.types import DraftBlock, RowVerdict, Verdict
+from specpipe.types import Rows
+from specpipe.types import RowVerdict, Verdict
 
 LOOKBEHIND = 4  # committed target tokens re-encoded with a draft's text, so its first token splits as in running text
 

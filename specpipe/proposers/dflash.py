@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.declaration import Declaration
+from specpipe.drafts import DraftBatch, DraftBlock
 from specpipe.engine import Runner, TargetOutput
 from specpipe.heads.dflash import ContextCache, DFlashDrafter
 from specpipe.heads.dflash_format import fit_summary, load_dflash
 from specpipe.models.quantize import check_mode, module_bytes, quantize_model, resolve_precision
-from specpipe.proposers.base import Proposer, Rows
-from specpipe.proposers.declaration import Declaration
+from specpipe.proposers.base import Proposer
 from specpipe.proposers.eagle import DraftLM, lookup_warning, make_lookup
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.proposers.suffix import SuffixProposer
 from specpipe.sampling import DRAFT, SamplingParams, sample
-from specpipe.types import DraftBatch, DraftBlock, RowVerdict, Verdict
+from specpipe.types import Rows
+from specpipe.types import RowVerdict, Verdict
 
 FILL_MIN = 8  # context rows a draft feeds along (more: `fill`, timed apart)
 

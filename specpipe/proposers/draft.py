@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from specpipe.checks.result import Check
 from specpipe.checks.tokenizers import same_tokenizer_problems
+from specpipe.declaration import engine_model, sglang_chain
+from specpipe.declaration import Declaration
 from specpipe.errors import SpecpipeError
-from specpipe.export.engine import engine_model, sglang_chain
 from specpipe.models import zoo
 from specpipe.models.loader import load_tokenizer, resolve
 from specpipe.models.quantize import check_mode, resolve_precision
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
-from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
 
 

@@ -38,20 +38,22 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.errors import SpecpipeError
+from specpipe.declaration import sglang_chain
+from specpipe.declaration import Declaration
+from specpipe.drafts import DraftBlock, DraftTree
 from specpipe.engine import FINAL, Runner, TargetOutput
-from specpipe.export.engine import sglang_chain
+from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, HeadCache, SlotCache
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
-from specpipe.proposers.base import RowProposer, Rows, still_drafting
-from specpipe.proposers.declaration import Declaration
+from specpipe.proposers.base import RowProposer, still_drafting
 from specpipe.proposers.eagle_graph import HeadGraphs, Sampled
 from specpipe.proposers.eagle_tree import TreeSearch, rerank
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.proposers.suffix import SuffixProposer, as_lookup
 from specpipe.sampling import DRAFT, SamplingParams, race_draws, sample
-from specpipe.types import DraftBlock, DraftTree, RowVerdict, Verdict
+from specpipe.types import Rows
+from specpipe.types import RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
 

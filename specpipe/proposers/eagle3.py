@@ -11,11 +11,11 @@ proposer=eagle3`, or a third party's (a hub head's directory).
 
 from __future__ import annotations
 
-from specpipe.export.engine import sglang_chain
+from specpipe.declaration import sglang_chain
+from specpipe.declaration import Declaration
 from specpipe.heads.eagle3 import Eagle3Head, engine_keys
 from specpipe.heads.speculators import fit_summary, load_eagle3
 from specpipe.models.quantize import check_mode, resolve_precision, quantize_model
-from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.eagle import DraftLM, EagleProposer, TreeShape, lookup_warning, make_lookup
 from specpipe.proposers.eagle import validate_options as _validate_tree
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.types import DraftTree
+from specpipe.drafts import DraftTree
 
 
 class TreeSearch:

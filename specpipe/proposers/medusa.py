@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.errors import SpecpipeError
+from specpipe.declaration import Declaration
+from specpipe.drafts import DraftBatch, DraftTree
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.engine.graphs import Graphs
+from specpipe.errors import SpecpipeError
 from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.quantize import module_bytes
-from specpipe.proposers.base import Proposer, Rows
-from specpipe.proposers.declaration import Declaration
+from specpipe.proposers.base import Proposer
 from specpipe.sampling import DRAFT, SamplingParams, sample
-from specpipe.types import DraftBatch, DraftTree, RowVerdict, Verdict
+from specpipe.types import Rows
+from specpipe.types import RowVerdict, Verdict
 
 
 class MedusaProposer(Proposer):

@@ -17,10 +17,12 @@ from functools import partial
 
 import torch
 
+from specpipe.drafts import DraftBatch
 from specpipe.engine import Tail, TailInputs, make_runner, pick_engine
-from specpipe.proposers.base import Proposer, Rows, still_drafting
+from specpipe.proposers.base import Proposer, still_drafting
 from specpipe.sampling import DRAFT, SamplingParams, race, race_draws, sample
-from specpipe.types import DraftBatch, RowVerdict, Verdict
+from specpipe.types import Rows
+from specpipe.types import RowVerdict, Verdict
 
 FEED = 2  # tokens a draft's first forward feeds a row: its last draft token and the bonus, when all were kept
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specpipe.declaration import Declaration
+from specpipe.drafts import DraftBlock
 from specpipe.errors import SpecpipeError
-from specpipe.proposers.base import RowProposer, Rows
-from specpipe.proposers.declaration import Declaration
-from specpipe.types import DraftBlock
+from specpipe.proposers.base import RowProposer
+from specpipe.types import Rows
 
 
 class NgramProposer(RowProposer):

@@ -24,10 +24,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specpipe.declaration import Declaration
+from specpipe.drafts import DraftBlock, DraftTree
 from specpipe.errors import SpecpipeError
-from specpipe.proposers.base import RowProposer, Rows
-from specpipe.proposers.declaration import Declaration
-from specpipe.types import DraftBlock, DraftTree
+from specpipe.proposers.base import RowProposer
+from specpipe.types import Rows
 
 NODE_BYTES = 200  # one node: its children dict and three list slots (sys.getsizeof, a few children)
 DEFAULT_BOUNDS = (24, 1000, 50000)  # max_depth, max_cached_requests, max_cached_tokens: conf/proposer/suffix.yaml's

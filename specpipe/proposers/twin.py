@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import copy
 
+from specpipe.declaration import sglang_chain
+from specpipe.declaration import Declaration
 from specpipe.engine import pick_engine
 from specpipe.errors import SpecpipeError
-from specpipe.export.engine import sglang_chain
 from specpipe.models.loader import resolve
 from specpipe.models.quantize import GGUF, check_mode, resolve_precision
-from specpipe.proposers.declaration import Declaration
 from specpipe.proposers.model_drafter import ModelDrafter
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from specpipe.engine import TargetOutput
-from specpipe.proposers.base import Rows
 from specpipe.sampling import RowRandom
+from specpipe.types import Rows
 
 
 class FrozenTarget:

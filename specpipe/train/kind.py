@@ -1,5 +1,5 @@
 """`Kind`: what differs between trained proposers; everything else in `specpipe train` is
-shared. A trainable proposer declares `trainer=<module>` (specpipe/proposers/declaration.py),
+shared. A trainable proposer declares `trainer=<module>` (specpipe/declaration.py),
 and that module holds its `KIND`."""
 
 from __future__ import annotations

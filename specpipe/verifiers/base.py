@@ -12,10 +12,10 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from specpipe.drafts import DraftBatch, DraftBlock, DraftTree, ancestry_of, depths_of
 from specpipe.engine.base import Tail
 from specpipe.sampling import RowRandom
-from specpipe.types import (PAD, DraftBatch, DraftBlock, DraftTree, RowVerdict, Verdict, ancestry_of, depths_of,
-                            packed_verdict)
+from specpipe.types import PAD, RowVerdict, Verdict, packed_verdict
 
 
 class Verifier(ABC):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.drafts import DraftBatch
 from specpipe.engine.base import Tail
 from specpipe.errors import SpecpipeError
-from specpipe.types import PAD, DraftBatch, Verdict
+from specpipe.types import PAD, Verdict
 from specpipe.verifiers.base import TreeRows, Verifier, drafted, leading, plain_verdict, tree_verdict
 
 

@@ -18,10 +18,11 @@ from typing import Callable
 
 import torch
 
+from specpipe.drafts import DraftBatch
 from specpipe.engine.base import Tail, TailInputs
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import ACCEPT, RESAMPLE, RowRandom, SamplingParams, race, race_draws
-from specpipe.types import PAD, DraftBatch, Verdict
+from specpipe.types import PAD, Verdict
 from specpipe.verifiers.base import Verifier, chain_verdict, leading
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.drafts import DraftBatch
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import RESAMPLE, RowRandom, SamplingParams, sample
-from specpipe.types import PAD, DraftBatch, Verdict
+from specpipe.types import PAD, Verdict
 from specpipe.verifiers.base import TreeRows, Verifier, chain_verdict, drafted, leading, tree_verdict
 
 

@@ -3,7 +3,9 @@ checks, the exports, bench's peers and `specpipe train`.
 
 Nothing outside a proposer's module recognises it by name: a new proposer is one file (its
 build function, its `DECLARATION`) plus its YAML under conf/proposer/. `declaration_of(node)`
-finds the declaration of a config's proposer through its `_target_` module.
+finds the declaration of a config's proposer through its `_target_` module. A proposer's
+export mapping hands back an `EngineExport`, with the helpers the mappings share (models as
+engines load them, SGLang's chain flags).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from specpipe.errors import SpecpipeError
+from specpipe.models import zoo
 
 TOKENIZERS = ("target", "same", "any")  # what the draft's token ids are
 TREES = ("never", "option", "auto")  # when the proposer drafts a tree
@@ -91,3 +95,26 @@ def declared_proposers() -> dict[str, Declaration]:
     for path in sorted((conf_dir() / "proposer").glob("*.yaml")):
         found[path.stem] = declaration_of(OmegaConf.load(path))
     return found
+
+
+@dataclass
+class EngineExport:
+    engine: str  # vllm | sglang
+    version: str  # the engine version whose keys the settings follow
+    settings: dict  # vLLM: the speculative_config; SGLang: flag -> value
+    command: str  # the serve command, ready to paste
+    warnings: list[str] = field(default_factory=list)
+
+
+def sglang_chain(gamma: int) -> dict:
+    """SGLang's flags for a chain of γ draft tokens: top-k 1, and the verified token counts as one
+    of the draft tokens (as SGLang forces for top-k 1)."""
+    return {"--speculative-num-steps": gamma, "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": gamma + 1}
+
+
+def engine_model(name: str) -> str:
+    """A zoo name as its hub id; a local path made absolute; a hub id as is."""
+    if name in zoo.ZOO:
+        return zoo.ZOO[name].hub_id
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
