@@ -6,7 +6,10 @@ place cannot catch it.
     python tests/mutants.py NAME ...     # some of them (python tests/mutants.py --list)
 
 The copy lives in a temporary folder (the working tree is never edited); large folders the
-tests only read are linked, not copied. Exit status 0 when every mutation was caught.
+tests only read are linked, not copied. Exit status 0 when every mutation was caught. A mutation
+whose tests read a released wheel (`needs`: its folder's variable, as `.ci/run` sets it) is not
+run without it, and then the run does not pass either. The comment above an entry says what the
+earlier form of its test did with the bug, where that form was weaker.
 """
 
 from __future__ import annotations
@@ -32,9 +35,13 @@ class Mutation:
     old: str  # must occur exactly once
     new: str
     tests: tuple[str, ...]  # pytest arguments (a node id, with `-k EXPR` where it names a subset), each must fail
+    also: tuple[tuple[str, str, str], ...] = ()  # more (path, old, new) of the same bug, in other places
+    needs: str | None = None  # an environment variable the tests need (a wheel folder): not run without it
 
 
 MUTATIONS = (
+    # the sampling oracle is transformers' own warpers; the old one was SamplingParams.probs of
+    # sampling.py itself, so each of these three bugs moved the expected distribution with the sampled
     Mutation("temperature ignored", "specpipe/sampling.py",
              "logits = logits / self.temperature", "logits = logits",
              ("tests/test_rejection.py::test_sampling_distributions_equal_transformers_warpers",
@@ -66,20 +73,26 @@ MUTATIONS = (
              "num_accepted = leading((uniform * draft_p < target_p) & drafted)",
              "num_accepted = leading((uniform < target_p) & drafted)",
              ("tests/test_rejection.py::test_emitted_tokens_follow_the_target",)),
+    # the old rejection-sampling distribution tests verified one row at a time (verify_row): no other
+    # row to read
     Mutation("a row verified against another row's logits", "specpipe/verifiers/rejection.py",
              "target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32",
              "target_probs = self.sampling.probs(target_logits.roll(1, 0))",
              ("tests/test_rejection.py::test_every_row_is_verified_against_its_own_logits",
               "tests/test_batch.py::test_a_batched_step_samples_the_target_distribution")),
+    # the old form (token 0 in 180 to 200 of 200 draws, at p 0.97) passed the argmax
     Mutation("typical acceptance takes the argmax", "specpipe/verifiers/typical.py",
              "picks = torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])",
              "picks = final.argmax(-1)",
              ("tests/test_typical.py::test_accepts_the_plausible_prefix_and_samples_the_next_token",)),
+    # exactness that asserts drafts ran: plain decoding equals plain decoding, so the old form
+    # (the tokens alone) passed a proposer that never drafts
     Mutation("the n-gram lookup never drafts from its index", "specpipe/proposers/ngram.py",
              "return None if start is None else DraftBlock(torch.tensor(committed[start + n : start + n + gamma]))",
              "return None",
              ("tests/test_lossless.py::test_greedy_equals_plain -k 'ngram and greedy and native and 3-'",
               "tests/test_guard.py::test_a_guarded_run_equals_plain_greedy_token_for_token")),
+    # the simulated-GPU EAGLE-3 tree compares tokens; its old form (drafts kept, equal lengths) passed
     Mutation("a tree's next token from its deepest node's parent row", "specpipe/verifiers/greedy.py",
              "return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[end])",
              "return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[(end - 1).clamp_min(0)])",
@@ -91,6 +104,43 @@ MUTATIONS = (
     Mutation("every feature shard rewritten", "specpipe/train/features.py",
              "if not _holds(path, shard):", "if True:",
              ("tests/test_train.py::test_a_growing_sequence_list_reuses_its_feature_shards",)),
+    # exactness that asserts drafts were kept: a greedy verifier that keeps no draft is still lossless
+    # (every token the target's argmax), so the old form (the tokens alone) passed it
+    Mutation("the greedy verifier keeps no draft", "specpipe/verifiers/greedy.py",
+             "num_accepted = leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]",
+             "num_accepted = 0 * leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]",
+             ("tests/test_lossless.py::test_greedy_equals_plain -k 'draft-perfect and greedy and native and 3-'",)),
+    # save/load compares every tensor by name and dtype: heads written in float64 load as float64 with
+    # the same values, and the old form (torch.equal, which promotes, over zipped state dicts) passed
+    Mutation("heads saved and loaded in float64", "specpipe/heads/io.py",
+             "save_file(tensors, str(folder / WEIGHTS))",
+             "save_file({name: t.double() for name, t in tensors.items()}, str(folder / WEIGHTS))",
+             ("tests/test_medusa.py::test_save_then_load_is_bit_exact",
+              "tests/test_eagle.py::test_save_then_load_is_bit_exact_in_vllms_layout")),
+    # SGLang's flags read from the 0.5.23 wheel itself. The old form compared exported flags with a
+    # hand copy and never the exporter's own list: a typo there, in a flag no case writes, passed
+    Mutation("the SGLang exporter's list misspells a flag", "specpipe/export/sglang.py",
+             '"--speculative-draft-model-revision"', '"--speculative-draft-model-revison"',
+             ("tests/test_export.py::test_the_sglang_exporters_lists_are_the_wheels",),
+             needs="SPECPIPE_SGLANG_WHEELS"),
+    # an exported flag misspelled in the proposer and in the exporter's list alike (its own check
+    # passes); the old form caught this one only as long as its hand copy had been copied right
+    Mutation("an exported SGLang flag misspelled", "specpipe/proposers/ngram.py",
+             '"--speculative-ngram-max-bfs-breadth": 1}', '"--speculative-ngram-max-bfs-breath": 1}',
+             ("tests/test_export.py::test_sglang_flags_exist_in_v0_5_23 -k ngram",),
+             also=(("specpipe/export/sglang.py", '"--speculative-ngram-max-bfs-breadth"',
+                    '"--speculative-ngram-max-bfs-breath"'),),
+             needs="SPECPIPE_SGLANG_WHEELS"),
+    # a value SGLang's parser refuses: the old form checked flag names only, and passed both
+    Mutation("the suffix export's match type is not one of SGLang's", "specpipe/proposers/suffix.py",
+             '"--speculative-ngram-match-type": "PROB"', '"--speculative-ngram-match-type": "PROBABILITY"',
+             ("tests/test_export.py::test_sglang_flags_exist_in_v0_5_23 -k suffix",),
+             needs="SPECPIPE_SGLANG_WHEELS"),
+    Mutation("SGLang's block-verification switch written with a value", "specpipe/verifiers/block.py",
+             'flags["--speculative-use-block-verification"] = True',
+             'flags["--speculative-use-block-verification"] = "true"',
+             ("tests/test_export.py::test_sglang_flags_exist_in_v0_5_23 -k block",),
+             needs="SPECPIPE_SGLANG_WHEELS"),
 )
 
 
@@ -106,17 +156,22 @@ def copy_tree(into: Path) -> None:
             (into / name).symlink_to(ROOT / name)
 
 
-def check(mutation: Mutation) -> bool:
-    """True when the tests fail with the mutation in place (the bug is caught)."""
+def check(mutation: Mutation) -> bool | None:
+    """True when the tests fail with the mutation in place (the bug is caught), None when they
+    cannot run here (`needs` unset)."""
+    if mutation.needs and not os.environ.get(mutation.needs):
+        print(f"  NOT RUN: its tests need ${mutation.needs} (see .ci/run)")
+        return None
     with tempfile.TemporaryDirectory(prefix="specpipe-mutant-") as folder:
         into = Path(folder)
         copy_tree(into)
-        path = into / mutation.path
-        text = path.read_text()
-        if text.count(mutation.old) != 1:
-            raise SystemExit(f"{mutation.name}: the text to mutate occurs {text.count(mutation.old)} times "
-                             f"in {mutation.path}; update the mutation")
-        path.write_text(text.replace(mutation.old, mutation.new))
+        for where, old, new in ((mutation.path, mutation.old, mutation.new), *mutation.also):
+            path = into / where
+            text = path.read_text()
+            if text.count(old) != 1:
+                raise SystemExit(f"{mutation.name}: the text to mutate occurs {text.count(old)} times "
+                                 f"in {where}; update the mutation")
+            path.write_text(text.replace(old, new))
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         caught = True
         for test in mutation.tests:
@@ -138,9 +193,12 @@ def main(argv: list[str]) -> int:
         return 0
     chosen = [m for m in MUTATIONS if not argv or m.name in argv]
     missed = []
+    unknown = set(argv) - {m.name for m in MUTATIONS}
+    if unknown:
+        raise SystemExit(f"no such mutation: {sorted(unknown)} (python tests/mutants.py --list)")
     for mutation in chosen:
         caught = check(mutation)
-        print(f"{'caught' if caught else 'MISSED'}: {mutation.name}", flush=True)
+        print(f"{ {True: 'caught', False: 'MISSED', None: 'NOT RUN'}[caught]}: {mutation.name}", flush=True)
         if not caught:
             missed.append(mutation.name)
     print(f"{len(chosen) - len(missed)} of {len(chosen)} mutations caught")
