@@ -1,23 +1,24 @@
 """`Pipeline`: a target, a proposer, a verifier and a γ controller, decoding as one loop.
 
-Every entry point drives the same batch-first loop (specpipe/decode/loop.py): `generate` and
-`run` decode one request as a batch of one, `serve` and `generate_batch` several at a time. The
-plain baseline is the same loop with no proposer (γ = 0), so the speedup compares two runs of
-the same code. Building from a config lives in `build.py`; this module only decodes.
+Every entry point drives the same batch-first loop (specpipe/decode/loop.py, around the step
+of specpipe/decode/step.py): `generate` and `run` decode one request as a batch of one, `serve`
+and `generate_batch` several at a time. The plain baseline is the same loop with no proposer
+(γ = 0), so the speedup compares two runs of the same code. A thin facade: the step's parts are
+one typed value (`parts()`, decode/parts.py) and the context rule is the `Budget`'s
+(context.py). Building from a config lives in `build.py`; this module only decodes.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
-from specpipe.context import ContextLimit, ContextWarning, context_limit
+from specpipe.context import Budget, ContextLimit
 from specpipe.controllers.base import Controller
 from specpipe.decode.loop import Decoder, Request, RequestEvent
+from specpipe.decode.parts import Parts, batch_refusal
 from specpipe.decode.text import TextStream, encode, is_ids
 from specpipe.engine import Runner, make_runner
-from specpipe.errors import SpecpipeError
 from specpipe.metrics import Stats
 from specpipe.models.loader import LoadedModel
 from specpipe.proposers.base import Proposer
@@ -77,7 +78,14 @@ class Pipeline:
         self.eos_ids = eos_ids_of(self.runner, target.tokenizer)
         self.warnings = list(warnings)
         self.overlap = overlap
-        self.announced: set[tuple[int, ...]] = set()  # prompts whose fit was reported: not again per run
+        self.budget = Budget(self.runner, getattr(proposer, "runner", None), self.chat)  # a draft model's own cache
+
+    def parts(self, speculative: bool = True) -> Parts:
+        """The step's parts (plain decoding: no proposer, no controller)."""
+        proposer = self.proposer if speculative else None
+        return Parts(self.runner, proposer, self.verifier, self.controller if proposer is not None else None,
+                     self.budget, self.target.tokenizer, self.eos_ids, self.encode,
+                     self.hidden if proposer is not None else (), self.overlap)
 
     def widest_block(self) -> int:
         """The most tokens a row of one target forward takes: the last token and the widest draft
@@ -121,51 +129,16 @@ class Pipeline:
             yield StepEvent(event.tokens, event.text, event.gamma, event.stats, event.finish_reason, event.held)
 
     def context_limit(self) -> ContextLimit | None:
-        """The tightest bound of the target's runner and a draft model's (which keeps its own cache,
-        one token shorter than the target's: the target's bound is the same or looser)."""
-        drafter = getattr(self.proposer, "runner", None)  # ModelDrafter: the draft and twin proposers
-        limits = [context_limit(self.runner, "target"), context_limit(drafter, "draft") if drafter else None]
-        return min((limit for limit in limits if limit is not None), key=lambda limit: limit.tokens, default=None)
+        return self.budget.limit()
 
     def room(self, ids: list[int]) -> int | None:
-        """New tokens that fit after `ids` (None: no known bound). The cache holds every committed
-        token but the last, so n new tokens need len(ids) + n - 1 slots."""
-        limit = self.context_limit()
-        return None if limit is None else limit.tokens - len(ids) + 1
+        return self.budget.room(ids)
 
     def fit(self, ids: list[int], max_new_tokens: int, name: str = "The prompt") -> int:
-        """max_new_tokens, lowered (with a ContextWarning) where prompt + output would overflow the
-        context; a SpecpipeError where the prompt leaves no room at all. The decode loop calls it
-        per request before its first forward."""
-        if not ids:
-            raise SpecpipeError(f"{name} is empty: it encodes to no tokens. Give it some text.")
-        room, limit = self.room(ids), self.context_limit()
-        tokens = f"{len(ids)} tokens" + (" (after the chat template)" if self.chat else "")
-        if room is not None and room < 1:
-            raise SpecpipeError(f"{name} is {tokens}, but {limit.what}: no room is left for output. Shorten the "
-                                f"prompt{' or ' + limit.fix if limit.fix else ''}.")
-        if room is not None and max_new_tokens > room and tuple(ids) not in self.announced:
-            self.announced.add(tuple(ids))
-            warnings.warn(ContextWarning(
-                f"{name} is {tokens} and max_new_tokens={max_new_tokens}, but {limit.what}: generating at most "
-                f"{room} new tokens. Lower max_new_tokens, shorten the prompt{' or ' + limit.fix if limit.fix else ''}"
-                " to keep them all."), stacklevel=2)
-        return max_new_tokens if room is None else min(max_new_tokens, room)
+        return self.budget.fit(ids, max_new_tokens, name)
 
     def fit_all(self, named: list[tuple[str, list[int], int]]) -> list[int]:
-        """`fit` of several (name, ids, max_new_tokens), before any is decoded: every prompt that
-        does not fit is named in one SpecpipeError; later runs of these prompts do not warn again."""
-        rooms = [self.room(ids) for _, ids, _ in named]
-        too_long = [f"{name} ({len(ids)} tokens)" for (name, ids, _), room in zip(named, rooms) if room is not None
-                    and room < 1]
-        if too_long:
-            limit = self.context_limit()
-            raise SpecpipeError(f"{len(too_long)} of {len(named)} prompts leave no room for output, as "
-                                f"{limit.what}: {', '.join(too_long)}. Shorten or drop them"
-                                f"{' or ' + limit.fix if limit.fix else ''}.")
-        fitted = [self.fit(ids, tokens, name) for name, ids, tokens in named]
-        self.announced.update(tuple(ids) for _, ids, _ in named)
-        return fitted
+        return self.budget.fit_all(named)
 
     def run(self, prompt, **kwargs) -> Generation:
         """Decode to the end; return the whole generation."""
@@ -173,9 +146,7 @@ class Pipeline:
 
     def batch_refusal(self, proposer: Proposer | None = None) -> str | None:
         """Why this pipeline decodes a batch one sequence at a time, or None (it batches)."""
-        if self.runner.max_rows == 1:
-            return f"the target runs on the {self.runner.engine} engine, which has no batch rows (engine=native has)"
-        return proposer.batch_refusal if proposer is not None else None
+        return batch_refusal(self.runner, proposer)
 
     def serve(self, requests, *, concurrency: int = 8, speculative: bool = True) -> Iterator[RequestEvent]:
         """Stream a sequence of `Request`s through continuous batching, `concurrency` at a time:

@@ -17,7 +17,7 @@ def step(controller, accepted: int, propose_s: float = 0.01, verify_s: float = 0
     """Feed one verdict of the controller's own γ with `accepted` tokens kept."""
     gamma = controller.gamma()
     verdict = RowVerdict(min(accepted, gamma), 0, gamma, confidence=tuple(confidence))
-    controller.update(verdict, StepTiming(propose_s * gamma, verify_s))
+    controller.update([0], [verdict], StepTiming(propose_s * gamma, verify_s), 1)
     return controller.gamma()
 
 
@@ -80,9 +80,9 @@ def test_cost_learns_no_cost_from_a_step_that_captured_a_graph():
     """A CUDA graph's capture (`setup_s`) makes one step of each new block size dear, once: its
     time is not a block's cost, so it is no sample (one would be the only sample of its size)."""
     c = CostModelGamma(4, gamma_min=0, gamma_max=8)
-    c.update(RowVerdict(4, 0, 4), StepTiming(0.0004, 2.1, setup_s=2.0))  # the 5-token block's capture
+    c.update([0], [RowVerdict(4, 0, 4)], StepTiming(0.0004, 2.1, setup_s=2.0), 1)  # the 5-token block's capture
     assert c.verify_at() == {} and c.propose_per_token() is None
-    c.update(RowVerdict(4, 0, 4), StepTiming(0.0004, 0.1))
+    c.update([0], [RowVerdict(4, 0, 4)], StepTiming(0.0004, 0.1), 1)
     assert c.verify_at() == {5: pytest.approx(0.1)}
 
 
@@ -98,7 +98,7 @@ def test_cost_forgets_stale_verify_costs_of_block_sizes_it_stopped_trying():
     def history(c: CostModelGamma) -> CostModelGamma:
         for gamma, verify_s, steps in ((5, 0.5, 10), (1, 0.1, 20), (2, 0.11, 20)):  # slow 6-token blocks, then short ones
             for _ in range(steps):
-                c.update(RowVerdict(gamma, 0, gamma), StepTiming(0.0001 * gamma, verify_s))
+                c.update([0], [RowVerdict(gamma, 0, gamma)], StepTiming(0.0001 * gamma, verify_s), 1)
         return c
 
     c = history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=32))

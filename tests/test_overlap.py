@@ -147,7 +147,7 @@ def test_rows_the_guard_holds_are_queued_ahead_and_decide_as_read_step_by_step(m
     from specpipe.proposers.model_drafter import ModelDrafter
     from conftest import tiny_model
 
-    monkeypatch.setattr("specpipe.decode.loop.Clock", ScriptedClock)
+    monkeypatch.setattr("specpipe.decode.step.Clock", ScriptedClock)
     prompts = [PROMPT, [62, 54, 21], [3, 60, 22], [28, 21], [58, 44, 4], [30, 62], [12, 40]]  # EOS at 12-46
     runs = {}
     for overlap in ("off", "on"):
@@ -292,7 +292,7 @@ def test_rows_whose_lookups_keep_missing_are_paused_and_queued_ahead(monkeypatch
     paused. Every row is the plain target's either way."""
     from specpipe.controllers.guard import Guard
 
-    monkeypatch.setattr("specpipe.decode.loop.Clock", HostClock)
+    monkeypatch.setattr("specpipe.decode.step.Clock", HostClock)
     reqs = requests()
     ahead = {}
     for overlap in ("off", "on"):

@@ -205,7 +205,7 @@ def test_smollm2_lookups_that_keep_missing_are_queued_ahead_and_exact(prompts, m
 
     from specpipe.decode.loop import Decoder, Request
 
-    monkeypatch.setattr("specpipe.decode.loop.Clock", HostClock)
+    monkeypatch.setattr("specpipe.decode.step.Clock", HostClock)
     pipeline = Pipeline.from_config(compose(["proposer=ngram", "proposer.ngram_max=64", "proposer.ngram_min=64", "gamma=4",
                                                "overlap=on"]))
     requests = [Request(pipeline.encode(prompt["messages"]), budget) for prompt, budget in zip(prompts, (40, 24, 32))]

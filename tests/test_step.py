@@ -100,9 +100,9 @@ class Recording(FixedGamma):
         super().__init__(gamma)
         self.timings = []
 
-    def update_rows(self, slots, verdicts, timing, batch) -> None:
+    def update(self, slots, verdicts, timing, batch) -> None:
         self.timings.append(timing)
-        super().update_rows(slots, verdicts, timing, batch)
+        super().update(slots, verdicts, timing, batch)
 
 
 class WorkClock:

@@ -23,7 +23,11 @@ class BandGamma(Controller):
         self.gamma_low, self.gamma_high = self.clamp(gamma_low), self.clamp(gamma_high)
         self._window: deque[tuple[int, int]] = deque(maxlen=window)  # (accepted, drafted)
 
-    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+        for verdict in verdicts:  # each row's step, in turn
+            self._learn(verdict)
+
+    def _learn(self, verdict: RowVerdict) -> None:
         if verdict.gamma == 0:
             return
         self._window.append((verdict.n_accepted, verdict.gamma))

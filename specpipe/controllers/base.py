@@ -1,7 +1,7 @@
-"""The controller interface: `gamma(batch) -> int`, `update(verdict, timing)`,
-`update_batch(verdicts, timing, batch)`, `stop_below(position)`, and per batch row `admit(slot)`,
-`row_gamma(slot, gamma)`, `update_rows(slots, verdicts, timing, batch)` (the decode loop's calls;
-by default a row takes the batch's γ: the guard, controllers/guard.py, overrides them).
+"""The controller interface: `gamma(batch) -> int` before a step, `update(slots, verdicts, timing,
+batch)` after it (one call a step, every speculating row's verdict), `stop_below(position)`,
+and per batch row `admit(slot)` and `row_gamma(slot, gamma)` (by default a row takes the batch's
+γ: the guard, controllers/guard.py, overrides them).
 
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
@@ -51,14 +51,9 @@ class Controller:
         """The controller's own pick (default: its current γ, whatever the batch)."""
         return self._gamma
 
-    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
-        """Learn from the step just taken (default: nothing)."""
-
-    def update_batch(self, verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
-        """Learn from a batched step: every row's verdict, the step's shared timing (default:
-        each verdict as a step of its own; the cost model learns costs per batch size)."""
-        for verdict in verdicts:
-            self.update(verdict, timing)
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+        """Learn from the step just taken: the verdicts of the rows that speculated in it (batch
+        rows `slots`), the step's shared timing and its batch size (default: nothing)."""
 
     def admit(self, slot: int) -> None:
         """A new request took batch row `slot` (default: nothing to forget)."""
@@ -66,10 +61,6 @@ class Controller:
     def row_gamma(self, slot: int, gamma: int) -> int:
         """The γ of batch row `slot` this step, given the step's (default: the step's)."""
         return gamma
-
-    def update_rows(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
-        """`update_batch` with the batch row of each verdict (default: the rows are not needed)."""
-        self.update_batch(verdicts, timing, batch)
 
     def holds(self, slots: list[int], batch: int) -> bool:
         """Whether the next step (of `batch` rows) gives every one of these rows γ 0 whatever the

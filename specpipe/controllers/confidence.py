@@ -23,7 +23,11 @@ class ConfidenceGamma(Controller):
     def stop_below(self, position: int) -> float:
         return self.threshold if position + 1 >= self.gamma_min else 0.0
 
-    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+        for verdict in verdicts:  # each row's step, in turn
+            self._learn(verdict)
+
+    def _learn(self, verdict: RowVerdict) -> None:
         if not self.adapt or not verdict.confidence:
             return
         # the tokens the target judged: the accepted ones and the first rejected one

@@ -79,10 +79,7 @@ class CostModelGamma(Controller):
         """The best γ (or a probe) at the last step's batch size; at another, the best estimate there."""
         return self._next if batch == self._last_batch else self._pick(batch)
 
-    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
-        self.update_batch([verdict], timing, 1)
-
-    def update_batch(self, verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         gamma = max(v.gamma for v in verdicts)  # the step's block was γ + 1 wide for every row
         self._observe_cost(batch, gamma, timing)
         for verdict in verdicts:

@@ -8,7 +8,11 @@ from specpipe.types import RowVerdict, StepTiming
 
 
 class HeuristicGamma(Controller):
-    def update(self, verdict: RowVerdict, timing: StepTiming) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+        for verdict in verdicts:  # each row's step, in turn
+            self._learn(verdict)
+
+    def _learn(self, verdict: RowVerdict) -> None:
         if verdict.gamma == 0:
             return
         step = 2 if verdict.n_accepted == verdict.gamma else -1

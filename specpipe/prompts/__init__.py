@@ -17,7 +17,7 @@ Blank lines are skipped. Every reader of a prompt file (bench's `prompts=`, trai
 `distill_prompts=`) goes through `load_prompts`, so a bad file is refused the same way
 everywhere: with the file, the physical line number (1-based, blank lines counted) and the field.
 Whether a prompt fits the model's context is not checked here (that needs the tokenizer):
-see `Pipeline.fit`.
+see `context.Budget.fit`.
 """
 
 from __future__ import annotations
