@@ -313,3 +313,53 @@ def test_the_shipped_qwen_head_is_bitwise_lossless_in_bf16(prompts):
         ids = pipeline.encode(prompt["messages"])
         want = pipeline.run(ids, max_new_tokens=32, speculative=False).token_ids
         assert pipeline.run(ids, max_new_tokens=32).token_ids == want
+
+
+# ---- Gemma 3 270M (zoo): a family other than Llama's on real weights ------------------------------
+
+GEMMA = "gemma3-270m"
+GEMMA_PROMPTS = [  # raw text (a base model), the last past the sliding layers' 512-token window
+    "The capital of France is",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n" * 2 + "def fact(n):\n",
+    "\n".join(f"{i} squared is {i * i}." for i in range(1, 56)),
+]
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    """Gemma 3 270M as fetched by `specpipe models fetch gemma3-270m` (~250 MB; never fetched
+    here), loaded in float32 through the zoo's loader (its dense copy built on first load)."""
+    from specpipe.models import zoo
+    from specpipe.models.loader import load
+
+    if zoo.cached_gguf(GEMMA) is None:
+        pytest.skip(f"{GEMMA} is not cached (specpipe models fetch {GEMMA})")
+    return load(GEMMA)
+
+
+def test_gemma3_native_greedy_equals_transformers_and_speculation_equals_plain(gemma):
+    """The native forward (fp32) decodes the real Gemma 3 270M token for token as transformers'
+    own generate does, a prompt past the sliding window included; greedy n-gram speculation on it
+    emits plain decoding's tokens, with drafts kept."""
+    from specpipe.controllers.fixed import FixedGamma
+    from specpipe.engine import make_runner
+    from specpipe.proposers.ngram import NgramProposer
+    from specpipe.sampling import SamplingParams
+    from specpipe.verifiers.greedy import GreedyVerifier
+
+    runner = make_runner(gemma.model, engine="native", cache_len=1024)
+    assert (runner.engine, runner.precision, runner.lm.spec.family.norm_offset) == ("native", "none", 1.0)
+    assert {w for w in runner.lm.spec.windows} == {512, None}  # sliding and global layers
+    pipe = Pipeline(gemma, NgramProposer(ngram_min=1), GreedyVerifier(), FixedGamma(3), sampling=SamplingParams(),
+                    chat=False, runner=runner)
+    accepted = 0
+    for text in GEMMA_PROMPTS:
+        ids = gemma.tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            want = gemma.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20)[0, len(ids):].tolist()
+        plain = pipe.run(ids, max_new_tokens=20, speculative=False).token_ids
+        assert plain == want, (text[:30], plain, want)
+        spec = pipe.run(ids, max_new_tokens=20)
+        assert spec.token_ids == plain, text[:30]
+        accepted += spec.stats.accepted
+    assert len(gemma.tokenizer(GEMMA_PROMPTS[-1])["input_ids"]) > 512 and accepted > 0

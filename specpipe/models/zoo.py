@@ -155,7 +155,15 @@ ZOO: dict[str, ZooEntry] = {
                         for i in range(1, 5)),
             hub_id="google/gemma-3-270m",
             notice=GEMMA_NOTICE,
-            config={},
+            config=dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=640,
+                        intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                        head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768,
+                        rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=512,
+                        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+                        rope_parameters={"sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+                                         "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"}},
+                        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=True,
+                        bos_token_id=2, eos_token_id=1, pad_token_id=0),
         ),
     )
 }
