@@ -1,78 +1,24 @@
 """The guard: speculation that never makes a request slower than plain decoding.
 
 It wraps whatever controller is configured (fixed ones too) and changes nothing but γ, so the
-output stays exact. Per request (per batch row) it compares what speculative steps realise with
-what plain steps cost, from the step timings every controller receives anyway:
+output stays exact. Per request (per batch row), and per batch size as a whole, it compares
+what speculative steps realise with what plain steps cost, from the step timings every
+controller receives:
 
     gain = tokens the row's speculative step emitted × plain step seconds ÷ that step's seconds
 
-the tokens a speculative step yields per plain step's worth of time (a plain step yields 1).
-Speculation pays while a row's gain over all its speculative steps since it (re)started is
->= 1 (tokens over plain-step units, summed): the aim is a request never slower as a whole, and
-acceptance comes in phases (a stretch of free text inside a code answer) that a short window
-would take for the request's worth, pausing requests that pay overall.
+Speculation pays while the gain summed since the row (re)started is >= 1. A row under it
+after `window` judged steps, or one that has lost `loss_max` plain steps' worth, is paused
+(γ = 0); after `probe_every` paused steps a trial of `window // 2` steps decides whether it
+resumes (by `margin`) or waits twice as long (up to `probe_max`, and at least its loss over
+`explore`; `recheck` steps where no draft could pay at these costs). Plain cost is the median
+of recent plain steps per batch size (each request probes one every `refresh` steps); steps
+that captured a CUDA graph are not judged, and a proposer's cache fill is charged to its
+trial, not to a step. What the recent requests measured starts a new one (`prior` steps of
+evidence where it paid, paused until the pipeline's next trial where it did not).
 
-- Plain cost, per batch size: the median of the last few steps in which no row verified a draft
-  (held at γ = 0, or a lookup proposer that found nothing: such steps cost what a plain step
-  costs under this proposer; shared by all requests: it is the machine's). Each request probes
-  it on its first step and every `refresh` steps after (a plain probe: the step runs with every
-  row at γ = 0): at batch > 1 a row alone at γ = 0 still pays for its neighbours' verify block,
-  so only a whole plain step measures it, and there a row's probe is skipped where a plain step
-  was measured in the last `refresh // 4` steps. While every row is paused, every step is a
-  plain step.
-- Only steps that verified a draft are judged: a row that was allowed γ > 0 but drafted nothing
-  spent a plain step, which says nothing about what its drafts are worth. Except where plain
-  steps are queued ahead of the host (`overlapped`, a GPU's default): there a step in which
-  rows could draft but none did (lookups that found nothing) is still read before the next is
-  queued, so it costs the host's time between steps on top of a plain step. That excess is the
-  row's loss (the miss counts as one token at its cost, but not as a judged step), so a request
-  whose lookups keep missing is paused, and its held steps are queued ahead like plain ones.
-- A row whose gain is under 1 after at least `window` speculative steps is paused: γ = 0 for
-  it; so is a row whose speculation has already lost `loss_max` plain steps' worth of time
-  (cost minus tokens), however few its steps: a dear proposer (a twin drafting γ tokens at
-  nearly a target step each) loses more in its first two steps than a lookup loses in eight.
-  After `probe_every` paused steps it speculates again for a trial of `window // 2` steps; a
-  trial whose gain reaches 1 + `margin` resumes it, counting from the trial (hysteresis: noise
-  around 1.0 should not flip it every step), else (or once it has lost `loss_max / 2`) it is
-  paused again and the wait doubles, up to `probe_max`, and is at least the trial's loss over
-  `explore` (past `probe_max` where needed): trials that do not pay cost at most that share of
-  the time. Where speculative steps at its batch size (every request's, after `window // 2`
-  of them) could not have paid even had they kept `reach` of the tokens they could emit (γ + 1
-  each, at about as many plain steps' cost: a twin whose draft token costs a target step), the
-  wait is `recheck` steps: what text comes next cannot change that, only the machine's costs
-  can, and each trial pays the draft's cache fill for nothing.
-- A step that captured a CUDA graph (`StepTiming.setup_s`: a shape's or a draft's first use)
-  is not judged and is no plain sample: the capture is the process's one-off, milliseconds,
-  tens of plain steps where a step takes under one, which would pause a request whose drafts
-  pay.
-- A step's cost leaves out its proposer's cache fill (`StepTiming.fill_s`: a draft model's
-  prompt on a row's first draft, or what a pause committed; an EAGLE head's backlog of
-  features): a one-off, the price of starting to speculate. A long prompt's fill judged as a
-  step would pause a draft that pays from there on; it is charged to the trial instead, in the
-  wait after a trial that fails.
-- Gains, pauses and the probe schedule are each request's own, reset when a request takes its
-  row (`admit`), with what is learnt across requests (the recent requests' speculation: every
-  row's speculative steps, fading). Where it paid, a new request starts with its gain as
-  `prior` steps of evidence, so a head that pays over whole answers is not stopped by a poor
-  opening alone (a small model's free text often turns repetitive, where drafts pay, after a
-  few dozen tokens). Where it did not pay, a new request starts paused until the pipeline's
-  next trial (at least `probe_max // 2` steps): one exploration schedule across requests,
-  doubling while trials fail, since a draft model's trial fills its cache, as dear as a
-  prefill, and a trial in every short request would spend more than the `explore` share.
-- Per batch size (batch > 1): the batch is judged as a whole too, on the tokens its rows emit on
-  average (a plain step at that size yields one a row). One forward pads every row to the
-  widest draft, so a row held at γ = 0 saves little while its neighbours draft; where the batch
-  as a whole yields less than plain steps, every row steps plain (the same pause, trials and
-  back-off, per batch size). Its sums fade (`fade`: the weight kept per speculative step),
-  because the requests behind a batch size change while the load runs.
-
-At batch > 1 a paused row emits one token in a step whose time its neighbours' drafts set; the
-batch turns plain once its rows together yield less than plain steps would, which is the point
-where plain steps serve every row better (on compute-bound hardware, often every batch above a
-few rows: what vLLM's `disable_by_batch_size` sets by hand, learned per batch size). γ chosen
-from measured time (and from earlier requests) means that under sampling a guarded request can
-draw another sample than in an earlier run (each draw is still exactly the target's
-distribution); `guard=false` keeps γ, and so each seeded sample, as the controller alone decides.
+The rules and why each is so: docs/controllers.md, "The guard". `guard=false` keeps γ, and so
+each seeded sample, as the controller alone decides.
 """
 
 from __future__ import annotations
