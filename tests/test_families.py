@@ -301,3 +301,33 @@ def test_memory_estimate_from_the_config_matches_what_the_runner_holds(name):
     runner = make_runner(tiny(name, dtype=torch.float32), engine="native", cache_len=32)  # small rotary tables
     used = runner.memory().weights
     assert abs(used - weight_bytes(runner.model.config, "none")) < 0.06 * used  # dense MLPs for the MoE: 8.6% off
+
+
+def test_heads_score_with_the_targets_soft_capped_logits():
+    """Gemma's `final_logit_softcapping` (6.0 in the tiny config) where heads read the target's LM
+    head: the runner's `lm_head` over the final norm's output is its forward's logits, capped; the
+    rows of `lm_head_weight` alone are not, and `CappedRows` over them
+    with the config's cap gives the forward's logits of those tokens (a draft vocabulary's scores)."""
+    from types import SimpleNamespace
+
+    from specpipe.heads.logits import CappedRows, final_softcap
+
+    model = tiny("gemma3")
+    cap = final_softcap(model.config)
+    runner = make_runner(model, engine="native")
+    assert cap == 6.0 and runner.lm.softcap == cap
+    out = feed(runner, LONG, hidden=(FINAL,))
+    features, logits = out.hidden[FINAL][0], out.logits[0]  # [12, H], [12, V]
+    assert logits.abs().max() < cap
+    torch.testing.assert_close(runner.lm_head(features), logits, rtol=0, atol=1e-12)
+    ids = torch.tensor([3, 9, 17, 60])
+    rows = torch.nn.Linear(32, len(ids), bias=False).double()
+    with torch.no_grad():
+        rows.weight.copy_(runner.lm_head_weight()[ids])
+        raw = rows(features)  # uncapped: the rows alone are not the model's logits
+        assert (raw - logits[:, ids]).abs().max() > 0.1
+        torch.testing.assert_close(CappedRows(rows, cap)(features), logits[:, ids].float(), rtol=0, atol=1e-5)
+    # a config without the cap (Gemma 3's own) leaves the rows' scores as they are; a multimodal
+    # config's text part is read
+    assert final_softcap(LlamaConfig()) is None and CappedRows(rows, None).cap is None
+    assert final_softcap(SimpleNamespace(text_config=SimpleNamespace(final_logit_softcapping=30.0))) == 30.0

@@ -33,6 +33,7 @@ from specpipe.engine.native_families import (STATIC_ROPE, LayerWeights, architec
                                              spec_of)
 from specpipe.drafts import ancestry_of, depths_of
 from specpipe.engine.native_fused import FusedStack
+from specpipe.heads.logits import softcap
 from specpipe.models.quantize import EXACT, activation_dtype, dense_weight, linear_kernel, move_kernel, on_kernel
 
 __all__ = ["FAMILIES", "STATIC_ROPE", "KVCache", "NativeLM", "config_unsupported_reason", "unsupported_reason"]
@@ -201,10 +202,9 @@ class NativeLM:
         return self._capped(wide(self.head.matmul(x)))
 
     def _capped(self, logits: torch.Tensor) -> torch.Tensor:
-        """cap · tanh(logits / cap) where the model soft-caps its logits (Gemma), else the logits."""
-        if self.softcap is None:
-            return logits
-        return torch.tanh(logits / self.softcap).mul_(self.softcap)
+        """cap · tanh(logits / cap) where the model soft-caps its logits (Gemma), else the logits:
+        the forward's logits and `lm_head` (what heads score the target's features with) alike."""
+        return softcap(logits, self.softcap)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, starts: list[int], cache: KVCache, tree: tuple[int, ...] | None = None,
@@ -216,7 +216,7 @@ class NativeLM:
         if self.fused is not None:  # the whole stack in one kernel call (native_fused.py)
             x, out = self.fused(self.embed(ids.reshape(-1)), starts, n, cache.layers, tree, hidden)
             last = x.view(batch, n, -1)[:, -1].contiguous() if last_only else x
-            return self.head.matmul(last).view(batch, 1 if last_only else n, -1), out
+            return self.logits(last).view(batch, 1 if last_only else n, -1), out
         device = ids.device
         width = max(starts) + n  # slots any row may see
         start = torch.tensor(starts, dtype=torch.long).to(device, non_blocking=True)  # [B]
