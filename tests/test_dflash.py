@@ -32,7 +32,7 @@ from specpipe.heads.eagle import EagleShape
 from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.dflash import DFlashProposer
-from specpipe.proposers.eagle import make_lookup
+from specpipe.proposers.lookup import make_lookup
 from specpipe.sampling import RowRandom, SamplingParams
 from specpipe.types import Rows
 from specpipe.types import RowVerdict

@@ -19,7 +19,8 @@ from specpipe.heads.io import load_eagle, save_eagle
 from specpipe.engine import FINAL, make_runner
 from specpipe.models.quantize import quantize_model
 from specpipe.pipeline import Pipeline
-from specpipe.proposers.eagle import EagleProposer, TreeShape, make_lookup
+from specpipe.proposers.eagle import EagleProposer, TreeShape
+from specpipe.proposers.lookup import make_lookup
 from specpipe.proposers.eagle_tree import rerank
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.proposers.suffix import SuffixProposer, as_lookup

@@ -78,7 +78,7 @@ def check_precision(cfg: DictConfig) -> list[Check]:
 
 def check_engine(cfg: DictConfig, target_config) -> list[Check]:
     """Which engine runs the target, how its decode steps run, the guarantee they give, and the device."""
-    from specpipe.decode.loop import overlaps
+    from specpipe.engine.base import overlaps
     from specpipe.engine import DEVICES, ENGINES, GRAPHS, KERNELS, static_step
     from specpipe.engine.native_model import config_unsupported_reason
 

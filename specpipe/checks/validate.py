@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specpipe.checks.result import Check
 from specpipe.components import call_target, module_of
-from specpipe.decode.loop import OVERLAP
+from specpipe.engine.base import OVERLAP
 from specpipe.errors import SpecpipeError
 from specpipe.limits import integer_problems, size_problems
 

@@ -36,13 +36,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
-import torch
-
 from specpipe.decode import step
 from specpipe.decode.parts import Parts
 from specpipe.decode.request import BatchStep, Request, RequestEvent, RequestTiming, Row
 from specpipe.decode.step import Kept, Launched
 from specpipe.decode.text import TextStream, is_ids
+from specpipe.engine.base import OVERLAP, overlaps
 from specpipe.sampling import RowRandom
 from specpipe.stopping import StopRule
 
@@ -216,15 +215,6 @@ class Decoder:
             self.steps.append(BatchStep(self._now(), len(kept), launched.gamma, sum(len(k.tokens) for k in kept),
                                         timing.total_s))
         return kept
-
-
-OVERLAP = ("auto", "on", "off")  # `overlap=`: plain steps queued before the last is read (auto: on CUDA)
-
-
-def overlaps(overlap: str, device: torch.device) -> bool:
-    """Whether plain steps overlap the host with the device (auto: where the device runs
-    asynchronously, so the host's work between steps can hide behind the next step's kernels)."""
-    return overlap == "on" or (overlap == "auto" and torch.device(device).type == "cuda")
 
 
 def _name(index: int) -> str:

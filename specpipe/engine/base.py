@@ -204,3 +204,10 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
+OVERLAP = ("auto", "on", "off")  # `overlap=`: plain steps queued before the last is read (auto: on CUDA)
+
+
+def overlaps(overlap: str, device: torch.device) -> bool:
+    """Whether plain steps overlap the host with the device (auto: where the device runs
+    asynchronously, so the host's work between steps can hide behind the next step's kernels)."""
+    return overlap == "on" or (overlap == "auto" and torch.device(device).type == "cuda")

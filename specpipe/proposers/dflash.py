@@ -33,7 +33,8 @@ from specpipe.heads.dflash import ContextCache, DFlashDrafter
 from specpipe.heads.dflash_format import fit_summary, load_dflash
 from specpipe.models.quantize import check_mode, module_bytes, quantize_model, resolve_precision
 from specpipe.proposers.base import Proposer
-from specpipe.proposers.eagle import DraftLM, lookup_warning, make_lookup
+from specpipe.proposers.draft_lm import DraftLM
+from specpipe.proposers.lookup import lookup_warning, make_lookup
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.proposers.suffix import SuffixProposer
 from specpipe.sampling import DRAFT, SamplingParams, sample

@@ -38,22 +38,20 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.declaration import sglang_chain
-from specpipe.declaration import Declaration
+from specpipe.declaration import Declaration, sglang_chain
 from specpipe.drafts import DraftBlock, DraftTree
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
 from specpipe.heads.eagle import EagleHead, HeadCache, SlotCache
+from specpipe.proposers.draft_lm import DraftLM
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
 from specpipe.proposers.base import RowProposer, still_drafting
 from specpipe.proposers.eagle_graph import HeadGraphs, Sampled
 from specpipe.proposers.eagle_tree import TreeSearch, rerank
-from specpipe.proposers.ngram import NgramProposer
-from specpipe.proposers.suffix import SuffixProposer, as_lookup
+from specpipe.proposers.lookup import lookup_warning, make_lookup
 from specpipe.sampling import DRAFT, SamplingParams, race_draws, sample
-from specpipe.types import Rows
-from specpipe.types import RowVerdict, Verdict
+from specpipe.types import Rows, RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
 
@@ -83,7 +81,7 @@ class EagleProposer(RowProposer):
     def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
                  quantize: str = "none", layers: tuple[int, ...] = (FINAL,),
                  draft_lm: Callable[[Runner], "DraftLM"] | None = None,
-                 lookup: NgramProposer | SuffixProposer | None = None):
+                 lookup: RowProposer | None = None):
         """layers: the target's hidden-state keys the head reads, in the order its `fuse` takes
         them; draft_lm: target -> the head's token scorer (default: the target's LM-head rows
         of the head's draft vocabulary, in the `quantize` precision); lookup: a model-free draft
@@ -269,55 +267,8 @@ class EagleProposer(RowProposer):
         return search.rerank(self.tree.nodes)
 
 
-class DraftLM:
-    """A head's token scorer: `scores` maps its outputs [..., H] to float32 logits over the
-    draft vocabulary `ids` (None: the whole vocabulary). Tokens outside it get -inf: never
-    drafted, and verified by the target as always, so nothing is lost but a guess the head
-    could not make."""
-
-    def __init__(self, scores: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor | None, vocab_size: int,
-                 rows: torch.nn.Module | None = None):
-        self.scores, self.ids, self.vocab_size = scores, ids, vocab_size
-        self.rows = rows  # weights of its own (the LM-head rows of `target_rows`), for `memory`
-        self.size = vocab_size if ids is None else len(ids)  # tokens it can draft
-
-    @classmethod
-    def target_rows(cls, target: Runner, ids: torch.Tensor | None, quantize: str = "none") -> "DraftLM":
-        """The target's LM head: all of it, or only the rows of `ids`, in the head's precision."""
-        if ids is None:
-            return cls(target.lm_head, None, target.vocab_size)
-        ids = ids.to(target.device)  # a head's draft vocabulary is a plain attribute: `head.to` leaves it behind
-        rows = _rows_linear(target.lm_head_weight()[ids], quantize)
-        return cls(lambda hidden: rows(hidden.float()), ids, target.vocab_size, rows)
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> float32 logits [..., V] (a full distribution, for sampling)."""
-        sub = self.scores(hidden)  # [..., K]
-        if self.ids is None:
-            return sub
-        logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
-        logits[..., self.ids] = sub
-        return logits
-
-    def top(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[..., H] -> the k best (log-probabilities, token ids) [..., k]. Greedy drafting and
-        trees need no more, so a draft vocabulary is never spread over the full vocabulary
-        (a scatter, argmax and softmax over 49k entries per draft token on SmolLM2)."""
-        best = torch.log_softmax(self.scores(hidden), -1).topk(k)
-        return (best.values, best.indices) if self.ids is None else (best.values, self.ids[best.indices])
-
-
-def _rows_linear(rows: torch.Tensor, quantize: str) -> torch.nn.Module:
-    """[K, H] LM-head rows as a Linear H -> K in the `quantize` kernel."""
-    linear = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False)
-    linear.weight = torch.nn.Parameter(rows, requires_grad=False)
-    return quantize_model(torch.nn.Sequential(linear), quantize)[0]
-
-
-
 def _span(start: int, count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(start, start + count, device=device)
-
 
 
 def validate_options(options: dict) -> None:
@@ -330,32 +281,6 @@ def validate_options(options: dict) -> None:
                             "proposer.tree={top_k: 4, nodes: 16}")
     if tree is not None:
         TreeShape(**tree)
-
-
-LOOKUPS = ("ngram", "suffix")  # proposer.lookup's methods (true: ngram)
-
-
-def make_lookup(lookup: bool | str, lookup_min: int, lookup_max: int,
-                lookup_score: float | None = None) -> NgramProposer | SuffixProposer | None:
-    """proposer.lookup=ngram (or true): prompt lookup over matches of lookup_min..lookup_max
-    tokens (proposer=ngram's ngram_min / ngram_max; vLLM's prompt_lookup_min / _max), whose
-    every match drafts; suffix: suffix decoding with proposer=suffix's defaults, whose draft is
-    taken where its score (expected accepted tokens) reaches lookup_score (null: the step's γ,
-    Arctic Inference's rule beside its speculator, which leaves a weak head most steps; the
-    default, 1, drafted as often as ngram on a first pass beside the shipped heads, and it
-    also matches earlier requests' answers); false: none."""
-    method = ("ngram" if lookup else None) if type(lookup) is bool else lookup
-    if method is not None and method not in LOOKUPS:
-        raise SpecpipeError(f"proposer.lookup={lookup!r} is not a lookup: use ngram (or true), suffix, or false.")
-    if not (type(lookup_min) is int and type(lookup_max) is int and 1 <= lookup_min <= lookup_max):
-        raise SpecpipeError(f"proposer.lookup_min={lookup_min!r} and proposer.lookup_max={lookup_max!r} must be "
-                            "integers with 1 <= lookup_min <= lookup_max (e.g. lookup_min=3 lookup_max=4).")
-    if lookup_score is not None and (type(lookup_score) not in (int, float) or lookup_score < 0):
-        raise SpecpipeError(f"proposer.lookup_score={lookup_score!r} must be a number of tokens >= 0 (e.g. 2.5), "
-                            "or null for the step's γ.")
-    if method == "suffix":
-        return as_lookup(lookup_score, lookup_min)
-    return NgramProposer(ngram_max=lookup_max, ngram_min=lookup_min) if method == "ngram" else None
 
 
 def build(*, context, heads: str, tree: dict | None = None, quantize: str = "auto", lookup: bool | str = False,
@@ -373,14 +298,6 @@ def build(*, context, heads: str, tree: dict | None = None, quantize: str = "aut
     head = quantize_model(load_eagle(heads).float(), quantize)
     lookup = make_lookup(lookup, lookup_min, lookup_max, lookup_score)
     return EagleProposer(head, context.sampling, shape, quantize, lookup=lookup)
-
-
-def lookup_warning(plan, engine: str, drafter: str = "an EAGLE head", alone: str = "the head") -> None:
-    """The lookup runs in specpipe only: neither serving engine pairs a lookup with a drafter."""
-    if plan.options.get("lookup"):
-        kind = "suffix decoding" if plan.options["lookup"] == "suffix" else "prompt lookup"
-        plan.warnings.append(f"proposer.lookup: {engine} has no {kind} beside {drafter} (one method per "
-                             f"server); exported as {alone} alone.")
 
 
 def _vllm(plan) -> dict:

@@ -16,7 +16,9 @@ from specpipe.declaration import Declaration
 from specpipe.heads.eagle3 import Eagle3Head, engine_keys
 from specpipe.heads.speculators import fit_summary, load_eagle3
 from specpipe.models.quantize import check_mode, resolve_precision, quantize_model
-from specpipe.proposers.eagle import DraftLM, EagleProposer, TreeShape, lookup_warning, make_lookup
+from specpipe.proposers.draft_lm import DraftLM
+from specpipe.proposers.eagle import EagleProposer, TreeShape
+from specpipe.proposers.lookup import lookup_warning, make_lookup
 from specpipe.proposers.eagle import validate_options as _validate_tree
 
 
