@@ -746,7 +746,7 @@ def test_a_graphed_step_runs_fifteen_kernels_a_layer(monkeypatch):
     AMX they would take oneDNN's prepacked blocks: a padding and a separate add more)."""
     from specpipe.decode.syncs import per_step
 
-    monkeypatch.setattr("specpipe.models.quantize.has_amx", lambda: False)
+    monkeypatch.setattr("specpipe.models.linears.has_amx", lambda: False)
     inside = {}
     for layers in (2, 4):
         target = LoadedModel("tiny", tiny_model(0, layers=layers), tiny_target().tokenizer)

@@ -20,7 +20,7 @@ import torch
 from specpipe.drafts import depths_of
 from specpipe.engine.base import FINAL
 from specpipe.models import cpu_kernels
-from specpipe.models.quantize import KernelLinear
+from specpipe.models.linears import KernelLinear
 
 
 class FusedStack:
