@@ -40,11 +40,16 @@ class Budget:
     drafter: object | None = None  # a draft model's runner (the draft and twin proposers)
     chat: bool = False
     announced: set[tuple[int, ...]] = field(default_factory=set)  # prompts whose fit was reported
+    _limit: tuple[ContextLimit | None] | None = field(default=None, repr=False)  # (the limit,) once read
 
     def limit(self) -> ContextLimit | None:
-        """The tightest bound of the target's runner and the drafter's."""
-        limits = [context_limit(self.target, "target"), context_limit(self.drafter, "draft") if self.drafter else None]
-        return min((limit for limit in limits if limit is not None), key=lambda limit: limit.tokens, default=None)
+        """The tightest bound of the target's runner and the drafter's (read once: a runner's
+        capacity is fixed when it is built, and the step asks every time)."""
+        if self._limit is None:
+            limits = [context_limit(self.target, "target"), context_limit(self.drafter, "draft") if self.drafter else None]
+            self._limit = (min((limit for limit in limits if limit is not None), key=lambda limit: limit.tokens,
+                               default=None),)
+        return self._limit[0]
 
     def room(self, ids: list[int]) -> int | None:
         """New tokens that fit after `ids` (None: no known bound). The cache holds every committed

@@ -13,6 +13,7 @@ from transformers import DynamicCache
 from specpipe.drafts import ancestry_of, depths_of
 from specpipe.engine.base import FINAL, Memory, Runner, Split, Tail, TargetOutput, joined, wide
 from specpipe.errors import SpecpipeError
+from specpipe.heads.logits import final_softcap, softcap
 from specpipe.models.quantize import dense_weight, module_bytes, quantize_model
 
 
@@ -99,7 +100,7 @@ class HFRunner(Runner):
         head = self.model.get_output_embeddings()
         weight = getattr(head, "weight", None)
         dtype = weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
-        return wide(head(hidden.to(dtype)))
+        return softcap(wide(head(hidden.to(dtype))), final_softcap(self.model.config))  # the model's own logits
 
     @torch.inference_mode()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

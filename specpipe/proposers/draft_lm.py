@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from specpipe.engine import Runner
+from specpipe.heads.logits import CappedRows, final_softcap
 from specpipe.models.quantize import quantize_model
 
 
@@ -30,7 +31,8 @@ class DraftLM:
         if ids is None:
             return cls(target.lm_head, None, target.vocab_size)
         ids = ids.to(target.device)  # a head's draft vocabulary is a plain attribute: `head.to` leaves it behind
-        rows = _rows_linear(target.lm_head_weight()[ids], quantize)
+        cap = final_softcap(getattr(getattr(target, "model", None), "config", None))  # rows carry no tanh
+        rows = CappedRows(_rows_linear(target.lm_head_weight()[ids], quantize), cap)
         return cls(lambda hidden: rows(hidden.float()), ids, target.vocab_size, rows)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
