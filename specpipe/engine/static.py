@@ -51,7 +51,8 @@ import torch
 from specpipe.drafts import ancestry_of, depths_of
 from specpipe.engine.base import Split, Tail, TailInputs, TargetOutput
 from specpipe.engine.graphs import Graphs
-from specpipe.engine.native_model import KVCache, NativeLM, _mask, key_positions
+from specpipe.engine.native_attention import KVCache, _mask, key_positions
+from specpipe.engine.native_model import NativeLM
 
 MAX_BLOCK = 32  # the widest block a plan may ask for (blocks wider than the plan run the eager forward)
 SPARE = MAX_BLOCK  # slots past a cache's capacity for padding rows (a block writes < MAX_BLOCK past a length)
