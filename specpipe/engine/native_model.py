@@ -3,18 +3,19 @@ Granite, OLMo 2, Qwen3-MoE), gpt-fast style.
 
 What differs between those families is data (native_families.py: a `Spec` per model, read from
 its config); this module runs it, over the cache and attention parts of native_attention.py.
-Weights are taken once from a loaded transformers model and re-laid for decoding: q, k, v fused into one projection and gate, up into another, in the
-precision's kernel (specpipe/models/quantize.py), constant factors folded in; RMSNorm is
-`F.rms_norm`; rotary is one op over q and k together, read from tables built by the model's own
-rotary module (so every static rope scaling transformers knows comes for free; one table per
-layer type where a family has several). A forward takes a batch [B, n] with per-row cache slots
-and positions, writes its keys and values into a preallocated cache (`KVCache`) and attends
-over it through a boolean mask: row (b, i) sees slot j if j is before row b's block or is an
-ancestor-or-self of row i inside it, and, in a sliding-window layer, holds a position within
-the window. So a rollback is a length, a tree's accepted path is a gather, and stale slots past
-a row's length are never seen. In the exact precisions a verify block attends one query row at
-a time instead (`_attend_rows`; a tree's path laid out in the block's slots as it goes), so that
-each row is computed bit for bit as a one-token forward would compute it.
+Weights are taken once from a loaded transformers model and re-laid for decoding: q, k, v fused
+into one projection and gate, up into another, in the precision's kernel
+(specpipe/models/quantize.py), constant factors folded in; RMSNorm is `F.rms_norm`; rotary is
+one op over q and k together, read from tables built by the model's own rotary module (so every
+static rope scaling transformers knows comes for free; one table per layer type where a family
+has several). A forward takes a batch [B, n] with per-row cache slots and positions, writes its
+keys and values into a preallocated cache (`KVCache`) and attends over it through a boolean
+mask: row (b, i) sees slot j if j is before row b's block or is an ancestor-or-self of row i
+inside it, and, in a sliding-window layer, holds a position within the window. So a rollback is
+a length, a tree's accepted path is a gather, and stale slots past a row's length are never
+seen. In the exact precisions a verify block attends one query row at a time instead
+(`_attend_rows`; a tree's path laid out in the block's slots as it goes), so that each row is
+computed bit for bit as a one-token forward would compute it.
 
 This module is not a runner (see native.py) and does not load files: it reads the nn.Module.
 """
