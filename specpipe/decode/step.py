@@ -12,7 +12,6 @@ settle: the host
   6. runner.commit / proposer.commit                each row keeps what it accepted (host ints for shapes)
   7. controller.update, stop rules, stats
   8. text and events                                decode/loop.py, overlapped with the next step where it can
-
 A free slot below a busy one rides along as one padding token (rows[slot] is None).
 """
 
