@@ -123,10 +123,11 @@ def _run_hydra(command: str, task: Callable, overrides: list[str]) -> int:
         overrides, prompts = take_prompts(overrides)
         if prompts:
             task = functools.partial(task, prompts=prompts)
-    if command in RECIPE_COMMANDS:  # naming no proposer means the target's shipped recipe, as in export
-        overrides = with_shipped_recipe(overrides, command, conf_dir())
     if any(arg.startswith("-") for arg in overrides):
         flags, settings = _split_flags(overrides)
+        # naming no proposer means the target's shipped recipe (`compose` applies it to a single
+        # run; a sweep's settings reach Hydra with it already in front)
+        settings = with_shipped_recipe(settings, command, conf_dir())
         if prompts and _shows_config(flags):  # what would run: the prompt given, not the default one
             return _show_config(command, settings, prompts)
         if {"-m", "--multirun"} & set(flags):
@@ -163,6 +164,10 @@ def check_sweep(command: str, settings: list[str]) -> None:
                 from specpipe.checks.result import refuse_if_any
 
                 refuse_if_any(config_checks(cfg, fetch=False))
+            if command == "bench":  # the peers bench names, as a single run checks them before any weights load
+                from specpipe.bench.peers import load_peer_names, peer_names
+
+                load_peer_names(cfg.peer) if cfg.requests > 0 else peer_names(cfg.peer, cfg.proposer, cfg.engine)
         except SpecpipeError as err:
             which = f"job {jobs.index(job) + 1} of {len(jobs)} ({' '.join(own)})" if len(jobs) > 1 else "the sweep"
             raise SpecpipeError(f"In {which}: {err} Nothing of the sweep was run.") from None
@@ -184,7 +189,6 @@ def _show_config(command: str, settings: list[str], prompts: list[str]) -> int:
 
 
 PROMPT_COMMANDS = ("generate", "check")  # commands that take prompts (check: to see what generate would)
-RECIPE_COMMANDS = ("generate", "check", "bench")  # and export: a zoo target's shipped recipe when no proposer is named
 
 
 def take_prompts(args: list[str]) -> tuple[list[str], list[str]]:
@@ -254,10 +258,16 @@ def _read_stdin() -> str:
 
 
 def _read_prompt_file(path: str) -> str:
+    """The file at `path` from the working directory; a relative path not there, from the project's
+    root as the docs write it (`prompt_file=recipes/README.md` run anywhere)."""
+    from specpipe.paths import looked_at, project_path
+
+    given = Path(path).expanduser()
+    shipped = None if given.exists() else project_path(path)
     try:
-        data = Path(path).expanduser().read_bytes()
+        data = (shipped or given).read_bytes()
     except OSError as err:
-        where = "" if Path(path).expanduser().is_absolute() else f" (looked at {Path(path).expanduser().resolve()})"
+        where = "" if given.is_absolute() else f" (looked at {looked_at(path)})"
         raise SpecpipeError(f"prompt_file={path} cannot be read ({err.strerror or err}){where}. Give the path of a "
                             "text file holding the prompt, relative to the working directory or absolute, or pass "
                             "the prompt itself.") from None

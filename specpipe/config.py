@@ -97,7 +97,7 @@ class TuneConfig(BenchConfig):
     draft: str = ""  # the draft model for draft strategies (default: a smaller zoo model, same tokenizer)
     out: str = "recipes"  # recipes/<model>/specpipe.yaml; `beside`: <model dir>/specpipe.yaml
     work: str = "bench-results/tune"  # each candidate's results.json (an interrupted tune resumes)
-    overwrite: bool = False  # replace a recipe already at the destination (else it is kept, renamed with its date)
+    overwrite: bool = False  # replace a recipe already at the destination (else refused: it may be the shipped one)
 
 
 @dataclass
@@ -151,9 +151,14 @@ def register() -> None:
         store.store(name=name, node=node)
 
 
+RECIPE_COMMANDS = ("generate", "check", "bench")  # and export (as generate): a zoo target's shipped recipe by default
+
+
 def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
     """The composed, resolved config of `command` (what the CLI runs); a bad override is a
-    SpecpipeError. Library use: `Pipeline.from_config(compose(["proposer=draft", "gamma=3"]))`."""
+    SpecpipeError. Library use: `Pipeline.from_config(compose(["proposer=draft", "gamma=3"]))`.
+    As on the command line, naming no proposer, strategy or recipe on a zoo target applies its
+    shipped recipe (`with_shipped_recipe`): `compose([])` is what `specpipe generate` runs."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -161,7 +166,8 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
 
     register()
     typed = list(overrides)  # what the error names: the user's settings, not what a recipe expands to
-    overrides = expand_overrides(typed, conf_dir())
+    applied = with_shipped_recipe(typed, command, conf_dir())
+    overrides = expand_overrides(applied, conf_dir())
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir()), job_name="specpipe"):
             cfg = hydra_compose(config_name=command, overrides=list(overrides))
@@ -170,8 +176,10 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
         detail = _condense(str(err))
         if err.__cause__ is not None:  # e.g. "Key 'quantize' is not in struct"
             detail += " (" + str(err.__cause__).splitlines()[0] + " for this choice.)"
+        if "is not a ListConfig" in detail:  # `gammas=4`: a list setting given one value
+            detail += " A list is written in brackets: key=[a,b,c] (e.g. gammas=[2,4,6])."
         raise SpecpipeError(
-            f"The settings `{' '.join(typed)}` are not valid: {detail}{_recipe_hint(typed, detail)} Settings are key=value "
+            f"The settings `{' '.join(typed)}` are not valid: {detail}{_recipe_hint(applied, detail)} Settings are key=value "
             f"pairs from conf/{command}.yaml; components are chosen by name (proposer=draft, "
             "verifier=rejection, ...) from the folders of conf/."
         ) from None
@@ -242,9 +250,10 @@ def with_shipped_recipe(overrides: list[str], command: str, conf: Path) -> list[
     strategy or recipe: plain `specpipe generate` decodes with what pays on that model. Their
     own settings still win (gamma=, controller=, ...). Nothing for other targets: a folder
     holding its own specpipe.yaml already applies it, and a model without one gets conf/'s
-    defaults."""
+    defaults. The one place this rule lives: `compose` applies it for generate, check and bench
+    (export composes as generate), and the CLI's `-m` sweeps before Hydra reads their settings."""
     given = _given(overrides)
-    if any(key in ("proposer", "strategy", "recipe") for key in given):
+    if command not in RECIPE_COMMANDS or any(key in ("proposer", "strategy", "recipe") for key in given):
         return overrides
     model = given.get("model") or _default_model(command, conf)
     found = recipes.shipped_recipe(model) if model in _known_models(conf) else None

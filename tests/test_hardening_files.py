@@ -107,23 +107,18 @@ def _stub_tune(monkeypatch, setup, tmp_path, *extra):  # noqa: F811
                     *extra], "tune")
 
 
-def test_tune_keeps_the_recipe_it_would_replace_dated_unless_told_to_overwrite(setup, tmp_path, monkeypatch,  # noqa: F811
-                                                                               capsys):
+def test_tune_refuses_to_replace_a_recipe_unless_told_to_overwrite(setup, tmp_path, monkeypatch, capsys):  # noqa: F811
     folder = tmp_path / "recipes" / "target"
     folder.mkdir(parents=True)
     shipped = "specpipe_recipe: 1\ntarget: target\nstrategy: {proposer: suffix, gamma: 3}\n"
     (folder / "specpipe.yaml").write_text(shipped)
-    assert tune.run(_stub_tune(monkeypatch, setup, tmp_path)) == 0
-    kept = [p for p in folder.iterdir() if p.name != "specpipe.yaml"]
-    assert len(kept) == 1 and kept[0].read_text() == shipped
-    said = "".join(capsys.readouterr().err.split())  # rich wraps a long path anywhere
-    assert f"the earlier recipe there is kept as {kept[0]}".replace(" ", "") in said
-    assert load_recipe(folder).measured["winner"] == "ngram-g4"
-    assert tune.run(_stub_tune(monkeypatch, setup, tmp_path)) == 0  # a second tune: the kept copy is no candidate
-    assert len([p for p in folder.iterdir() if p.name != "specpipe.yaml"]) == 2
-    assert "skipped (not a usable recipe" not in capsys.readouterr().err
+    with pytest.raises(SpecpipeError, match="exists already.*overwrite=true"):
+        tune.run(_stub_tune(monkeypatch, setup, tmp_path))  # as train does: before anything is measured
+    assert [p.name for p in folder.iterdir()] == ["specpipe.yaml"] and (folder / "specpipe.yaml").read_text() == shipped
+    (folder / "specpipe-20261207-101500.yaml").write_text(shipped)  # an earlier tune's dated copy
     assert tune.run(_stub_tune(monkeypatch, setup, tmp_path, "overwrite=true")) == 0
-    assert len([p for p in folder.iterdir() if p.name != "specpipe.yaml"]) == 2  # replaced, as asked
+    assert load_recipe(folder).measured["winner"] == "ngram-g4"  # replaced, as asked
+    assert "skipped (not a usable recipe" not in capsys.readouterr().err  # the dated copy is no candidate
 
 
 def test_train_refuses_to_replace_heads_without_overwrite(tmp_path):

@@ -198,7 +198,7 @@ def test_tune_reuses_only_same_settings_and_keeps_a_recipe_it_could_not_write(  
 
     def run(*extra):
         cfg = compose(quick(setup, "strategies=[ngram]", "gammas=[2]", "report_on=none", f"out={out}",
-                            f"work={tmp_path / 'work'}", *extra), "tune")
+                            f"work={tmp_path / 'work'}", "overwrite=true", *extra), "tune")
         tune.run(cfg)
         return message(capsys)
 

@@ -58,7 +58,7 @@ def test_tune_chooses_on_one_split_and_reports_on_the_other(setup, tmp_path):  #
     for name in reported["speedup"]:  # each split's results kept apart, so a rerun resumes both
         assert (work / "target" / name / "report_on" / "results.json").is_file()
 
-    again = specpipe("tune", *args)
+    again = specpipe("tune", *args, "overwrite=true")  # its recipe is there now: replaced only when told to
     assert again.returncode == 0 and again.stderr.count("measured in an earlier run with the same") == 4 + len(
         reported["speedup"])
 

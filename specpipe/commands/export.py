@@ -20,7 +20,7 @@ from rich.console import Console
 from specpipe.bench.results import write_json
 from specpipe.build import config_checks
 from specpipe.checks.result import refuse_if_any
-from specpipe.config import compose, conf_dir, with_shipped_recipe
+from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm
 from specpipe.export.plan import plan_of
@@ -44,8 +44,9 @@ def run(args: list[str]) -> int:
     overrides = [a for a in args[1:] if a.partition("=")[0] not in OWN]
     engine = ENGINES[args[0]]
     version = engine.pinned(own.get("engine_version"))  # a version we do not write is refused before anything runs
-    # what plain `generate` would run, recipe included: an export of anything else misleads
-    cfg = compose(with_shipped_recipe(overrides, "generate", conf_dir()), "generate")
+    # what plain `generate` would run, the shipped recipe included (compose applies it): an export of anything
+    # else misleads
+    cfg = compose(overrides, "generate")
     # what `specpipe check` refuses, export refuses: a composition that cannot run is not exported
     checks = config_checks(cfg, fetch=False)
     refuse_if_any(checks)

@@ -21,9 +21,8 @@ load (bench/load.py) at each of those concurrencies once per γ in `gammas`: the
 (0 where none beats plain batched decoding) goes into the recipe as its `batch_schedule`. It is written atomically to `recipes/<model>/specpipe.yaml`
 (`out=DIR`: DIR/<model>/specpipe.yaml; `out=beside`: <model dir>/specpipe.yaml), its `measured`
 block holding both splits' figures and the command. A recipe already there (with the default
-out=recipes in a checkout, the shipped one) is kept beside it renamed with its date
-(specpipe-20261207-101500.yaml, outputs.keep_aside) and the command names it; `overwrite=true`
-replaces it instead.
+out=recipes in a checkout, the shipped one) is never replaced silently: as `specpipe train`
+does, tune refuses before anything is measured unless `overwrite=true` (outputs.refuse_replacing).
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.markup import esc
 from specpipe.ui.tables import show
 from specpipe.models import zoo
-from specpipe.outputs import KEPT_ASIDE, keep_aside, save_or_keep, writable_output
+from specpipe.outputs import KEPT_ASIDE, refuse_replacing, save_or_keep, writable_output
 from specpipe.pipeline import Pipeline
 from specpipe.recipe import (ARTIFACT, RECIPE_FILE, RECIPE_VERSION, as_overrides, load_recipe, load_strategy,
                              strategy_names, with_artifacts, write_recipe)
@@ -60,6 +59,8 @@ def run(cfg: DictConfig) -> int:
     check_gammas(cfg)
     prompts, report_prompts = split.select_splits(cfg)  # an overlap is refused before anything is written
     destination = recipe_path(cfg)
+    # a recipe there (maybe the shipped one) is replaced only with overwrite=true; a folder there: writable_output
+    refuse_replacing([destination] if destination.is_file() else [], cfg.overwrite, "the recipe this tune writes")
     writable_output(destination.parent, f"out={cfg.out}", files=(RECIPE_FILE,))
     writable_output(Path(cfg.work) / model_slug(cfg.model.name), f"work={cfg.work}")
     err = Console(stderr=True)
@@ -78,20 +79,10 @@ def run(cfg: DictConfig) -> int:
         schedule, loads = batch_schedule(choose_cfg, ship, data["strategy"], prompts, err)
         data["strategy"]["batch_schedule"] = schedule
         data["measured"]["batch_schedule"] = loads
-    kept = []
-
-    def write(to: Path) -> Path:  # an earlier recipe there (maybe the shipped one) is kept, dated
-        if to.is_file() and not cfg.overwrite:
-            kept.append(keep_aside(to))
-        return write_recipe(to, data)
-
     try:  # written first: a stdout gone bad loses no recipe
-        path = save_or_keep(write, destination, "the recipe")
+        path = save_or_keep(lambda to: write_recipe(to, data), destination, "the recipe")
     finally:
         show(split.table(cfg, tried, reported, (ship, why)))
-    if kept:
-        err.print(f"the earlier recipe there is kept as {esc(kept[0])} (overwrite=true replaces it instead)",
-                  highlight=False)
     err.print(f"recipe: {esc(path)}  (use it: specpipe generate recipe={esc(path)})")
     return 0
 
@@ -101,16 +92,28 @@ def check_gammas(cfg: DictConfig) -> None:
     under its own name: the user typed gammas=, not gamma=."""
     from specpipe.checks.validate import check_settings
 
+    given = f"gammas={list(cfg.gammas)}"
     if not cfg.gammas:
         raise SpecpipeError("gammas=[] holds no γ: give the fixed γ values to try, e.g. gammas=[2,4,6].")
     for gamma in cfg.gammas:
+        if gamma < 1:
+            raise SpecpipeError(f"{given} holds γ={gamma}, and each γ tried is at least 1 draft token a step (the "
+                                "plain target is measured beside every candidate anyway). Give gammas= values of 1 "
+                                "or more, e.g. gammas=[2,4,6]. Nothing was measured.")
+        if not cfg.gamma_min <= gamma <= cfg.gamma_max:
+            raise SpecpipeError(f"{given} holds γ={gamma}, outside gamma_min={cfg.gamma_min} .. gamma_max="
+                                f"{cfg.gamma_max}, the bounds every candidate runs within. Give gammas= values in "
+                                f"that range, or widen it (gamma_max={max(gamma, cfg.gamma_max)}). Nothing was "
+                                "measured.")
         one = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-        one.gamma = gamma
+        one.gamma = gamma  # and the controller's copy, resolved from ${gamma} already
+        if "gamma" in one.controller:
+            one.controller.gamma = gamma
         check = check_settings(one)
         if check.status == "refuse" and f"gamma={gamma}" in check.why:
             why = check.why.replace(f"gamma={gamma}", f"γ={gamma}")
-            raise SpecpipeError(f"gammas={list(cfg.gammas)} holds a γ a candidate cannot run with: {why}. Give "
-                                "gammas= values in that range. Nothing was measured.")
+            raise SpecpipeError(f"{given} holds a γ a candidate cannot run with: {why}. Give gammas= values in "
+                                "that range. Nothing was measured.")
     small = [size for size in cfg.batch_sizes if size < 1]
     if small:
         raise SpecpipeError(f"batch_sizes={list(cfg.batch_sizes)}: {small[0]} is no batch size (at least 1, and "
