@@ -12,3 +12,27 @@ def conf_dir() -> Path:
         if (candidate / "generate.yaml").exists():
             return candidate
     raise FileNotFoundError("specpipe's conf/ directory is missing from this installation")
+
+
+def project_root() -> Path | None:
+    """The checkout specpipe runs from (an editable install's too), or None for an installed copy."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def project_path(path: str | Path) -> Path | None:
+    """A relative path as the docs write it (`recipes/README.md`, from the project's root), inside the
+    checkout specpipe runs from; None where there is nothing there or no checkout. Looked at only
+    after the working directory: a user's own file of that name wins."""
+    path, root = Path(path).expanduser(), project_root()
+    if path.is_absolute() or root is None:
+        return None
+    return root / path if (root / path).exists() else None
+
+
+def looked_at(path: str | Path) -> str:
+    """Where a relative path was looked for (the working directory, then the project's root), as an
+    error names them."""
+    path, root = Path(path).expanduser(), project_root()
+    places = dict.fromkeys([path.resolve(), *([root / path] if root is not None and not path.is_absolute() else [])])
+    return " and at ".join(map(str, places))

@@ -347,13 +347,32 @@ def _check_artifacts(recipe: Recipe) -> None:
             via = f" (it is a symbolic link to {target})" if target != Path(os.path.abspath(written)) else ""
             raise SpecpipeError(f"The recipe {recipe.path}: artifact {name}={rel!r} leads outside the recipe's folder "
                                 f"{folder}{via}: an artifact must be a path inside the recipe's folder. Copy the "
-                                "files into it (not a link to them elsewhere) and name them there.")
+                                f"files into it (not a link to them elsewhere: `cp -rL` copies what links point to) "
+                                "and name them there.")
         if not target.exists():
-            raise SpecpipeError(f"The recipe {recipe.path}: artifact {name}={rel!r} does not exist in the recipe's "
-                                f"folder {folder}. Put it there, or fix the path under `artifacts:`.")
+            link = (f" is a symbolic link to {os.readlink(written)}, which does not exist" if written.is_symlink()
+                    else " does not exist in the recipe's folder")
+            raise SpecpipeError(f"The recipe {recipe.path}: artifact {name}={rel!r}{link} ({folder}). Put the files "
+                                "there, or fix the path under `artifacts:`.")
+        _links_inside(recipe, name, target, folder)
     for key, value in recipe.strategy.items():
         if isinstance(value, str) and value.startswith(ARTIFACT) and value[len(ARTIFACT):] not in recipe.artifacts:
             raise SpecpipeError(f"The recipe {recipe.path}: {key}={value} names no entry of `artifacts`.")
+
+
+def _links_inside(recipe: Recipe, name: str, artifact: Path, folder: Path) -> None:
+    """A file of an artifact folder that is a symbolic link out of the recipe's folder is refused as
+    the artifact itself would be: a recipe's files are the ones inside its folder."""
+    if not artifact.is_dir():
+        return
+    for root, dirs, files in os.walk(artifact):
+        for entry in (*dirs, *files):
+            path = Path(root) / entry
+            if path.is_symlink() and folder not in (path.resolve(), *path.resolve().parents):
+                raise SpecpipeError(f"The recipe {recipe.path}: artifact {name} holds {path.relative_to(folder)}, a "
+                                    f"symbolic link to {path.resolve()}, outside the recipe's folder {folder}: a "
+                                    "recipe may use only files inside its folder. Copy the file in place of the link "
+                                    "(`cp -rL` copies what links point to).")
 
 
 def resolve_artifacts(recipe: Recipe) -> dict:

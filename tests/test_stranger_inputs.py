@@ -280,6 +280,26 @@ def test_a_proposer_option_tunes_the_shipped_recipe_and_errors_name_what_was_typ
     assert "proposer=suffix" not in str(err.value)  # the recipe's expanded settings are not the user's
 
 
+def test_compose_with_no_proposer_applies_the_shipped_recipe_as_the_commands_do(monkeypatch):
+    """One rule for the library and every command: `compose([])` is what `specpipe generate` runs."""
+    from specpipe import cli
+    from specpipe.recipe import load_recipe, shipped_recipe
+
+    shipped = shipped_recipe("smollm2-135m")
+    strategy = load_recipe(shipped).strategy
+    for command in ("generate", "check", "bench"):
+        cfg = compose([], command)
+        assert cfg.recipe == str(shipped) and cfg.gamma == strategy["gamma"], command
+        assert strategy["proposer"] in cfg.proposer._target_, command  # suffix, not conf/'s default ngram
+        ran = {}
+        monkeypatch.setattr(cli, "_hydra_commands", lambda: {command: lambda c, **k: ran.update(cfg=c) or 0})
+        assert cli.main([command]) == 0
+        assert ran["cfg"] == cfg, command  # the CLI's config is the library's, key for key
+    assert compose(["gamma=3"]).gamma == 3 and compose(["gamma=3"]).recipe == str(shipped)  # a setting still wins
+    assert compose(["proposer=ngram"]).recipe == "" and "ngram" in compose(["proposer=ngram"]).proposer._target_
+    assert compose([], "tune").recipe == "" and compose([], "train").get("recipe") is None  # tune and train: their own
+
+
 # 10. train keeps heads it did not write -----------------------------------------------------------
 
 
@@ -338,3 +358,117 @@ def test_an_interrupted_bench_keeps_its_prompts_and_resumes(model_dirs, tmp_path
     assert len(calls) == 1  # only the prompt left was measured
     results = json.loads((out / "results.json").read_text())
     assert len(results["prompts"]) == 3 and not (out / "results.partial.json").exists()
+
+
+# 12. Messages name the one real cause, and a fix that helps with it --------------------------------
+
+
+def test_device_cuda_without_a_gpu_names_that_alone_and_a_fix_that_helps(model_dirs):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: nothing to refuse")
+    checks = config_checks(compose([f"model={model_dirs / 'target'}", "proposer=ngram", "device=cuda"]))
+    device = next(c for c in checks if c.name == "device")
+    assert device.status == "refuse" and ("built without CUDA" in device.why or "sees no CUDA GPU" in device.why)
+    assert "device=cpu" in device.fix and "quantize" not in device.why + device.fix  # a precision cannot bring a GPU
+    result = specpipe("generate", f"model={model_dirs / 'target'}", "proposer=ngram", "device=cuda")
+    assert_user_error(result, "device=cuda", "device=cpu")
+    assert "Loading weights" not in result.stderr
+
+
+def test_without_llama_cpp_check_still_shows_the_refusals_that_do_not_need_it(monkeypatch):
+    import sys
+
+    from specpipe.checks.llamacpp import check_llamacpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` fails, as where it is not installed
+    checks = check_llamacpp(compose(["engine=llamacpp", "proposer=eagle3", "proposer.heads=/x", "graphs=on",
+                                     "model.quantize=fp16"]))
+    refused = [c for c in checks if c.status == "refuse"]
+    assert "specpipe install llamacpp" in refused[0].fix
+    whys = " ".join(c.why for c in refused[1:])
+    assert "graphs=on" in whys and "model.quantize=fp16" in whys and "proposer=eagle3" in whys
+    fine = check_llamacpp(compose(["engine=llamacpp", "proposer=ngram"]))
+    assert [c.name for c in fine if c.status == "refuse"] == ["engine"]  # the library alone
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_peer_llama_cpp_without_the_library_is_refused_before_weights_load(model_dirs, tmp_path, monkeypatch,
+                                                                           capsys, sweep):
+    import sys
+
+    from specpipe import cli
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    monkeypatch.setattr(Pipeline, "from_config", classmethod(lambda *a, **k: pytest.fail("weights loaded")))
+    out = tmp_path / "out"
+    args = [f"model={model_dirs / 'target'}", "proposer=ngram", "peer=llama-cpp", f"out={out}"]
+    assert cli.main(["bench", *(["-m", "gamma=2,3"] if sweep else []), *args]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "peer=llama-cpp" in said and "`specpipe install llamacpp`" in said and "Traceback" not in said
+    assert not out.exists()  # nothing written, the sweep's folder included
+
+
+def test_an_artifact_that_links_out_of_its_recipe_is_named_as_a_link(tmp_path):
+    from specpipe.recipe import load_recipe
+
+    folder, elsewhere = tmp_path / "recipe", tmp_path / "elsewhere"
+    (folder / "heads").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "model.safetensors").write_bytes(b"x")
+    (folder / "heads" / "config.json").write_text("{}")
+    (folder / "heads" / "model.safetensors").symlink_to(elsewhere / "model.safetensors")
+    (folder / "specpipe.yaml").write_text("specpipe_recipe: 1\ntarget: smollm2-135m\nartifacts: {heads: heads}\n"
+                                          "strategy: {proposer: medusa, proposer.heads: 'artifact:heads'}\n")
+    with pytest.raises(SpecpipeError) as err:  # a file of the artifact folder, not only the folder, is checked
+        load_recipe(folder)
+    said = str(err.value)
+    assert "heads/model.safetensors, a symbolic link to" in said and str(elsewhere) in said and "cp -rL" in said
+    (folder / "gone").symlink_to(folder / "nowhere")
+    (folder / "specpipe.yaml").write_text("specpipe_recipe: 1\ntarget: smollm2-135m\nartifacts: {heads: gone}\n"
+                                          "strategy: {proposer: medusa, proposer.heads: 'artifact:heads'}\n")
+    with pytest.raises(SpecpipeError, match="is a symbolic link to .*nowhere, which does not exist"):
+        load_recipe(folder)
+
+
+@pytest.mark.parametrize("args, words, not_said", [
+    (["plot=maybe"], ["plot=maybe is not true or false"], "is not a folder"),
+    (["plot=true"], ["names no folder", "specpipe report sweeps/smollm plot=true"], "plot=true is not a folder"),
+    (["sweeps", "markdown=maybe"], ["markdown=maybe is not true or false"], "plot="),
+])
+def test_report_names_the_setting_that_is_wrong(args, words, not_said, capsys):
+    from specpipe import cli
+
+    assert cli.main(["report", *args]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert all(word in said for word in words) and not_said not in said.partition("usage:")[0], said
+
+
+@pytest.mark.parametrize("gammas, words", [
+    ("gammas=[0]", ["gammas=[0] holds γ=0", "at least 1"]),
+    ("gammas=[2,10]", ["gammas=[2, 10] holds γ=10", "gamma_max=8", "gamma_max=10"]),
+    ("gammas=[2,100] gamma_max=100", ["gammas=[2, 100]", "γ=100 is more than 64"]),
+    ("gammas=4", ["gammas=4", "gammas=[2,4,6]"]),
+])
+def test_gammas_errors_speak_of_gammas(model_dirs, gammas, words, tmp_path):
+    result = specpipe("tune", f"model={model_dirs / 'target'}", *gammas.split(), f"out={tmp_path / 'r'}",
+                      f"work={tmp_path / 'w'}")
+    assert_user_error(result, *words)
+    message = result.stderr.partition("Settings are")[0]
+    assert "gamma=" not in message.replace("gamma_max=", "") and "skipped" not in result.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()
+
+
+# 13. tune, like train, never replaces a recipe silently ---------------------------------------------
+
+
+def test_tune_refuses_to_replace_a_recipe_without_overwrite(model_dirs, tmp_path):
+    folder = tmp_path / "recipes" / "target"
+    folder.mkdir(parents=True)
+    shipped = "specpipe_recipe: 1\ntarget: target\nstrategy: {proposer: suffix, gamma: 3}\n"
+    (folder / "specpipe.yaml").write_text(shipped)
+    result = specpipe("tune", f"model={model_dirs / 'target'}", f"out={tmp_path / 'recipes'}",
+                      f"work={tmp_path / 'work'}", "strategies=[ngram]", "gammas=[2]", "report_on=none")
+    assert_user_error(result, f"{folder / 'specpipe.yaml'} exists already", "overwrite=true", "out=")
+    assert "error:" in result.stderr and result.stderr.count("\nerror:") + result.stderr.startswith("error:") == 1
+    assert [p.name for p in folder.iterdir()] == ["specpipe.yaml"] and (folder / "specpipe.yaml").read_text() == shipped
+    assert not (tmp_path / "work").exists()  # nothing measured

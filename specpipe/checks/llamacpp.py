@@ -24,16 +24,19 @@ def check_llamacpp(cfg: DictConfig) -> list[Check]:
     from specpipe.engine.llamacpp import INSTALL, PINNED
 
     library = _version()
-    if library is None:
-        return [Check("engine", "refuse", "engine=llamacpp needs llama-cpp-python, which is not installed",
-                      f"run `{INSTALL}` (builds llama-cpp-python {PINNED} for this CPU, a few minutes), or use "
-                      "engine=auto")]
     gguf = _gguf(cfg.model.name)
+    # what the settings alone refuse is said with or without the library: installing it (minutes)
+    # must not be the first of several fixes a user learns one at a time
     checks = [_engine(cfg, library, gguf), _precision(cfg, gguf), *_proposer(cfg)]
+    if library is None:
+        missing = Check("engine", "refuse", "engine=llamacpp needs llama-cpp-python, which is not installed",
+                        f"run `{INSTALL}` (builds llama-cpp-python {PINNED} for this CPU, a few minutes), or use "
+                        "engine=auto")
+        checks = [missing, *(check for check in checks if check.status != "n/a")]
     if lora_paths(cfg) or cfg.model.get("early_exit") is not None:
         checks.append(Check("engine", "refuse", "model.lora and model.early_exit change torch weights, and "
                             "engine=llamacpp runs the GGUF file as it is", "drop them, or use engine=auto"))
-    if gguf is not None and gguf.is_file() and checks[0].status == "ok":
+    if library is not None and gguf is not None and gguf.is_file() and checks[0].status == "ok":
         fixed = kind_of(cfg.controller) == "fixed"  # verifies γ + 1 tokens; the others up to gamma_max + 1
         block = (cfg.gamma if fixed else max(cfg.gamma, cfg.gamma_max)) + 1
         checks.append(_guarantee(gguf, cfg.kernels, block, batch_size(cfg)))
@@ -66,7 +69,8 @@ def _gguf(name: str) -> Path | None:
     return None if source.gguf is None else Path(source.path) / source.gguf
 
 
-def _engine(cfg: DictConfig, library: str, gguf: Path | None) -> Check:
+def _engine(cfg: DictConfig, library: str | None, gguf: Path | None) -> Check:
+    """What the settings refuse first (none of it needs the library); then, with the library, what runs."""
     from specpipe.engine.llamacpp import threads
 
     if gguf is None:
@@ -83,6 +87,8 @@ def _engine(cfg: DictConfig, library: str, gguf: Path | None) -> Check:
     if cfg.device != "cpu" or cfg.get("compile"):
         return Check("engine", "refuse", "engine=llamacpp runs on the CPU with llama.cpp's own kernels (device=cuda "
                      "and compile=true do not apply)", "use device=cpu without compile, or engine=native")
+    if library is None:  # refused by check_llamacpp, with the install command
+        return Check("engine", "n/a", "the settings suit engine=llamacpp")
     how = ("kernels=exact: q8_0 KV cache, weights in the file's layout" if cfg.kernels == "exact"
            else "kernels=fast: llama.cpp's defaults, f16 KV cache, repacked weights")
     return Check("engine", "ok", f"llamacpp: llama-cpp-python {library}, ggml CPU kernels on {gguf.name} as it is, "

@@ -140,13 +140,38 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
     if cfg.device not in DEVICES:
         checks.append(Check("device", "refuse", f"device={cfg.device} is not supported", f"use {' or '.join(DEVICES)}"))
     elif cfg.device == "cuda":
-        import torch
-
-        ok = torch.cuda.is_available() and native and mode in ("none", "bf16")
-        checks.append(Check("device", "ok" if ok else "refuse", "cuda: native engine, dense kernels" if ok else
-                            "device=cuda needs a visible CUDA GPU, the native engine and model.quantize=bf16 or none "
-                            "(fbgemm kernels are CPU-only)", "use device=cpu, or model.quantize=bf16"))
+        checks.append(_cuda(cfg, native, reason))
     return checks
+
+
+def _cuda(cfg: DictConfig, native: bool, reason: str) -> Check:
+    """device=cuda: the first thing that stops it, and a fix that helps with that (no GPU is not
+    fixed by a precision, nor a precision by a GPU)."""
+    import torch
+
+    mode = cfg.model.quantize
+    if not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            why = f"device=cuda, but this torch ({torch.__version__}) is built without CUDA"
+            fix = ("use device=cpu (the default), or on a machine with an NVIDIA GPU install a CUDA build of torch "
+                   "(https://pytorch.org/get-started/locally/ gives the command for its CUDA version)")
+        else:
+            import os
+
+            hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+            why = ("device=cuda, but torch sees no CUDA GPU on this machine"
+                   + (f" (CUDA_VISIBLE_DEVICES={hidden!r} hides them)" if hidden is not None else
+                      " (no NVIDIA GPU, or its driver is not loaded: `nvidia-smi` says which)"))
+            fix = "use device=cpu (the default)" + (", or unset CUDA_VISIBLE_DEVICES" if hidden is not None else
+                                                    ", or run on a machine whose GPU `nvidia-smi` lists")
+        return Check("device", "refuse", why, fix)
+    if not native:
+        return Check("device", "refuse", f"device=cuda runs the native engine, and {cfg.model.name} runs on hf: "
+                     f"{reason or 'engine=hf was asked for'}", "drop engine=hf (engine=auto), or use device=cpu")
+    if mode not in ("none", "bf16"):
+        return Check("device", "refuse", f"model.quantize={mode} runs on CPU kernels only (fbgemm, specpipe's own)",
+                     "drop model.quantize (auto: bf16 on cuda), or pass model.quantize=bf16 or none")
+    return Check("device", "ok", "cuda: native engine, dense kernels")
 
 
 def _family_of(target_config) -> str:

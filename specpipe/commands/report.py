@@ -32,7 +32,9 @@ def run(args: list[str]) -> int:
         print(USAGE)
         return 0
     flags = {"plot": False, "markdown": False}
-    for arg in args[1:]:
+    setting = lambda arg: arg.partition("=")[0] in flags and "=" in arg and not Path(arg).exists()  # noqa: E731
+    folders = [arg for arg in args if not setting(arg)]
+    for arg in [arg for arg in args if setting(arg)] + folders[1:]:
         key, _, value = arg.partition("=")
         if key not in flags:
             raise SpecpipeError(f"`{arg}` is not a report setting (they are {', '.join(f'{k}=' for k in flags)}). "
@@ -40,7 +42,10 @@ def run(args: list[str]) -> int:
         if value.lower() not in ("true", "false"):
             raise SpecpipeError(f"{key}={value} is not true or false: pass {key}=true or {key}=false. {USAGE}")
         flags[key] = value.lower() == "true"
-    report(Path(args[0]), **flags)
+    if not folders:  # `specpipe report plot=true`: the settings are read as such, the folder is missing
+        raise SpecpipeError(f"`specpipe report {' '.join(args)}` names no folder: give the `out=` folder of a bench "
+                            f"sweep or run first, e.g. specpipe report sweeps/smollm {' '.join(args)}. {USAGE}")
+    report(Path(folders[0]), **flags)
     return 0
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -42,6 +42,7 @@ from specpipe.markup import esc
 from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
 from specpipe.models.quantize import bulk_rows, quantize_model
 from specpipe.outputs import refuse_replacing, save_or_keep, why, writable_output
+from specpipe.paths import looked_at, project_path
 from specpipe.prompts import load_prompts
 from specpipe.recipe import RECIPE_VERSION, write_recipe
 from specpipe.train import data, distill, features, requests, self_instruct
@@ -233,8 +234,13 @@ def _validate(cfg: DictConfig) -> None:
         raise SpecpipeError(f"train settings out of range: {'; '.join(wrong)}. Fix those values (see conf/train.yaml "
                             "for the defaults).")
     if cfg.init and not (Path(cfg.init) / "config.json").is_file():
-        raise SpecpipeError(f"init={cfg.init}: no config.json there. Point init= at heads a `specpipe train "
-                            f"proposer={kind}` run wrote (e.g. recipes/<model>/{kind}), or leave it empty for fresh heads.")
+        shipped = project_path(cfg.init)  # `init=recipes/<model>/eagle3` as the docs write it, run anywhere
+        if shipped is None or not (shipped / "config.json").is_file():
+            raise SpecpipeError(f"init={cfg.init}: no config.json there (looked at {looked_at(cfg.init)}). Point "
+                                f"init= at heads a `specpipe train proposer={kind}` run wrote (e.g. "
+                                f"recipes/<model>/{kind}), or leave it empty for fresh heads.")
+        with open_dict(cfg):
+            cfg.init = str(shipped)
     if cfg.instructions not in ("templates", "requests", "self", "mixed"):
         raise SpecpipeError(f"instructions={cfg.instructions}: use templates (train/prompts.py), requests (the "
                             "written requests of prompts/requests*.jsonl, then the templates), self (the target "
