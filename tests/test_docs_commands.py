@@ -220,6 +220,15 @@ def test_every_documented_command_resolves_outside_the_checkout(up_to_the_work, 
             ("check", "done")} <= points, points
 
 
+@pytest.mark.parametrize("argv", [("generate", "recipe=recipes/no-such-model"), ("generate", "gama=4"),
+                                  ("bench", "prompts=no-such-set"), ("tune", "strategies=[no-such]"),
+                                  ("export", "vllm", "proposer=no-such"), ("report", "plot=maybe")])
+def test_a_command_that_would_not_run_as_documented_fails_here(up_to_the_work, capsys, monkeypatch, argv):
+    with pytest.raises(AssertionError):
+        run_up_to_the_work(DocCommand("a page", "specpipe " + shlex.join(argv), argv), up_to_the_work, capsys,
+                           monkeypatch, set())
+
+
 def test_a_documented_path_that_is_missing_says_where_it_was_looked_for(up_to_the_work, capsys):
     from specpipe import cli
 
