@@ -21,7 +21,7 @@ STYLE = {"ok": "green", "warn": "yellow", "refuse": "bold red", "n/a": "dim"}
 
 def prompt_room(cfg: DictConfig, prompts: list[str]) -> Check:
     """Whether each prompt leaves room for output, counted as generate counts it (the chat template
-    through `decode.text.encode`, the bound of `Pipeline.fit`: n tokens fit a context of n), from
+    through `decode.text.encode`, the bound of `Budget.fit`: n tokens fit a context of n), from
     the tokenizer and config alone: generate asks this before any weights load, and check shows it."""
     from specpipe.decode.text import encode
     from specpipe.limits import cache_slots
