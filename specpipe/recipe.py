@@ -19,21 +19,20 @@ strategy tuned for one target, with its artifacts and the figures measured with 
                                   # specpipe reads are typed; the others are free-form data)
     versions: {...}
 
-Both are data from a stranger: keys are checked against the schema here (unknown ones refused
-by name), values must be scalars or lists of scalars (the two mappings, `batch_schedule` and
-`proposer.tree`, are checked apart), a `_target_` outside `specpipe.` is
-refused, no value may hold an interpolation (`${...}`: Hydra would resolve it, e.g. read an
-environment variable), and every path the file supplies (artifacts, `target`, models, heads,
-anything path-shaped) must stay inside the file's folder unless it is a zoo name or a hub id.
-What remains becomes Hydra overrides placed before the user's own, so the user's settings win
-and Hydra checks the rest. The `measured` block is checked against MEASURED, the one schema of the
-figures that check, generate and export read from it: a malformed one is refused by name like any
-other part of a recipe (never read letter by letter, nor as a GPU because it is not "cpu").
+Both are data from a stranger: keys are checked against the schema here (unknown ones refused by
+name), values must be scalars or lists of scalars (the two mappings, `batch_schedule` and
+`proposer.tree`, are checked apart), a `_target_` outside `specpipe.` is refused, no value may
+hold an interpolation (`${...}`: Hydra would resolve it, e.g. read an environment variable), and
+every path the file supplies (artifacts, `target`, models, heads, anything path-shaped) must
+stay inside the file's folder unless it is a zoo name or a hub id. What remains becomes Hydra
+overrides placed before the user's own, so the user's settings win and Hydra checks the rest.
+The `measured` block is checked against measured.py's MEASURED, the one schema of the figures
+that check, generate and export read from it: a malformed one is refused by name like any other
+part of a recipe (never read letter by letter, nor as a GPU because it is not "cpu").
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from pathlib import Path
 import yaml
 
 from specpipe.errors import SpecpipeError
+from specpipe.measured import check_measured
 
 RECIPE_FILE = "specpipe.yaml"
 RECIPE_VERSION = 1
@@ -54,64 +54,6 @@ _CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ARTIFACT = "artifact:"
 PATH_OPTIONS = {"proposer.model", "proposer.heads", "proposer.fallback_model"}  # options that name a model or a folder
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # org/name, or a bare name
-
-
-_NUMBER = (int, float)
-_TEXT = (str, type(None))
-# The keys of `measured` that specpipe reads or writes with a meaning, and their types (a tuple: any
-# of them; a list: a list of that; a dict: a mapping with those keys, each optional; {str: T}: any
-# keys). Keys not named here are free-form data: a record for people, read by nothing.
-MEASURED = {
-    "tuned_on": {"device": str, "cpu": _TEXT, "cpu_features": [str], "gpu": _TEXT, "precision": _TEXT,
-                 "date": (str, datetime.date, type(None))},
-    "command": str, "winner": str, "chosen": str, "why": str, "figures_from": _TEXT,
-    "speedup_median": (*_NUMBER, type(None)), "gamma_mean": (*_NUMBER, type(None)),
-    "acceptance_rate": (*_NUMBER, type(None)), "mean_accepted_length": (*_NUMBER, type(None)),
-    "tokens_per_s": (*_NUMBER, type(None)), "baseline_tokens_per_s": (*_NUMBER, type(None)),
-    "max_new_tokens": (int, type(None)), "temperature": (*_NUMBER, type(None)),
-    "speedup_by_category": {str: _NUMBER},
-}
-
-
-def check_measured(measured: dict, where: str) -> dict:
-    """`measured` if every key MEASURED names has its type; else a SpecpipeError naming the key."""
-    for key, value in measured.items():
-        if key in MEASURED:
-            _check_shape(f"measured.{key}", value, MEASURED[key], where)
-    return measured
-
-
-def _check_shape(name: str, value, spec, where: str) -> None:
-    if isinstance(spec, dict) and list(spec) == [str]:  # {str: T}: any keys
-        ok = isinstance(value, dict)
-        items = [(f"{name}.{k}", v, spec[str]) for k, v in value.items()] if ok else []
-    elif isinstance(spec, dict):
-        ok = isinstance(value, dict)
-        items = [(f"{name}.{k}", value[k], spec[k]) for k in spec if k in value] if ok else []
-    elif isinstance(spec, list):
-        ok = isinstance(value, list)
-        items = [(f"{name}[{i}]", v, spec[0]) for i, v in enumerate(value)] if ok else []
-    else:
-        kinds = spec if isinstance(spec, tuple) else (spec,)
-        ok, items = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds), []
-    if not ok:
-        raise SpecpipeError(f"{where}: {name} must be {_kind(spec)}, not {value!r}. Fix that entry or delete it "
-                            "(`measured` records the figures a recipe was made with; specpipe reads tuned_on and "
-                            "gamma_mean from it), or run `specpipe tune` again for a new recipe.")
-    for item in items:
-        _check_shape(*item, where)
-
-
-def _kind(spec) -> str:
-    if isinstance(spec, dict):
-        return "a mapping of numbers" if list(spec) == [str] else f"a mapping of {', '.join(spec)}"
-    if isinstance(spec, list):
-        return "a list of " + " or ".join(word.split(" ", 1)[1] + "s" for word in _kind(spec[0]).split(" or "))
-    names = {str: "a string", int: "an integer", float: "a number", type(None): "null",
-             datetime.date: "a date"}
-    kinds = spec if isinstance(spec, tuple) else (spec,)
-    words = list(dict.fromkeys("a number" if k in _NUMBER else names[k] for k in kinds))
-    return " or ".join(words)
 
 
 @dataclass

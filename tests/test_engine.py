@@ -136,7 +136,7 @@ def test_bulk_rows_takes_a_block_in_one_call_for_training_passes_and_restores_th
     """`bulk_rows` (the trainer's answers and features) calls the kernel once per block of any
     row count, close to the exact values; outside it, and after an error inside it, a block is
     cut into 16-row calls again."""
-    from specpipe.models.quantize import Bf16Linear, bulk_rows, has_amx
+    from specpipe.models.linears import Bf16Linear, bulk_rows, has_amx
 
     if not has_amx():
         pytest.skip("no AMX here: bf16 is one plain F.linear a call either way")

@@ -1,6 +1,6 @@
 """What is on disk, trusted no further than it is checked: a dense cache copy damaged inside its
 size, an earlier run's measurements and recipes (never lost silently: outputs.keep_aside and
-outputs.refuse_replacing), and a recipe's `measured` block (one schema, recipe.MEASURED).
+outputs.refuse_replacing), and a recipe's `measured` block (one schema, measured.MEASURED).
 """
 
 from __future__ import annotations

@@ -29,8 +29,6 @@ from omegaconf import DictConfig, open_dict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from specpipe import machine
-from specpipe.bench.results import environment, now
 from specpipe.checks.identity import declared, proposer_kind
 from specpipe.checks.validate import non_finite
 from specpipe.commands.tune import model_slug
@@ -40,11 +38,13 @@ from specpipe.errors import SpecpipeError
 from specpipe.limits import integer_problems
 from specpipe.markup import esc
 from specpipe.models.loader import LoadedModel, load_model, load_tokenizer, resolve
-from specpipe.models.quantize import bulk_rows, quantize_model
+from specpipe.models.linears import bulk_rows
+from specpipe.models.quantize import quantize_model
 from specpipe.outputs import refuse_replacing, save_or_keep, why, writable_output
 from specpipe.paths import looked_at, project_path
 from specpipe.prompts import load_prompts
-from specpipe.recipe import RECIPE_VERSION, write_recipe
+from specpipe.commands.train_recipe import recipe as recipe_of
+from specpipe.recipe import write_recipe
 from specpipe.train import data, distill, features, requests, self_instruct
 from specpipe.train.kind import Kind, kind_in
 from specpipe.train.prompts import instructions
@@ -81,7 +81,7 @@ def run(cfg: DictConfig) -> int:
         trainer.optimizer.load_state_dict(torch.load(checkpoint / "trainer.pt")["optimizer"])
     accuracy = _epochs(cfg, kind, module, trainer, train, held, first_epoch, checkpoint, err)
     stored = module.to(getattr(torch, cfg.dtype))  # float16 halves a head's file (the 50 MB budget of recipes/)
-    recipe = _recipe(cfg, name, {kind.figure: accuracy}, len(train), time.perf_counter() - started)
+    recipe = recipe_of(cfg, name, {kind.figure: accuracy}, len(train), time.perf_counter() - started)
 
     def write(to: Path) -> Path:  # heads and their recipe stay together: its artifact path is relative
         kind.save(stored, to / name, target=cfg.model.name, extra={"held_out_top1": accuracy}, **kind.save_options(cfg))
@@ -335,37 +335,3 @@ def _checkpoint(kind: Kind, module, trainer, folder: Path, epoch: int, cfg: Dict
             tmp.unlink()  # never a stray half checkpoint
         err.print(f"[yellow]warning:[/yellow] no checkpoint after epoch {epoch + 1} ({esc(why(folder, exc))}): "
                   "training goes on, but an interruption now would start over", highlight=False)
-
-
-def _controller(cfg: DictConfig) -> dict:
-    """A head that reports its confidence drafts until it doubts (controller=confidence, up to
-    γ 6): on SmolLM2 that was the best overall of fixed γ 1/2/4, cost and confidence for both
-    EAGLE heads (README, "Draft heads"), since their acceptance falls fast with depth and each
-    draft token costs ~8% of a plain step. Medusa
-    heads guess all positions at once: a fixed γ of their number. A head that takes a lookup
-    gets it (proposer.lookup): prompt lookup copies what heads trained here guess worst (code
-    edits, summaries), measured 1.09x -> 1.66x overall for the SmolLM2 EAGLE-3 head."""
-    declaration = declared(cfg)
-    lookup = {"proposer.lookup": True} if declaration.lookup else {}
-    if declaration.early_stop:
-        return {**lookup, "controller": "confidence", "gamma_max": max(6, cfg.num_heads)}
-    return {**lookup, "controller": "fixed", "gamma": cfg.num_heads}
-
-
-def _recipe(cfg: DictConfig, name: str, figures: dict[str, list[float]], examples: int, seconds: float) -> dict:
-    return {
-        "specpipe_recipe": RECIPE_VERSION,
-        "about": f"{name} heads trained by specpipe train, {now()}",
-        "target": cfg.model.name,
-        "strategy": {"proposer": name, "proposer.heads": "artifact:heads", "verifier": "greedy", **_controller(cfg)},
-        "artifacts": {"heads": name},
-        # train has no device setting: it runs on the CPU
-        "measured": {"tuned_on": machine.tuned_on("cpu", str(cfg.model.quantize), now()[:10]),
-                     **{k: [round(a, 4) for a in v] for k, v in figures.items()}, "train_positions": examples,
-                     "tokens": cfg.tokens, "sources": list(cfg.sources), "distill": cfg.distill,
-                     **({"instructions": cfg.instructions} if cfg.distill and not cfg.distill_prompts else {}),
-                     "distill_tokens": cfg.distill_tokens, "epochs": cfg.epochs, **({"init": cfg.init} if cfg.init else {}),
-                     "cpu_seconds_wall": round(seconds, 1), "machine": {k: v for k, v in environment().items()
-                                                                        if k != "versions"}},
-        "versions": environment()["versions"],
-    }

@@ -42,7 +42,7 @@ from torch import nn
 
 from specpipe.errors import SpecpipeError
 from specpipe.models.linears import (Bf16Linear, DenseLinear, Fp16Linear, Int8Linear, KernelLinear, W8A16Linear,
-                                      _PackedLinear, bulk_rows, has_amx)  # noqa: F401 (bulk_rows: for callers)
+                                      _PackedLinear, has_amx)
 
 MODES = ("none", "fp16", "int8", "bf16", "w8a16", "w8a32", "w8a8", "w4a8")
 TARGET_SAFE = ("none", "fp16", "bf16", "w8a16", "w8a32", "w8a8", "w4a8")  # verify rows equal one-token rows (within tolerance or bitwise)
