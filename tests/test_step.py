@@ -19,15 +19,21 @@ from specpipe.decode.syncs import reads_per_step
 from specpipe.drafts import DraftBatch
 from specpipe.engine import make_runner
 from specpipe.pipeline import Pipeline, Request
+from specpipe.proposers.dflash import DFlashProposer
 from specpipe.proposers.eagle import EagleProposer, TreeShape
+from specpipe.proposers.eagle3 import proposer_for
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.proposers.ngram import NgramProposer
+from specpipe.proposers.suffix import RequestCache, SuffixProposer
 from specpipe.sampling import SamplingParams
 from specpipe.types import PAD
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
+from test_dflash import random_drafter
 from test_eagle import copy_head
+from test_eagle3 import random_head as eagle3_head
+from test_eagle3 import target4
 from test_medusa import random_heads
 
 GREEDY = SamplingParams()
@@ -48,14 +54,18 @@ PROPOSERS = {
     "medusa": lambda device: MedusaProposer(random_heads(seed=1), GREEDY),
     "medusa-tree": lambda device: MedusaProposer(random_heads(seed=1), GREEDY, tree=[[0], [1], [0, 0], [0, 1]]),
     "eagle": lambda device: EagleProposer(copy_head(), GREEDY),
+    "eagle3": lambda device: proposer_for(eagle3_head(1), GREEDY),
+    "dflash": lambda device: DFlashProposer(random_drafter(1), GREEDY),
+    "suffix": lambda device: SuffixProposer(RequestCache(24, 1000, 50000), tree=False),
 }
+HEADS_OF_LAYERS = ("eagle3", "dflash")  # read the target's layers 1-3: the 4-layer tiny target
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("proposer", PROPOSERS)
 def test_a_step_reads_the_host_once(proposer, device):
     """On a GPU (the `cuda` cases, run by benchmarks/gpu_check.sh) each read is a real sync."""
-    target = tiny_target(seed=0)
+    target = target4() if proposer in HEADS_OF_LAYERS else tiny_target(seed=0)
     sampled = proposer.endswith("sampled")
     verifier = RejectionVerifier(SamplingParams(temperature=0.8)) if sampled else GreedyVerifier()
     pipe = Pipeline(target, PROPOSERS[proposer](device), verifier, FixedGamma(3),
