@@ -89,3 +89,19 @@ def test_the_pipeline_loads_no_build_checks_config_or_hydra():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=PACKAGE.parent).stdout.strip()
     assert loaded == "[]"
+
+
+def test_no_folder_imports_one_above_it():
+    """At the scale of folders (a subpackage, or a top-level module) the arrows point down too:
+    a folder that imports another never reaches it back through a third."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        room = ".".join(name.split(".")[:2])
+        graph.setdefault(room, set()).update(".".join(t.split(".")[:2]) for t in imports_of(name, path, known))
+    for room, targets in graph.items():
+        targets.discard(room)
+        for target in targets:
+            graph.setdefault(target, set())
+    cycle = find_cycle(graph)
+    assert cycle is None, "folders import each other: " + " -> ".join(cycle)
