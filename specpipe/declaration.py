@@ -118,3 +118,23 @@ def engine_model(name: str) -> str:
         return zoo.ZOO[name].hub_id
     path = Path(name).expanduser()
     return str(path.resolve()) if path.exists() else name
+
+
+def batch_refusal(*, name: str = "", target_engine: str | None = None, tree: bool = False, translated: bool = False,
+                  batches: bool = True, draft_engine: str | None = None) -> str | None:
+    """Why a batch runs one sequence at a time, or None (it batches): the one rule, which
+    `specpipe check` applies to a config before anything loads and the decode loop to the built
+    parts. target_engine / draft_engine: the engine a model runs on where it has no batch rows
+    (None: it has); tree: the proposer drafts trees; translated: its drafts are re-tokenised;
+    batches: its declaration's (False: it drafts one sequence at a time)."""
+    if target_engine is not None:
+        return f"the target runs on the {target_engine} engine, which has no batch rows (engine=native has)"
+    if tree:
+        return "a tree draft's mask differs per row, which the batched forward does not take yet"
+    if translated:
+        return "a draft with another tokenizer re-tokenises each sequence's text on its own"
+    if not batches:
+        return f"proposer={name} drafts one sequence at a time"
+    if draft_engine is not None:
+        return f"the draft runs on the {draft_engine} engine, which decodes one sequence at a time"
+    return None

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 from specpipe.checks.identity import batch_size, declared, draft_model_name, kind_of, proposer_kind
 from specpipe.checks.result import Check
 from specpipe.components import call_target
+from specpipe.declaration import batch_refusal
 from specpipe.errors import SpecpipeError
 
 
@@ -129,8 +130,8 @@ def check_early_stop(cfg: DictConfig) -> Check:
 
 
 def check_batch(cfg: DictConfig, target_config, draft_config_loader, translated: bool = False) -> Check:
-    """Whether this composition decodes several sequences in one forward, and its batch schedule.
-    (The same rules as `Pipeline.batch_refusal`, read from configs.)"""
+    """Whether this composition decodes several sequences in one forward, and its batch schedule:
+    `declaration.batch_refusal`, the rule the decode loop applies, given the facts the configs state."""
     from specpipe.controllers.base import check_schedule
     from specpipe.engine.native_model import config_unsupported_reason
 
@@ -138,25 +139,27 @@ def check_batch(cfg: DictConfig, target_config, draft_config_loader, translated:
         schedule = check_schedule(cfg.get("batch_schedule"))
     except SpecpipeError as err:
         return Check("batch", "refuse", str(err).rstrip("."), "fix batch_schedule=")
-    kind, size = proposer_kind(cfg), batch_size(cfg)
+    kind, size, declaration = proposer_kind(cfg), batch_size(cfg), declared(cfg)
     native = cfg.engine != "hf" and target_config is not None and not config_unsupported_reason(target_config)
-    reason = None if native else "the target runs on the hf engine, which has no batch rows"
-    if reason is None and declared(cfg).drafts_tree(cfg.proposer):
-        reason = f"proposer.tree: a {kind} tree's mask differs per row, which the batched forward does not take yet"
-    if reason is None and translated:
-        reason = "a draft with another tokenizer re-tokenises each sequence's text on its own"
-    if reason is None and not declared(cfg).batches:
-        reason = f"proposer={kind} drafts one sequence at a time"
-    if reason is None and draft_model_name(cfg):
-        try:
-            draft = draft_config_loader()
-        except SpecpipeError:
-            draft = None
-        if draft is not None and config_unsupported_reason(draft):
-            reason = "the draft model runs on the hf engine, which decodes one sequence at a time"
+    reason = batch_refusal(name=kind, target_engine=None if native else "hf", tree=declaration.drafts_tree(cfg.proposer),
+                           translated=translated, batches=declaration.batches,
+                           draft_engine="hf" if _draft_on_hf(cfg, draft_config_loader) else None)
     plan = f"; batch_schedule {schedule} (γ per batch size)" if schedule else ""
     if reason is not None:
         return Check("batch", "warn" if size > 1 else "ok", f"one sequence at a time: {reason}{plan}",
                      "use engine=native (auto), and a chain (proposer.tree=null) to batch" if size > 1 else "")
     return Check("batch", "ok", f"{kind} batches: {size} sequence(s) per forward, each with its own KV cache row "
                  f"and acceptance{plan}")
+
+
+def _draft_on_hf(cfg: DictConfig, draft_config_loader) -> bool:
+    """Whether the config's draft model (if any) falls back to the hf engine (one row at a time)."""
+    from specpipe.engine.native_model import config_unsupported_reason
+
+    if not draft_model_name(cfg):
+        return False
+    try:
+        draft = draft_config_loader()
+    except SpecpipeError:
+        return False
+    return draft is not None and bool(config_unsupported_reason(draft))

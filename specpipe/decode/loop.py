@@ -138,20 +138,19 @@ class Decoder:
     def _settled(self, launched: Launched, rows: list[Row | None]) -> list[Kept]:
         """A step settled, and the slots of the rows it finished freed (the next admission takes them)."""
         kept = self._settle(launched)
-        for step in kept:
-            if step.reason is not None:
-                rows[step.slot] = None
-                self._release(step.slot, step.row)
+        for one in kept:
+            if one.reason is not None:
+                rows[one.slot] = None
+                self._release(one.slot, one.row)
         return kept
 
     def _events(self, kept: list[Kept]) -> Iterator[RequestEvent]:
         """A settled step's events: each row's new text (incremental detokenization) and the
         consumer's turn, the host work that can wait until the next step is queued."""
-        for step in kept:
-            row = step.row
-            text = row.text.push(step.tokens, final=step.reason is not None)
-            yield RequestEvent(row.index, step.tokens, text, step.gamma, row.stats, row.timing, step.reason,
-                               step.held)
+        for one in kept:
+            row = one.row
+            text = row.text.push(one.tokens, final=one.reason is not None)
+            yield RequestEvent(row.index, one.tokens, text, one.gamma, row.stats, row.timing, one.reason, one.held)
 
     def _feeds(self, pending: Launched, busy: list[tuple[int, Row]]) -> bool:
         """Whether the next step can be queued before `pending`'s verdict is read: no row it

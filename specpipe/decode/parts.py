@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specpipe.context import Budget, trimmed
+from specpipe.declaration import batch_refusal as refusal
 from specpipe.controllers.base import Controller
 from specpipe.decode.request import Row
 from specpipe.drafts import DraftBatch
@@ -70,7 +71,8 @@ class Parts:
 
 
 def batch_refusal(runner: Runner, proposer: Proposer | None) -> str | None:
-    """Why a batch on this runner with this proposer runs one sequence at a time, or None."""
+    """Why a batch on this runner with this proposer runs one sequence at a time, or None (the
+    rule is declaration.batch_refusal's: the proposer states its own facts through it)."""
     if runner.max_rows == 1:
-        return f"the target runs on the {runner.engine} engine, which has no batch rows (engine=native has)"
+        return refusal(target_engine=runner.engine)
     return proposer.batch_refusal if proposer is not None else None

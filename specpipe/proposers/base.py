@@ -15,15 +15,12 @@ several rows in a step says why in `batch_refusal`, and a batch then runs one se
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from specpipe.drafts import DraftBatch, DraftBlock, DraftTree
 from specpipe.engine import Runner, TargetOutput
-from specpipe.sampling import RowRandom
-from specpipe.types import RowVerdict, Verdict
+from specpipe.types import Rows, RowVerdict, Verdict
 
 
 class Proposer(ABC):

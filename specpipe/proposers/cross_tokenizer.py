@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from specpipe.declaration import batch_refusal
 from specpipe.drafts import DraftBlock
 from specpipe.engine import Runner, TargetOutput, make_runner
 from specpipe.proposers.base import RowProposer
@@ -112,7 +113,7 @@ class CrossDrafter(RowProposer):
 
     @property
     def batch_refusal(self) -> str | None:
-        return "a draft with another tokenizer re-tokenises each sequence's text on its own"
+        return batch_refusal(translated=True)
 
     def bind(self, target: Runner) -> None:
         self.target_vocab = self.vocab_size = target.vocab_size

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from specpipe.checks.result import Check
 from specpipe.checks.tokenizers import same_tokenizer_problems
-from specpipe.declaration import engine_model, sglang_chain
-from specpipe.declaration import Declaration
+from specpipe.declaration import Declaration, engine_model, sglang_chain
 from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
 from specpipe.models.loader import load_tokenizer, resolve

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.declaration import Declaration, sglang_chain
+from specpipe.declaration import Declaration, batch_refusal, sglang_chain
 from specpipe.drafts import DraftBlock, DraftTree
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
@@ -157,9 +157,7 @@ class EagleProposer(RowProposer):
 
     @property
     def batch_refusal(self) -> str | None:
-        if self.tree is not None:
-            return "a tree draft's mask differs per row, which the batched forward does not take yet"
-        return None
+        return batch_refusal(tree=self.tree is not None)
 
     def release(self, row: int, tokens: list[int]) -> None:
         if self.lookup is not None:  # a suffix lookup's global tree takes the finished output

@@ -11,8 +11,7 @@ proposer=eagle3`, or a third party's (a hub head's directory).
 
 from __future__ import annotations
 
-from specpipe.declaration import sglang_chain
-from specpipe.declaration import Declaration
+from specpipe.declaration import Declaration, sglang_chain
 from specpipe.heads.eagle3 import Eagle3Head, engine_keys
 from specpipe.heads.speculators import fit_summary, load_eagle3
 from specpipe.models.quantize import check_mode, resolve_precision, quantize_model

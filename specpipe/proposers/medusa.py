@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.declaration import Declaration
+from specpipe.declaration import Declaration, batch_refusal
 from specpipe.drafts import DraftBatch, DraftTree
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.engine.graphs import Graphs
@@ -129,9 +129,7 @@ class MedusaProposer(Proposer):
 
     @property
     def batch_refusal(self) -> str | None:
-        if self.tree is not None:
-            return "a tree draft's mask differs per row, which the batched forward does not take yet"
-        return None
+        return batch_refusal(tree=self.tree is not None)
 
     def _tree(self, logits: torch.Tensor) -> DraftTree:
         """The configured candidate paths no deeper than γ: path [i, j] is head 1's i-th best

@@ -17,6 +17,7 @@ from functools import partial
 
 import torch
 
+from specpipe.declaration import batch_refusal
 from specpipe.drafts import DraftBatch
 from specpipe.engine import Tail, TailInputs, make_runner, pick_engine
 from specpipe.proposers.base import Proposer, still_drafting
@@ -50,9 +51,7 @@ class ModelDrafter(Proposer):
 
     @property
     def batch_refusal(self) -> str | None:
-        if self.runner.max_rows == 1:
-            return f"the draft runs on the {self.runner.engine} engine, which decodes one sequence at a time"
-        return None
+        return batch_refusal(draft_engine=self.runner.engine if self.runner.max_rows == 1 else None)
 
     def reserve(self, rows: int) -> None:
         self.runner.reserve(rows)

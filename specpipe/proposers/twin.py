@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from specpipe.declaration import sglang_chain
-from specpipe.declaration import Declaration
+from specpipe.declaration import Declaration, sglang_chain
 from specpipe.engine import pick_engine
 from specpipe.errors import SpecpipeError
 from specpipe.models.loader import resolve
