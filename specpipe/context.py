@@ -97,7 +97,8 @@ def check_fits(pipeline, prompts: list[dict], max_new_tokens: int) -> list[int]:
     with bench's rule that a prompt may ask for fewer tokens) fits the context, or all that do not
     are named by id; prompts whose output will be cut short are warned of by id. Their budgets."""
     return pipeline.budget.fit_all([(f"Prompt '{p['id']}'", pipeline.encode(p["messages"]),
-                              min(int(p.get("max_new_tokens") or max_new_tokens), max_new_tokens)) for p in prompts])
+                                     min(int(p.get("max_new_tokens") or max_new_tokens), max_new_tokens))
+                                    for p in prompts])
 
 
 def context_limit(runner, part: str) -> ContextLimit | None:

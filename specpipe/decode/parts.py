@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specpipe.context import Budget, trimmed
-from specpipe.declaration import batch_refusal as refusal
 from specpipe.controllers.base import Controller
+from specpipe.declaration import batch_refusal as refusal
 from specpipe.decode.request import Row
 from specpipe.drafts import DraftBatch
 from specpipe.engine import Runner
