@@ -46,7 +46,8 @@ class Budget:
         """The tightest bound of the target's runner and the drafter's (read once: a runner's
         capacity is fixed when it is built, and the step asks every time)."""
         if self._limit is None:
-            limits = [context_limit(self.target, "target"), context_limit(self.drafter, "draft") if self.drafter else None]
+            limits = [context_limit(self.target, "target"),
+                      context_limit(self.drafter, "draft") if self.drafter else None]
             self._limit = (min((limit for limit in limits if limit is not None), key=lambda limit: limit.tokens,
                                default=None),)
         return self._limit[0]
