@@ -2,7 +2,7 @@
 
 On real models a k-token forward sums in another order than a one-token forward, so the target
 can flip a near-tie (top two logits within ~1e-4). A divergence is a failure unless the plain
-target's own top-2 gap at the diverging token is that small (DESIGN.md "Lossless in practice").
+target's own top-2 gap at the diverging token is that small (docs/concepts.md "Lossless in practice").
 """
 
 from __future__ import annotations

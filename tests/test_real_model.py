@@ -1,7 +1,7 @@
 """End to end on the real SmolLM2-135M-Instruct (zoo; fetched once into the cache, ~100 MB).
 
 Greedy speculative output must equal the plain target's on real prompts. A divergence fails
-unless the target's own top-2 gap at that token is a near-tie (DESIGN.md "Lossless in
+unless the target's own top-2 gap at that token is a near-tie (docs/concepts.md "Lossless in
 practice"); every divergence is reported either way.
 """
 
