@@ -99,9 +99,7 @@ class Pipeline:
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: the target's weights and KV cache, then the proposer's parts."""
-        target = self.runner.memory()
-        parts = {"target weights": target.weights, "target KV cache": target.cache}
-        return {**parts, **(self.proposer.memory() if self.proposer is not None else {})}
+        return self.parts().memory()
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":

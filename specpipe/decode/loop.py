@@ -74,7 +74,8 @@ class Decoder:
         self._since = None  # the last step's clock (its successor's host time counts from its end)
 
     def memory(self) -> dict[str, int]:
-        return self.source.memory()
+        """The pipeline's bytes (its proposer's too, for a plain run beside it), or these parts'."""
+        return self.source.memory() if hasattr(self.source, "memory") else self.parts.memory()
 
     def run(self, requests: Iterable[Request]) -> Iterator[RequestEvent]:
         """Decode a stream of requests, `slots` at a time; events of all requests, in step order.

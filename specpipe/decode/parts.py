@@ -41,6 +41,12 @@ class Parts:
         """Why these parts decode a batch one sequence at a time, or None (they batch)."""
         return batch_refusal(self.runner, self.proposer)
 
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by part: the target's weights and KV cache, then the proposer's parts."""
+        target = self.runner.memory()
+        parts = {"target weights": target.weights, "target KV cache": target.cache}
+        return {**parts, **(self.proposer.memory() if self.proposer is not None else {})}
+
     def gammas(self, busy: list[tuple[int, Row]], width: int) -> tuple[int, list[int]]:
         """The step's γ and each row's: a step emits <= γ + 1, and one forward pads every row to
         the widest draft, so the fullest row bounds every row's γ (its block would run past the
