@@ -40,7 +40,7 @@ class Budget:
     drafter: object | None = None  # a draft model's runner (the draft and twin proposers)
     chat: bool = False
     announced: set[tuple[int, ...]] = field(default_factory=set)  # prompts whose fit was reported
-    _limit: tuple[ContextLimit | None] | None = field(default=None, repr=False)  # (the limit,) once read
+    _limit: tuple[ContextLimit | None] | None = field(default=None, init=False, repr=False)  # (the limit,) once read
 
     def limit(self) -> ContextLimit | None:
         """The tightest bound of the target's runner and the drafter's (read once: a runner's
