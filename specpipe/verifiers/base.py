@@ -68,11 +68,10 @@ def chain_verdict(draft: DraftBatch, num_accepted: torch.Tensor, next_tokens: to
     return Verdict(ids, num_accepted, draft.num_draft, None, draft.confidence)
 
 
-def plain_verdict(draft: DraftBatch, next_tokens: torch.Tensor) -> Verdict:
-    """A step without a draft (every row's num_draft 0): ids [B, 1] are next_tokens [B]. What
-    chain_verdict would build, in no kernels of its own: on a GPU each would be a launch in a
-    step that the target's one graph otherwise makes."""
-    return Verdict(next_tokens[:, None], draft.num_draft, draft.num_draft, None, draft.confidence)
+def block_ids(draft: DraftBatch) -> torch.Tensor:
+    """[B, W + 1]: the verify block's ids as a chain verdict's tail reads them (draft token j in
+    column j + 1). Column 0, the last committed token, is left 0: no verdict reads it."""
+    return torch.nn.functional.pad(draft.tokens, (1, 0))
 
 
 class TreeRows:

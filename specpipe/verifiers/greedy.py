@@ -12,18 +12,16 @@ from specpipe.drafts import DraftBatch
 from specpipe.engine.base import Tail
 from specpipe.errors import SpecpipeError
 from specpipe.types import PAD, Verdict
-from specpipe.verifiers.base import TreeRows, Verifier, drafted, leading, plain_verdict, tree_verdict
+from specpipe.verifiers.base import TreeRows, Verifier, block_ids, leading, tree_verdict
 
 
 class GreedyVerifier(Verifier):
     def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs=None) -> Verdict:
-        if draft.width == 0 and draft.tree is None:  # a plain step: the argmax, and nothing to compare
-            return plain_verdict(draft, target_logits[:, 0].argmax(-1))
-        top = target_logits.argmax(-1)  # [B, W + 1] (a tree: one per block row)
+        """A chain's verdict is `chain_tail`, the function a static step runs inside its graph,
+        here over the exact block (no padding): one body for both."""
         if draft.tree is not None:
-            return _tree(draft, top[0])
-        num_accepted = leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]
-        return _chain(draft, top, num_accepted)
+            return _tree(draft, target_logits.argmax(-1)[0])  # [N + 1]: one argmax per block row
+        return self.verdict_of(chain_tail(target_logits, block_ids(draft), draft.num_draft), draft)
 
     def tail(self, draft: DraftBatch, rngs=None) -> Tail | None:
         """A chain's verdict inside the verify forward's graph (a tree's is verified from the logits)."""
@@ -37,7 +35,10 @@ def chain_tail(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) ->
     of the block ids [R, K] (row r's draft in ids[r, 1 : 1 + counts[r]], padding after) ->
     [R, K + 2]: the argmax up to the first one that differs from the draft token it checks
     (the accepted tokens, then the recovered or bonus one), PAD after; num_accepted; counts.
-    Tensor ops on the buffers alone, as `verify` computes them: the same tokens."""
+    Tensor ops on the buffers alone (no host reads, no shape from a value), so a graph can
+    capture it; `verify` runs it eagerly. A kept draft token is the argmax at its column, and
+    the next token (recovered or bonus) the argmax after the kept ones: the verdict is the
+    argmax, cut after column num_accepted (fewer launches than building it from the draft)."""
     top = logits.argmax(-1)  # [R, K]
     if ids.shape[1] == 1:  # a plain step's block: nothing drafted (counts all 0, so none accepted)
         return torch.cat([top, counts[:, None], counts[:, None]], 1)  # two kernels, where the chain's are ten
@@ -46,16 +47,6 @@ def chain_tail(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) ->
     num_accepted = leading(right)  # [R]
     verdict = top.masked_fill(columns[None] > num_accepted[:, None], PAD)
     return torch.cat([verdict, num_accepted[:, None], counts[:, None]], 1)
-
-
-def _chain(draft: DraftBatch, top: torch.Tensor, num_accepted: torch.Tensor) -> Verdict:
-    """The verdict `chain_verdict` builds, from the argmax alone: a kept draft token is the
-    argmax at its column, and the next token (recovered or bonus) the argmax after the kept
-    ones, so ids [B, W + 1] are `top` up to column num_accepted and -1 after (three launches
-    on a GPU where the general verdict takes six)."""
-    columns = torch.arange(draft.width + 1, device=top.device)
-    ids = top.masked_fill(columns[None] > num_accepted[:, None], PAD)
-    return Verdict(ids, num_accepted, draft.num_draft, None, draft.confidence)
 
 
 def _tree(draft: DraftBatch, top: torch.Tensor) -> Verdict:

@@ -23,7 +23,7 @@ from specpipe.engine.base import Tail, TailInputs
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import ACCEPT, RESAMPLE, RowRandom, SamplingParams, race, race_draws
 from specpipe.types import PAD, Verdict
-from specpipe.verifiers.base import Verifier, chain_verdict, leading
+from specpipe.verifiers.base import Verifier, block_ids, leading
 
 
 class RejectionVerifier(Verifier):
@@ -44,26 +44,28 @@ class RejectionVerifier(Verifier):
         return decide(target_probs, tokens, counts, probs, uniform, draws)
 
     def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
+        """`chain_tail`, the function a static step runs inside its graph, here over the exact
+        block, with the draws `tail` fills its buffers with (`_draw`) and the draft's own
+        probabilities (no copy): one body for both, the same draws from the same streams."""
         _chains_only(draft, self.name)
-        target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32
-        num_accepted, picks = self.rule(target_probs, draft.tokens, draft.num_draft, draft.probs,
-                                        uniforms(draft, rngs), resample_draws(rngs, target_probs.shape[-1],
-                                                                              target_probs.device))
-        return chain_verdict(draft, num_accepted, picks)  # recovered (a rejection) or bonus
+        device = target_logits.device
+        uniform = torch.ones(draft.rows, draft.width, device=device)  # [B, W] columns past a row's γ: unused
+        draws = torch.empty(draft.rows, target_logits.shape[-1], device=device)  # [B, V]
+        _draw(draft, rngs, uniform, draws)
+        packed = chain_tail(self.sampling, target_logits, block_ids(draft), draft.num_draft, uniform, draws,
+                            draft.probs, rule=self.rule)
+        return self.verdict_of(packed, draft)
 
     def tail(self, draft: DraftBatch, rngs: list[RowRandom]) -> Tail | None:
-        """The verdict inside the verify forward's graph: the rows' draws (the same as `verify`'s,
-        from the same streams, drawn straight into the tail's buffers) and the draft's
-        probabilities are its inputs, so only the packed verdict leaves the graph (vLLM's
-        rejection sampler runs on the device the same way)."""
+        """The verdict inside the verify forward's graph: the rows' draws (`verify`'s, from the same
+        streams, drawn straight into the tail's buffers) and the draft's probabilities are its
+        inputs, so only the packed verdict leaves the graph (vLLM's rejection sampler runs on the
+        device the same way)."""
         _chains_only(draft, self.name)
         probs = draft.probs
 
         def fill(buffers: list[torch.Tensor]) -> None:  # uniform [R, K - 1], draws [R, V], probs [R, K - 1, V]
-            uniform, draws = buffers[:2]
-            for b, (gamma, rng) in enumerate(zip(draft.gammas, rngs)):
-                _uniforms_into(uniform[b], gamma, rng(ACCEPT, uniform.device))
-                race_draws(draws[b], rng(RESAMPLE, draws.device))
+            _draw(draft, rngs, buffers[0], buffers[1])
             if probs is not None:
                 buffers[2][: probs.shape[0], : probs.shape[1]].copy_(probs)
 
@@ -74,6 +76,15 @@ class RejectionVerifier(Verifier):
         counts = list(draft.counts) if draft.counts is not None else draft.num_draft
         name = f"{self.name} {self.sampling}" + ("" if probs is None else " with the draft's probabilities")
         return Tail(name, partial(chain_tail, self.sampling, rule=self.rule), counts, TailInputs(fill, sizes))
+
+
+def _draw(draft: DraftBatch, rngs: list[RowRandom], uniform: torch.Tensor, draws: torch.Tensor) -> None:
+    """Each row's draws into rows 0..B-1 of uniform [R, C] (its γ uniforms, the first C where γ is
+    more) and draws [R, V] (the race's, for its recovered or bonus token), from its own streams:
+    row b draws its own γ, not the block's width, so its draws never depend on its neighbours."""
+    for b, (gamma, rng) in enumerate(zip(draft.gammas, rngs)):
+        _uniforms_into(uniform[b], gamma, rng(ACCEPT, uniform.device))
+        race_draws(draws[b], rng(RESAMPLE, draws.device))
 
 
 def chain_tail(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
@@ -113,32 +124,13 @@ def decide(target_probs: torch.Tensor, tokens: torch.Tensor, counts: torch.Tenso
     return num_accepted, race(residual, draws)
 
 
-def uniforms(draft: DraftBatch, rngs: list[RowRandom]) -> torch.Tensor:
-    """[B, W] U(0, 1): row b draws its own γ (not the block's width) from its own stream."""
-    device, width = draft.tokens.device, draft.width
-    rows = []
-    for gamma, rng in zip(draft.gammas, rngs):
-        drawn = torch.rand(gamma, generator=rng(ACCEPT, device), device=device)[:width]
-        rows.append(torch.cat([drawn, drawn.new_ones(width - drawn.shape[0])]))  # columns it did not draft: unused
-    return torch.stack(rows) if rows else torch.empty(0, width, device=device)
-
-
 def _uniforms_into(row: torch.Tensor, gamma: int, generator: torch.Generator) -> None:
-    """A row's γ uniforms (`uniforms`' draws) into its buffer row [K - 1], in place where they
-    fit (a block padded narrower than γ + 1 keeps the first K - 1: the draft is no wider)."""
+    """A row's γ uniforms into its buffer row [C], in place where they fit (a block narrower than
+    γ + 1 keeps the first C: the draft is no wider), the same values either way."""
     if gamma <= row.shape[0]:
         row[:gamma].uniform_(generator=generator)
     else:
         row.copy_(torch.rand(gamma, generator=generator, device=row.device)[: row.shape[0]])
-
-
-def resample_draws(rngs: list[RowRandom], vocab: int, device: torch.device) -> torch.Tensor:
-    """[B, V] the race's draws of each row's recovered or bonus token, from its own stream (what
-    `sample` would draw)."""
-    out = torch.empty(len(rngs), vocab, device=device)
-    for b, rng in enumerate(rngs):
-        race_draws(out[b], rng(RESAMPLE, device))
-    return out
 
 
 def _chains_only(draft: DraftBatch, name: str) -> None:
