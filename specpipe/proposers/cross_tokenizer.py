@@ -16,6 +16,15 @@ is fed again. Two ways to draft, by what the verifier needs:
   at the target's ids of those tokens, is the draft's `probs` for rejection sampling. The target's
   distribution is never restricted: a token outside the intersection is still emitted through the
   recovered-token residual, so the output is distributed exactly as the target's.
+
+Either way the draft loop stays on the device (each drafted token feeds the next forward there;
+the controller's early stop is a mask, as `ModelDrafter`'s), and the proposer reads the host
+once a step beside the verdict: greedy, the γ drafted ids before the target's forward, since
+their text must go through both tokenizers on the host (a table of ids cannot translate it
+exactly: the target's merges cross the draft's token boundaries); sampled, nothing before the
+forward, since a shared token's target id is a table lookup on the device, and the drafted
+draft ids after the verdict, for the draft's own cache (what it holds, compared with the next
+re-encoding), when the verdict's copy has already waited for the device.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from specpipe.declaration import batch_refusal
 from specpipe.drafts import DraftBlock
 from specpipe.engine import Runner, TargetOutput, make_runner
 from specpipe.proposers.base import RowProposer
+from specpipe.proposers.model_drafter import Drafted
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import Rows
 from specpipe.types import RowVerdict, Verdict
@@ -92,7 +102,8 @@ class SharedVocab:
 
 
 class CrossDrafter(RowProposer):
-    """Host-bound by nature (text goes through two tokenizers each step): one sequence at a time."""
+    """Host-bound by nature (text goes through two tokenizers each step): one sequence at a time.
+    `cached` mirrors the draft's cache in draft ids (as many as it holds)."""
 
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, target_tokenizer, draft_tokenizer, *,
                  engine: str = "auto", precision: str = "none", cache_len: int | None = None, device: str = "cpu"):
@@ -101,9 +112,12 @@ class CrossDrafter(RowProposer):
         self.sampling = sampling
         self.target_tok, self.draft_tok = target_tokenizer, draft_tokenizer
         self.shared = SharedVocab(target_tokenizer, draft_tokenizer)
+        device = self.runner.device  # the shared ids on the device too: a sampled draft is translated there
+        self.draft_ids, self.target_ids = self.shared.draft_ids.to(device), self.shared.target_ids.to(device)  # [S]
         self.cached: list[int] = []  # the draft ids whose keys and values are in the draft's cache
         self._synced: tuple[int, list[int]] | None = None  # this step's fill: (committed length, ids left to feed)
         self._behind = True  # plain steps (or a new prompt) committed text the draft has not seen
+        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None  # a sampled draft's ids and count, unread
         self.target_vocab = len(target_tokenizer)  # the target's logits width, set by bind
 
     @classmethod
@@ -122,8 +136,10 @@ class CrossDrafter(RowProposer):
         self.runner.reset()
         self.cached = []
         self._behind = True
+        self._pending = None
 
     def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
+        self._read_pending()
         if host and host[0].gamma == 0:  # a plain step: the next draft first catches up (`fill`)
             self._behind = True
 
@@ -134,6 +150,7 @@ class CrossDrafter(RowProposer):
     def _sync(self, tokens: list[int]) -> list[int]:
         """Crop the draft's cache to what it shares with the committed text in draft tokens;
         returns the draft ids to feed (at least one: the forward that predicts the next)."""
+        self._read_pending()
         ids = self.draft_tok.encode(self.target_tok.decode(tokens), add_special_tokens=False) or [0]
         keep = 0
         for cached, new in zip(self.cached, ids[:-1]):
@@ -162,29 +179,61 @@ class CrossDrafter(RowProposer):
         committed = rows.tokens[row]
         synced, self._synced = self._synced, None
         feed = synced[1] if synced is not None and synced[0] == len(committed) else self._sync(committed)
-        draft, tokens, probs = [], [], []
+        logits = self.runner.prefill(0, feed).logits[0, -1]  # [V_draft] on the device
+        self.cached += feed
+        drafted = Drafted([gamma], self.runner.device)
+        picks = []  # per position: (draft id [1], target id [1] or None, distribution [V] or None)
         for i in range(gamma):
-            logits = self.runner.prefill(0, feed).logits[0, -1].cpu()  # [V_draft]; text work is on the host
-            self.cached += feed
-            if self.sampling.greedy:
-                token = int(logits.argmax())
-                top = float(torch.softmax(logits.float(), -1)[token])
-            else:
-                shared = self.sampling.probs(logits[self.shared.draft_ids])  # [S] the draft restricted to shared tokens
-                pick = int(sample(shared, rows.rngs[row](DRAFT + i, shared.device)))
-                token = int(self.shared.draft_ids[pick])
-                tokens.append(int(self.shared.target_ids[pick]))
-                placed = torch.zeros(self.target_vocab, dtype=torch.float32)  # [V] at the target's ids
-                placed[self.shared.target_ids] = shared.float()
-                probs.append(placed)
-                top = float(shared.max())
-            draft.append(token)
-            feed = [token]
-            if top < rows.stop_below(i):
-                break
-        if not self.sampling.greedy:
-            return DraftBlock(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
-        return DraftBlock(torch.tensor(self._translate(committed, draft)[:gamma], dtype=torch.long))
+            token, target, placed, top = self._pick(logits, rows, row, i)
+            picks.append((token, target, placed))
+            drafted.add(i)
+            if i + 1 == gamma or not drafted.goes_on(i, top, rows.stop_below(i)):
+                break  # the controller's call (on a GPU every position is drafted, the count stays there)
+            logits = self.runner.forward(token.view(1, 1)).logits[0, -1]  # [V_draft]: the draft feeds its own token
+            self.runner.commit([1])
+        tokens = torch.cat([token for token, _, _ in picks])  # [n] draft ids, on the device
+        count, _ = drafted.counts()  # [1] how many count (the controller's early stop), on the device
+        if self.sampling.greedy:
+            return self._translated(committed, tokens, count, gamma)
+        self._pending = (tokens, count)  # read after the verdict: the target's ids need no host (below)
+        return DraftBlock(torch.cat([target for _, target, _ in picks]), torch.stack([p for _, _, p in picks]),
+                          length=None if drafted.count is None else count[0])
+
+    def _pick(self, logits: torch.Tensor, rows: Rows, row: int, position: int):
+        """One draft token from logits [V_draft], on the device: (its draft id [1], its target id
+        [1] if sampled, the draft's distribution [V] at the target's ids if sampled, its top
+        probability [1])."""
+        if self.sampling.greedy:
+            token = logits.argmax().view(1)
+            return token, None, None, torch.softmax(logits.float(), -1).gather(0, token)
+        shared = self.sampling.probs(logits[self.draft_ids])  # [S] the draft restricted to shared tokens
+        pick = sample(shared, rows.rngs[row](DRAFT + position, shared.device)).view(1)
+        placed = torch.zeros(self.target_vocab, dtype=torch.float32, device=shared.device)  # [V] at the target's ids
+        placed[self.target_ids] = shared.float()
+        return self.draft_ids[pick], self.target_ids[pick], placed, shared.max().view(1)
+
+    def _translated(self, committed: list[int], tokens: torch.Tensor, count: torch.Tensor, gamma: int) -> DraftBlock:
+        """Greedy: the drafted text in target tokens. Text goes through two tokenizers on the
+        host, so the drafted ids and their count come back in ONE read (no table can do this
+        exactly: the target splits the text by its own merges, across the draft's boundaries)."""
+        *draft, n = torch.cat([tokens, count]).tolist()
+        self._settle(draft, n)
+        return DraftBlock(torch.tensor(self._translate(committed, draft[:n])[:gamma], dtype=torch.long))
+
+    def _settle(self, draft: list[int], n: int) -> None:
+        """The draft's cache holds what was fed: all but the last counted token (on a GPU an
+        early stop drafted on, and what followed it is cropped here)."""
+        self.cached += draft[: n - 1]
+        self.runner.crop(0, len(self.cached))
+
+    def _read_pending(self) -> None:
+        """A sampled draft's ids, for the draft's own cache: read once the verdict's copy has
+        waited for the device (they were drafted before it), so the read waits for nothing."""
+        if self._pending is not None:
+            tokens, count = self._pending
+            self._pending = None
+            *draft, n = torch.cat([tokens, count]).tolist()
+            self._settle(draft, n)
 
     def _translate(self, committed: list[int], draft: list[int]) -> list[int]:
         """The draft's text in target tokens, split as the target's tokenizer would in running text."""

@@ -1,0 +1,71 @@
+"""The cross-tokenizer draft keeps its drafting loop on the device: besides the verdict's copy,
+a step reads the host once (greedy: the drafted ids, whose text the two tokenizers translate on
+the host; sampled: the drafted ids after the verdict, for the draft's own cache), never once per
+drafted token. Counted on the CPU and on a simulated GPU (tests/cuda_sim.py), where the
+controller's early stop is a mask on the device and what was drafted past it is cropped; each
+greedy run is also checked against plain decoding, on the same run that was counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from cuda_sim import simulated_cuda
+from specpipe.controllers.confidence import ConfidenceGamma
+from specpipe.controllers.fixed import FixedGamma
+from specpipe.decode.loop import Decoder
+from specpipe.decode.syncs import host_reads, reads_per_step
+from specpipe.engine import make_runner
+from specpipe.pipeline import Pipeline, Request
+from specpipe.proposers.cross_tokenizer import CrossDrafter
+from specpipe.sampling import SamplingParams
+from specpipe.verifiers.greedy import GreedyVerifier
+from specpipe.verifiers.rejection import RejectionVerifier
+from test_cross_tokenizer import PROMPTS, pair  # noqa: F401 (pair: a fixture, built anew for this module)
+
+GREEDY, SAMPLED = SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=20)
+TOKENS = 24
+CONTROLLERS = {"fixed": lambda: FixedGamma(4), "confidence": lambda: ConfidenceGamma(5, gamma_max=5, threshold=0.5)}
+
+
+def one_read() -> int:
+    """What one `.tolist()` counts as: 1, or 2 under the simulation (its mode sees the counted
+    call again), so the test counts in reads whatever the device."""
+    with host_reads() as seen:
+        torch.zeros(1).tolist()
+    return len(seen)
+
+
+def counted(pipe: Pipeline, prompt: str) -> tuple[list[int], list[int], int]:
+    """Decode `prompt` alone: (host reads of each step, the tokens emitted, tokens drafted)."""
+    decoder, events = Decoder(pipe, 1), []
+    run = decoder.run
+    decoder.run = lambda requests: (events.append(event) or event for event in run(requests))
+    reads = reads_per_step(decoder, [Request(prompt, TOKENS)])
+    return reads, [token for event in events for token in event.tokens], events[-1].stats.drafted
+
+
+@pytest.mark.parametrize("controller", list(CONTROLLERS))
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # cuda: simulated
+def test_a_cross_tokenizer_step_reads_the_host_once_beside_the_verdict(pair, device, sampling, controller):  # noqa: F811
+    if device == "cpu" and controller == "confidence":
+        pytest.skip("on the CPU an early stop is read each position, where reading is free (`still_drafting`)")
+    target, drafts = pair
+    model, tokenizer = drafts["permuted"]
+    verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier(sampling)
+    with simulated_cuda() if device == "cuda" else contextlib.nullcontext([]) as refused:
+        unit = one_read()
+        pipe = Pipeline(target, CrossDrafter(model, sampling, target.tokenizer, tokenizer, device=device), verifier,
+                        CONTROLLERS[controller](), sampling, runner=make_runner(target.model, device=device))
+        runs = [counted(pipe, prompt) for prompt in PROMPTS]
+        plain = [pipe.run(prompt, max_new_tokens=TOKENS, speculative=False).token_ids for prompt in PROMPTS]
+    assert refused == []
+    reads = [count / unit for steps, _, _ in runs for count in steps]
+    assert max(reads) <= 2, reads  # the verdict's copy and the drafted ids: not one a drafted token
+    assert sum(drafted for _, _, drafted in runs) > 0  # it really drafted
+    if sampling.greedy:
+        assert [tokens for _, tokens, _ in runs] == plain
