@@ -76,8 +76,8 @@ MUTATIONS = (
     # the old rejection-sampling distribution tests verified one row at a time (verify_row): no other
     # row to read
     Mutation("a row verified against another row's logits", "specpipe/verifiers/rejection.py",
-             "target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32",
-             "target_probs = self.sampling.probs(target_logits.roll(1, 0))",
+             "(rule or decide)(sampling.probs(logits), tokens,",
+             "(rule or decide)(sampling.probs(logits.roll(1, 0)), tokens,",
              ("tests/test_rejection.py::test_every_row_is_verified_against_its_own_logits",
               "tests/test_batch.py::test_a_batched_step_samples_the_target_distribution")),
     # the old form (token 0 in 180 to 200 of 200 draws, at p 0.97) passed the argmax
@@ -107,8 +107,8 @@ MUTATIONS = (
     # exactness that asserts drafts were kept: a greedy verifier that keeps no draft is still lossless
     # (every token the target's argmax), so the old form (the tokens alone) passed it
     Mutation("the greedy verifier keeps no draft", "specpipe/verifiers/greedy.py",
-             "num_accepted = leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]",
-             "num_accepted = 0 * leading((top[:, : draft.width] == draft.tokens) & drafted(draft))  # [B]",
+             "num_accepted = leading(right)  # [R]",
+             "num_accepted = 0 * leading(right)  # [R]",
              ("tests/test_lossless.py::test_greedy_equals_plain -k 'draft-perfect and greedy and native and 3-'",)),
     # save/load compares every tensor by name and dtype: heads written in float64 load as float64 with
     # the same values, and the old form (torch.equal, which promotes, over zipped state dicts) passed

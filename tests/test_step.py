@@ -8,6 +8,7 @@ every Python-level call that would read a tensor back (`item`, `tolist`, `cpu`, 
 
 from __future__ import annotations
 
+import math
 
 import pytest
 import torch
@@ -231,25 +232,76 @@ def test_an_eagle_tree_step_reads_its_shape_once(device):
     assert pipe.run(REPEATING, max_new_tokens=12).stats.drafted > 0
 
 
-def test_a_greedy_chain_verdict_from_the_argmax_is_the_general_chain_verdict():
-    """The greedy verifier builds a chain's ids from the argmax alone (fewer launches): for
-    ragged rows whose drafts match the argmax for 0 to all of their columns, its verdict is the
-    one the general chain verdict builds from the kept tokens and the next one."""
-    from specpipe.verifiers.base import chain_verdict, drafted, leading
+def one_hot_logits(top: list[list[int]], vocab: int) -> torch.Tensor:
+    """[B, n, V] logits whose argmax at row b, column j is top[b][j]."""
+    return torch.nn.functional.one_hot(torch.tensor(top), vocab).double()
 
-    torch.manual_seed(0)
-    top = torch.randint(0, 9, (5, 5))  # [B, W + 1] the target's argmax
-    tokens = top[:, :4].clone()
-    for row, wrong in enumerate([0, 1, 3, None, 2]):  # where each row's draft first differs
-        if wrong is not None:
-            tokens[row, wrong] = (top[row, wrong] + 1) % 9
-    draft = DraftBatch(tokens, torch.tensor([4, 4, 4, 4, 1]), (4, 4, 4, 4, 1))
-    logits = torch.nn.functional.one_hot(top, 9).float()
-    verdict = GreedyVerifier().verify(draft, logits, [])
-    num_accepted = leading((top[:, :4] == tokens) & drafted(draft))
-    general = chain_verdict(draft, num_accepted, top.gather(1, num_accepted[:, None])[:, 0])
-    assert verdict.num_accepted.tolist() == [0, 1, 3, 4, 1]
-    assert torch.equal(verdict.ids, general.ids) and torch.equal(verdict.num_draft, general.num_draft)
+
+def padded(block_logits: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, bucket: int, block: int,
+           gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A static step's inputs around a verify block: logits [bucket, block, V], ids and counts
+    with the block's rows in front and stale values everywhere else. A stale draft column
+    holds the argmax it would be checked against, so a verdict that read past a row's count
+    would keep it."""
+    batch, width = tokens.shape
+    logits = torch.randn(bucket, block, block_logits.shape[-1], dtype=block_logits.dtype, generator=gen)
+    logits[:batch, : width + 1] = block_logits
+    ids = torch.randint(0, block_logits.shape[-1], (bucket, block), generator=gen)
+    ids[:, 1:] = logits[:, :-1].argmax(-1)
+    ids[:batch, 1 : width + 1] = tokens
+    stale = torch.randint(0, block, (bucket - batch,), generator=gen)
+    return logits, ids, torch.cat([counts, stale])
+
+
+# a greedy chain of three rows: every token kept (bonus), one kept then a recovered one, and
+# rows whose count stops them where the columns after would match (a broken count mask keeps them)
+GREEDY_TOP = [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [5, 0, 0, 0]]  # the target's argmax [B, W + 1]
+GREEDY_DRAFT = [[1, 2, 3], [1, 5, 3], [1, 2, 3], [5, 0, 0]]
+GREEDY_COUNTS = [3, 3, 2, 0]
+GREEDY_IDS = [[1, 2, 3, 4], [1, 2, -1, -1], [1, 2, 3, -1], [5, -1, -1, -1]]
+
+
+def test_the_greedy_chain_verdict_is_the_hand_computed_one():
+    """The greedy chain verdict, eager (`verify`, the exact block) and as a static step runs it
+    (its tail over a padded block of stale rows and columns), is the verdict worked out by hand:
+    ids, accepted counts, draft lengths and the host rows."""
+    gen = torch.Generator().manual_seed(0)
+    verifier = GreedyVerifier()
+    logits = one_hot_logits(GREEDY_TOP, 7)
+    counts = torch.tensor(GREEDY_COUNTS)
+    draft = DraftBatch(torch.tensor(GREEDY_DRAFT), counts, (3,) * 4)
+    block_logits, ids, stale_counts = padded(logits, draft.tokens, counts, 8, 6, gen)
+    tail = verifier.tail(draft)
+    for verdict in (verifier.verify(draft, logits),
+                    verifier.verdict_of(tail.compute(block_logits, ids, stale_counts)[:4], draft)):
+        assert verdict.ids.tolist() == GREEDY_IDS
+        assert verdict.num_accepted.tolist() == [3, 1, 2, 0] and verdict.num_draft.tolist() == GREEDY_COUNTS
+        assert [(v.n_accepted, v.emitted, v.gamma) for v in verdict.to_host()] == [
+            (3, [1, 2, 3, 4], 3), (1, [1, 2], 3), (2, [1, 2, 3], 2), (0, [5], 0)]
+    plain = DraftBatch.empty(2, "cpu")  # a plain step: the argmax, nothing accepted
+    logits = one_hot_logits([[4], [6]], 7)
+    block_logits, ids, stale_counts = padded(logits, plain.tokens, plain.num_draft, 4, 1, gen)
+    for verdict in (verifier.verify(plain, logits),
+                    verifier.verdict_of(verifier.tail(plain).compute(block_logits, ids, stale_counts)[:2], plain)):
+        assert verdict.ids.tolist() == [[4], [6]] and verdict.num_accepted.tolist() == [0, 0]
+        assert [(v.n_accepted, v.emitted) for v in verdict.to_host()] == [(0, [4]), (0, [6])]
+
+
+def test_the_greedy_tree_verdict_is_the_hand_computed_one():
+    """A tree (node 0 and 1 after the last token, 2 and 3 after node 0, 4 after node 2): the
+    path whose every node is its parent row's argmax, its block rows, and the bonus after it;
+    and no node kept when the first level misses."""
+    parents = (-1, -1, 0, 0, 2)
+    tokens = torch.tensor([[3, 7, 4, 9, 5]])
+    draft = DraftBatch(tokens, torch.tensor([3]), (3,), tree=parents)
+    # block rows: 0 the last token, i + 1 node i; node 0, 2 and 4 right, node 1 and 3 wrong
+    verdict = GreedyVerifier().verify(draft, one_hot_logits([[3, 4, 8, 5, 1, 6]], 10))
+    assert verdict.ids.tolist() == [[3, 4, 5, 6, -1, -1]] and verdict.num_accepted.tolist() == [3]
+    (row,) = verdict.to_host()
+    assert (row.n_accepted, row.emitted, row.path, row.last_row) == (3, [3, 4, 5, 6], (1, 3, 5), 5)
+    verdict = GreedyVerifier().verify(draft, one_hot_logits([[2, 4, 8, 5, 1, 6]], 10))
+    (row,) = verdict.to_host()
+    assert (row.n_accepted, row.emitted, row.path, row.last_row) == (0, [2], (), 0)
 
 
 def test_a_plain_steps_verdict_is_the_chain_verdict_without_its_kernels():
@@ -266,127 +318,124 @@ def test_a_plain_steps_verdict_is_the_chain_verdict_without_its_kernels():
         ([int(t)], 0, 0) for t in logits[:, 0].argmax(-1)]
 
 
-def test_the_greedy_verdict_inside_the_graph_is_the_verifiers():
-    """The greedy verdict a static step computes inside its graph (`chain_tail`, over the padded
-    block: rows past the batch and columns past each draft hold stale ids, and padding rows
-    stale counts) is, row for row, the verdict `verify` computes from the logits: the same ids,
-    accepted counts and draft lengths, and the same host rows."""
-    from specpipe.verifiers.greedy import chain_tail
-
-    gen = torch.Generator().manual_seed(0)
-    verifier = GreedyVerifier()
-    batch, width, vocab, block, bucket = 5, 4, 7, 7, 8
-    accepted = set()
-    for _ in range(60):
-        logits = torch.randn(bucket, block, vocab, dtype=torch.float64, generator=gen)
-        counts = torch.randint(0, width + 1, (batch,), generator=gen)
-        guess = torch.randint(0, vocab, (batch, width), generator=gen)
-        right = torch.rand(batch, width, generator=gen) < 0.75  # most guesses the argmax: long runs
-        tokens = torch.where(right, logits[:batch, :width].argmax(-1), guess)
-        ids = torch.randint(0, vocab, (bucket, block), generator=gen)  # stale padding everywhere
-        ids[:batch, 1 : width + 1] = tokens
-        padded = torch.cat([counts, torch.randint(0, block, (bucket - batch,), generator=gen)])
-        draft = DraftBatch(tokens, counts, (width,) * batch)
-        eager = verifier.verify(draft, logits[:batch, : width + 1])
-        graphed = verifier.verdict_of(chain_tail(logits, ids, padded)[:batch], draft)
-        assert torch.equal(graphed.ids, eager.ids) and torch.equal(graphed.num_accepted, eager.num_accepted)
-        assert torch.equal(graphed.num_draft, eager.num_draft) and graphed.to_host() == eager.to_host()
-        accepted |= set(eager.num_accepted.tolist())
-    assert accepted == set(range(width + 1))  # every outcome, none accepted to all
-    for _ in range(10):  # plain steps' 1-token blocks: the argmax, nothing drafted (padding rows stale)
-        logits = torch.randn(bucket, 1, vocab, dtype=torch.float64, generator=gen)
-        ids = torch.randint(0, vocab, (bucket, 1), generator=gen)
-        stale = torch.randint(0, block, (bucket - batch,), generator=gen)
-        padded = torch.cat([torch.zeros(batch, dtype=torch.long), stale])
-        draft = DraftBatch.empty(batch, "cpu")
-        eager = verifier.verify(draft, logits[:batch])
-        graphed = verifier.verdict_of(chain_tail(logits, ids, padded)[:batch], draft)
-        assert torch.equal(graphed.ids, eager.ids) and torch.equal(graphed.num_accepted, eager.num_accepted)
-        assert graphed.to_host() == eager.to_host()
+NEG = float("-inf")
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(0.8), SamplingParams(1.0, top_k=5), SamplingParams(0.7, top_p=0.9)])
-def test_the_rejection_verdict_inside_the_graph_is_the_verifiers(sampling):
-    """The rejection verdict a static step computes inside its graph (`chain_tail` over the
-    padded block, its draws and the draft's probabilities written into buffers whose other
-    entries are stale) is `verify`'s, row for row: the same draws from the
-    same streams, so the same accepted counts and the same recovered or bonus tokens, with the
-    draft's probabilities and one-hot alike."""
+def point(*mass: tuple[int, float]) -> list[float]:
+    """A distribution over 5 tokens as logits: token -> probability (the rest excluded)."""
+    logits = [NEG] * 5
+    for token, p in mass:
+        logits[token] = math.log(p)
+    return logits
+
+
+# Sampled chains whose outcome no draw can change: a token the target gives at least the draft's
+# probability is always kept, one it excludes always rejected, and every next-token distribution
+# has one token. Row 0 keeps both tokens (bonus 3); row 1 keeps one, its second (2) is excluded
+# and the residual leaves only 4; row 2 drafted one, kept, where a second column (0) would also
+# pass: its bonus is 0 from row 1, not 4 from row 2.
+SAMPLED_TARGET = [[point((1, 1.0)), point((2, 1.0)), point((3, 1.0))],
+                  [point((1, 1.0)), point((4, 1.0)), point((0, 1.0))],
+                  [point((0, 1.0)), point((0, 1.0)), point((4, 1.0))]]
+SAMPLED_DRAFT = [[1, 2], [1, 2], [0, 0]]
+SAMPLED_COUNTS = [2, 2, 1]
+SAMPLED_IDS = [[1, 2, 3], [1, 4, -1], [0, 0, -1]]
+
+
+def draft_probs() -> torch.Tensor:
+    """[3, 2, 5] draft distributions the tokens above may come from (row 1's second: half on
+    the excluded 2, half on 4, so the residual is 4 alone)."""
+    probs = torch.nn.functional.one_hot(torch.tensor(SAMPLED_DRAFT), 5).float()
+    probs[1, 0] = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
+    probs[1, 1] = torch.tensor([0.0, 0.0, 0.5, 0.0, 0.5])
+    return probs
+
+
+@pytest.mark.parametrize("rule", ["rejection", "block"])
+@pytest.mark.parametrize("probs", ["one-hot", "draft's"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_sampled_chain_verdict_is_the_hand_computed_one(rule, probs, temperature):
+    """Rejection sampling and block verification on chains whose verdict is fixed whatever the
+    draws: eager (`verify`) and as a static step runs it (its tail over a padded block, its
+    inputs' buffers stale before its `fill`), for several seeds, the verdict worked out by hand."""
     from specpipe.sampling import RowRandom
+    from specpipe.verifiers.block import BlockVerifier
 
     gen = torch.Generator().manual_seed(0)
-    verifier = RejectionVerifier(sampling)
-    batch, width, vocab, bucket = 3, 4, 11, 4
-    accepted = set()
-    for trial in range(40):
-        block = 6 if trial % 3 else width + 1  # at width + 1, a row asked for more than fits (fast's padding)
-        logits = torch.randn(bucket, block, vocab, generator=gen) * 2
-        counts = torch.randint(0, width + 1, (batch,), generator=gen)
-        gammas = tuple(int(c) + int(torch.randint(0, 3, (1,), generator=gen)) for c in counts)  # drafted fewer
-        tokens = torch.multinomial(sampling.probs(logits[:batch, :width]).view(-1, vocab), 1,
-                                   generator=gen).view(batch, width)  # likely tokens: long runs
-        probs = None if trial % 2 else torch.softmax(torch.randn(batch, width, vocab, generator=gen), -1)
-        draft = DraftBatch(tokens, counts, gammas, probs)
-        rngs = [RowRandom(seed=trial * 7 + b, step=trial) for b in range(batch)]
-        eager = verifier.verify(draft, logits[:batch, : width + 1], rngs)
-        ids = torch.randint(0, vocab, (bucket, block), generator=gen)  # stale padding everywhere
-        ids[:batch, 1 : width + 1] = tokens
-        padded = torch.cat([counts, torch.randint(0, block, (bucket - batch,), generator=gen)])
+    verifier = (RejectionVerifier if rule == "rejection" else BlockVerifier)(SamplingParams(temperature))
+    logits = torch.tensor(SAMPLED_TARGET)
+    counts = torch.tensor(SAMPLED_COUNTS)
+    draft = DraftBatch(torch.tensor(SAMPLED_DRAFT), counts, (2, 3, 1), draft_probs() if probs == "draft's" else None)
+    for seed in range(5):
+        rngs = [RowRandom(seed=seed * 3 + b, step=seed) for b in range(3)]
         tail = verifier.tail(draft, rngs)
-        buffers = [torch.rand((bucket, *size), generator=gen) + 0.5 for size in tail.inputs.sizes(block, vocab)]
+        block_logits, ids, stale_counts = padded(logits, draft.tokens, counts, 4, 5, gen)
+        block_logits[3:] = 0.0  # stale rows: any distribution the sampling takes
+        buffers = [torch.rand((4, *size), generator=gen) + 0.5 for size in tail.inputs.sizes(5, 5)]
         tail.inputs.fill(buffers)
-        graphed = verifier.verdict_of(tail.compute(logits, ids, padded, *buffers)[:batch], draft)
-        assert torch.equal(graphed.ids, eager.ids) and torch.equal(graphed.num_accepted, eager.num_accepted)
-        assert graphed.to_host() == eager.to_host()
-        accepted |= set(eager.num_accepted.tolist())
-    assert accepted == set(range(width + 1))
+        for verdict in (verifier.verify(draft, logits, rngs),
+                        verifier.verdict_of(tail.compute(block_logits, ids, stale_counts, *buffers)[:3], draft)):
+            assert verdict.ids.tolist() == SAMPLED_IDS and verdict.num_accepted.tolist() == [2, 1, 1]
+            assert [(v.n_accepted, v.emitted, v.gamma) for v in verdict.to_host()] == [
+                (2, [1, 2, 3], 2), (1, [1, 4], 2), (1, [0, 0], 1)]
 
 
-def test_a_draft_models_pick_inside_its_graph_is_the_eager_pick():
-    """A draft model's greedy pick as its static step's tail (`greedy_pick`: each row's last fed
-    column of the padded block, stale padding rows included) is the eager pick's token and
-    probability, bit for bit (the probability rides in the int64 output as its float32 bits)."""
-    from specpipe.proposers.model_drafter import greedy_pick
+def picks(drafter: ModelDrafter, tail, ids: torch.Tensor, logits: torch.Tensor, last: torch.Tensor,
+          gen: torch.Generator) -> list[tuple]:
+    """A draft step's pick, eager (`_pick`, the exact block) and as a static step runs it (the
+    tail over a padded block: a stale row whose count is out of range, stale buffers before the
+    tail's `fill`) -> (tokens [B], distributions [B, V] or None, top probabilities [B]) of each."""
+    batch, width, vocab = logits.shape
+    block = torch.randn(batch + 1, width + 1, vocab, generator=gen)
+    block[:batch, :width] = logits
+    counts = torch.cat([last, torch.tensor([9])])
+    sizes = tail.inputs.sizes(width + 1, vocab) if tail.inputs is not None else ()
+    buffers = [torch.rand((batch + 1, *size), generator=gen) for size in sizes]
+    if tail.inputs is not None:
+        tail.inputs.fill(buffers)
+    graphed = tail.compute(block, torch.zeros(batch + 1, width + 1, dtype=torch.long), counts, *buffers)[:batch]
+    return [drafter._picked(drafter._pick(tail, ids, logits)), drafter._picked(graphed)]
 
+
+def test_a_draft_models_greedy_pick_is_the_hand_computed_one():
+    """The greedy pick reads each row's last fed column: its argmax and softmax probability
+    (logits log 3 on one token, 0 on three others: probability 1/2), eager and graphed alike."""
     gen = torch.Generator().manual_seed(0)
     drafter = ModelDrafter(tiny_model(seed=0), SamplingParams())
-    batch, block, vocab, bucket = 3, 2, 50, 4
-    for _ in range(20):
-        logits = torch.randn(bucket, block, vocab, generator=gen) * 4
-        last = torch.randint(0, block, (batch,), generator=gen)
-        counts = torch.cat([last, torch.randint(0, 9, (bucket - batch,), generator=gen)])  # stale: out of range too
-        out = greedy_pick(logits, torch.zeros(bucket, block, dtype=torch.long), counts)[:batch]
-        token, _, top = drafter._pick(logits[torch.arange(batch), last], None, [2] * batch, 0)
-        assert torch.equal(out[:, 0], token) and torch.equal(out[:, 1].int().view(torch.float32), top)
+    logits = torch.full((3, 2, 6), NEG)  # [B, w, V]
+    expected = [(0, 4), (1, 2), (0, 5)]  # (last fed column, its argmax) per row
+    for b, (column, token) in enumerate(expected):
+        logits[b, column, [t for t in range(6) if t != token][:3]] = 0.0
+        logits[b, column, token] = math.log(3)
+        logits[b, 1 - column, 1] = 5.0  # the other column's argmax: wrong if it were read
+    last = torch.tensor([column for column, _ in expected])
+    ids = torch.zeros(3, 2, dtype=torch.long)
+    for token, p, top in picks(drafter, drafter._tail(None, [2] * 3, 0, last.tolist()), ids, logits, last, gen):
+        assert token.tolist() == [t for _, t in expected] and p is None
+        assert torch.allclose(top, torch.full((3,), 0.5), atol=1e-6)
 
 
-def test_a_draft_models_sampled_pick_inside_its_graph_is_the_eager_pick():
-    """Sampled, the pick's tail (`sampled_pick`, the race's draws written into its buffer by the
-    rows' streams, ones past a row's γ) gives the eager pick's token, distribution and top
-    probability, bit for bit: a drafting row samples what `_pick` samples, one past its γ
-    takes the argmax."""
-    from specpipe.sampling import RowRandom
+def test_a_draft_models_sampled_pick_is_the_hand_computed_one():
+    """Sampled, a drafting row draws its token from its own stream for this position (what
+    `sample` draws from it) out of the distribution worked out by hand, and a row past its γ
+    takes the argmax: eager and graphed alike, and both tokens of a two-token distribution come."""
+    from specpipe.sampling import DRAFT, RowRandom, sample
     from specpipe.types import Rows
 
     gen = torch.Generator().manual_seed(0)
-    sampling = SamplingParams(temperature=0.9, top_k=20)
-    drafter = ModelDrafter(tiny_model(seed=0), sampling)
-    batch, block, vocab, bucket = 3, 2, 50, 4
-    sampled = set()
-    for position in range(6):
-        rows = Rows([[1]] * batch, [RowRandom(seed=b, step=position) for b in range(batch)], lambda i: 0.0, "cpu")
-        gammas = [0, 3, 6]
-        logits = torch.randn(bucket, block, vocab, generator=gen) * 2
-        last = torch.randint(0, block, (batch,), generator=gen)
-        counts = torch.cat([last, torch.randint(0, 9, (bucket - batch,), generator=gen)])  # stale: out of range too
-        tail = drafter._tail(rows, gammas, position, last)
-        buffers = [torch.rand((bucket, *size), generator=gen) for size in tail.inputs.sizes(block, vocab)]
-        tail.inputs.fill(buffers)
-        token, p, top = drafter._picked(tail.compute(logits, torch.zeros(bucket, block, dtype=torch.long), counts,
-                                                     *buffers)[:batch])
-        eager = drafter._pick(logits[torch.arange(batch), last], rows, gammas, position)
-        assert torch.equal(token, eager[0]) and torch.equal(p, eager[1]) and torch.equal(top, eager[2])
-        argmax = logits[torch.arange(batch), last].argmax(-1)
-        sampled |= {int(token[b] != argmax[b]) for b in range(batch) if position < gammas[b]}
-        assert all(token[b] == argmax[b] for b in range(batch) if position >= gammas[b])
-    assert sampled == {0, 1}  # a drafting row sampled: not always the argmax
+    drafter = ModelDrafter(tiny_model(seed=0), SamplingParams(temperature=1.0))
+    logits = torch.full((3, 1, 5), NEG)  # [B, w, V]: 3/4 on token 1, 1/4 on token 3
+    logits[:, 0, 1], logits[:, 0, 3] = math.log(0.75), math.log(0.25)
+    expected = torch.tensor([0.0, 0.75, 0.0, 0.25, 0.0]).expand(3, 5)
+    last, ids, gammas = torch.zeros(3, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long), [0, 3, 6]
+    drawn = set()
+    for position in range(5):
+        rows = Rows([[1]] * 3, [RowRandom(seed=seed, step=position) for seed in (5, 6, 7)], lambda i: 0.0, "cpu")
+        tail = drafter._tail(rows, gammas, position, [0] * 3)
+        for token, p, top in picks(drafter, tail, ids, logits, last, gen):
+            assert torch.allclose(p, expected) and torch.allclose(top, torch.full((3,), 0.75))
+            for b, gamma in enumerate(gammas):
+                own = sample(expected[b], rows.rngs[b](DRAFT + position, "cpu"))
+                assert int(token[b]) == (int(own) if position < gamma else 1)
+                drawn |= {int(token[b])} if position < gamma else set()
+    assert drawn == {1, 3}

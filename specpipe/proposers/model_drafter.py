@@ -21,7 +21,7 @@ from specpipe.declaration import batch_refusal
 from specpipe.drafts import DraftBatch
 from specpipe.engine import Tail, TailInputs, make_runner, pick_engine
 from specpipe.proposers.base import Proposer, still_drafting
-from specpipe.sampling import DRAFT, SamplingParams, race, race_draws, sample
+from specpipe.sampling import DRAFT, SamplingParams, race, race_draws
 from specpipe.types import Rows
 from specpipe.types import RowVerdict, Verdict
 
@@ -86,14 +86,11 @@ class ModelDrafter(Proposer):
         drafted = Drafted(gammas, device)
         tokens, probs, confidence = [], [], []
         for i in range(steps):
-            out = self.runner.forward(ids, tail=self._tail(rows, gammas, i, last))  # logits [B, w, V]
+            tail = self._tail(rows, gammas, i, last)
+            out = self.runner.forward(ids, tail=tail)  # logits [B, w, V], or the tail's output
             self.runner.commit(kept)  # padding and rows done drafting drop what they were fed
-            if out.tail is not None:  # the pick inside the draft step's graph, where it has one
-                token, p, top = self._picked(out.tail)
-            else:
-                at = torch.tensor(last).to(device, non_blocking=True)
-                row_logits = out.logits[torch.arange(count, device=device), at]  # [B, V] at each row's last fed token
-                token, p, top = self._pick(row_logits, rows, gammas, i)
+            # the pick inside the draft step's graph where it has one, else the same tail eagerly
+            token, p, top = self._picked(out.tail if out.tail is not None else self._pick(tail, ids, out.logits))
             tokens.append(token)
             confidence.append(top)
             if p is not None:
@@ -111,9 +108,10 @@ class ModelDrafter(Proposer):
                           torch.stack(confidence, 1), counts=counts)
 
     def _tail(self, rows: Rows, gammas: list[int], position: int, last: list[int]) -> Tail:
-        """`_pick` as a `Tail` of the draft step: greedy, the argmax; sampled, a race whose draws
-        each row's stream makes for this position (ones past a row's γ: the race is then the
-        argmax, as `_pick`'s), drawn into the tail's buffer before the replay."""
+        """One draft token per row as a `Tail` of the draft step (run inside its graph, or eagerly
+        by `_pick`): greedy, the argmax; sampled, a race whose draws each row's stream makes for
+        this position (ones past a row's γ: the race is then the argmax), drawn into the tail's
+        buffer before the replay. last: each row's last fed column in the block."""
         if self.sampling.greedy:
             return Tail("greedy pick", greedy_pick, last)
 
@@ -136,16 +134,18 @@ class ModelDrafter(Proposer):
         vocab = tail.shape[1] - 2  # sampled_pick's
         return tail[:, vocab].long(), tail[:, :vocab], tail[:, vocab + 1]
 
-    def _pick(self, logits: torch.Tensor, rows: Rows, gammas: list[int], position: int):
-        """One draft token per row from logits [B, V]: (tokens [B], distributions [B, V] if sampled,
-        top probabilities [B]); a sampled row draws from its own stream for this position."""
-        if self.sampling.greedy:
-            top, token = torch.softmax(logits.float(), -1).max(-1)
-            return token, None, top
-        p = self.sampling.probs(logits)  # [B, V] float32, same transform as the target
-        token = torch.stack([sample(p[b], rows.rngs[b](DRAFT + position, p.device)) if position < gammas[b]
-                             else p[b].argmax() for b in range(len(gammas))])
-        return token, p, p.max(-1).values
+    @staticmethod
+    def _pick(tail: Tail, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The pick of an eager draft step: the tail a static step runs inside its graph, run over
+        the step's own block (logits [B, w, V] of ids [B, w]: no padding), its inputs at their
+        exact sizes and filled by its own `fill`, so both draw the same from the same streams."""
+        rows, device = logits.shape[0], logits.device
+        at = torch.tensor(tail.counts).to(device, non_blocking=True)  # [B] each row's last fed column
+        sizes = tail.inputs.sizes(logits.shape[1], logits.shape[2]) if tail.inputs is not None else ()
+        inputs = [torch.empty((rows, *size), device=device) for size in sizes]
+        if tail.inputs is not None:
+            tail.inputs.fill(inputs)
+        return tail.compute(logits, ids, at, *inputs)
 
     def commit(self, verdict: Verdict, host: list[RowVerdict], out=None) -> None:
         for b, row in enumerate(host):
@@ -199,17 +199,17 @@ class Drafted:
 
 
 def greedy_pick(logits: torch.Tensor, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """`_pick`'s greedy choice as a `Tail` of a draft step: logits [R, K, V] of the padded block,
-    each row's last fed column `last` [R] -> [R, 2] int64: the token, and its probability's
-    float32 bits (one int64 tensor copies out of the graph as one; `.int().view(float32)` reads
-    them back exactly). The same softmax and maximum as the eager pick, row by row."""
+    """The greedy pick as a `Tail` of a draft step: logits [R, K, V] of the (padded) block, each
+    row's last fed column `last` [R] -> [R, 2] int64: the argmax token, and its softmax
+    probability's float32 bits (one int64 tensor copies out of the graph as one;
+    `.int().view(float32)` reads them back exactly)."""
     top, token = torch.softmax(_last_fed(logits, last).float(), -1).max(-1)
     return torch.stack([token, top.view(torch.int32).long()], 1)
 
 
 def sampled_pick(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tensor, last: torch.Tensor,
                  draws: torch.Tensor) -> torch.Tensor:
-    """`_pick`'s sampled choice as a `Tail`: logits [R, K, V] of the padded block, each row's last
+    """The sampled pick as a `Tail`: logits [R, K, V] of the (padded) block, each row's last
     fed column [R], the race's draws [R, V] -> [R, V + 2] float32: the distribution, the token
     (exact in float32: ids below 2 ** 24) and its top probability. One tensor copies out of the
     graph as one."""
