@@ -25,6 +25,7 @@ from specpipe.models.quantize import resolve_precision
 from specpipe.models.loader import (LoadedModel, ModelSource, load_config, load_model, load_tokenizer, resolve,
                                      zoo_config)
 from specpipe.engine import make_runner
+from specpipe.engine.base import overlaps
 from specpipe.sampling import SamplingParams
 
 
@@ -44,6 +45,8 @@ class BuildContext:
     compile: bool = False  # the target's stack only: a draft's steps are many and small, its graphs another compile
     kernels: str = "exact"  # the target's (a draft runs the fastest: the target verifies it)
     graphs: str = "auto"  # the static steps: the target's, and a draft model's (with the fewest rows)
+    batch_schedule: dict[int, int] = field(default_factory=dict)  # the controller's γ per batch size
+    overlapped: bool = False  # plain steps queued ahead of the host (`overlap`): the controller prices them so
     _target: LoadedModel | None = field(default=None, repr=False)
 
     def runner(self, model, precision: str, compile: bool = False, kernels: str = "fast", graphs: str = "off"):
@@ -76,7 +79,8 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
     source = resolve(cfg.model.name)
     context = BuildContext(cfg.model.name, source, tokenizer(), sampling,
                            lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len,
-                           cfg.compile, cfg.get("kernels", "exact"), cfg.get("graphs", "auto"))
+                           cfg.compile, cfg.get("kernels", "exact"), cfg.get("graphs", "auto"),
+                           check_schedule(cfg.get("batch_schedule")), overlaps(cfg.get("overlap", "auto"), cfg.device))
     return context, checks
 
 
@@ -107,9 +111,7 @@ def build_parts(cfg: DictConfig) -> dict:
     context, checks = checked_context(cfg)
     refuse_if_any(checks)
     verifier = call_target(cfg.verifier, "verifier", context)
-    controller = call_target(cfg.controller, "controller", context)
-    if controller is not None:
-        controller.schedule = check_schedule(cfg.get("batch_schedule"))
+    controller = call_target(cfg.controller, "controller", context)  # with the context's schedule and overlap
     controller = guarded(controller, bool(cfg.get("guard", True)))  # under every controller unless guard=false
     proposer = call_target(cfg.proposer, "proposer", context)  # may copy the dense target (twin)
     # a config not composed by specpipe may hold auto

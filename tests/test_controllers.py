@@ -105,3 +105,43 @@ def test_cost_forgets_stale_verify_costs_of_block_sizes_it_stopped_trying():
     assert set(c.verify_at()) == {2, 3}  # the 6-token samples are older than `memory` steps
     assert c.best_gamma() >= 6  # everything accepted, verifying barely grows: long drafts
     assert history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=1000)).best_gamma() <= 2  # never forgetting
+
+
+def test_the_guard_and_the_cost_model_read_one_record_of_the_steps():
+    """One step meter for the chain: the guard wraps the cost model and shares its meter, each
+    step is recorded once (not once a controller), and both read their costs from it."""
+    from specpipe.controllers.guard import Guard
+
+    inner = CostModelGamma(3, gamma_min=0, gamma_max=6, probe_every=1000)
+    guard = Guard(inner)
+    assert guard.meter is inner.meter
+    guard.update([0], [RowVerdict(0, 0, 0)], StepTiming(0.0, 0.05), 1)  # a plain step
+    guard.update([0], [RowVerdict(2, 0, 3)], StepTiming(0.03, 0.1), 1)
+    assert guard.meter.steps == 2
+    assert guard.plain_cost(1) == pytest.approx(0.05) and inner.verify_at() == pytest.approx({1: 0.05, 4: 0.1})
+    assert inner.propose_per_token() == pytest.approx(0.01)
+    assert guard.meter.reach(1).possible == 4 and guard.meter.reach(1).cost == pytest.approx(0.13 / 0.05)
+
+
+def test_a_built_controller_has_its_schedule_and_overlap_from_construction(tmp_path):
+    """The build hands the controller the batch schedule and whether plain steps are queued
+    ahead (`overlap`) when it makes it: the guard over it reads both through its inner controller."""
+    import torch
+
+    from conftest import tiny_model, tiny_tokenizer
+    from specpipe.build import build_parts
+    from specpipe.config import compose
+    from specpipe.controllers.guard import Guard
+
+    model, tokenizer = tiny_model(0, dtype=torch.float32), tiny_tokenizer()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    for overlap, queued in (("on", True), ("off", False)):
+        cfg = compose([f"model={tmp_path / 'target'}", "proposer=ngram", "controller=cost",
+                       "batch_schedule={1: 3, 4: 0}", f"overlap={overlap}"])
+        controller = build_parts(cfg)["controller"]
+        assert isinstance(controller, Guard) and isinstance(controller.inner, CostModelGamma)
+        assert controller.schedule == controller.inner.schedule == {1: 3, 4: 0}
+        assert controller.overlapped is queued and controller.meter is controller.inner.meter
+        assert (controller.gamma(1), controller.gamma(8)) == (3, 0)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from collections import deque
 
-from specpipe.controllers.base import Controller
+from specpipe.controllers.base import Controller, settings
 from specpipe.errors import SpecpipeError
 from specpipe.types import RowVerdict, StepTiming
 
 
 class BandGamma(Controller):
     def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8, *, low: float = 0.4,
-                 high: float = 0.6, gamma_low: int = 2, gamma_high: int = 6, window: int = 8):
-        super().__init__(gamma, gamma_min, gamma_max)
+                 high: float = 0.6, gamma_low: int = 2, gamma_high: int = 6, window: int = 8, **pipeline):
+        super().__init__(gamma, gamma_min, gamma_max, **pipeline)
         if not 0.0 <= low <= high <= 1.0 or window < 1:
             raise SpecpipeError(
                 f"controller.low={low}, controller.high={high}, controller.window={window}: need "
@@ -23,7 +23,7 @@ class BandGamma(Controller):
         self.gamma_low, self.gamma_high = self.clamp(gamma_low), self.clamp(gamma_high)
         self._window: deque[tuple[int, int]] = deque(maxlen=window)  # (accepted, drafted)
 
-    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         for verdict in verdicts:  # each row's step, in turn
             self._learn(verdict)
 
@@ -39,4 +39,4 @@ class BandGamma(Controller):
 
 
 def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8, **band) -> BandGamma:
-    return BandGamma(gamma, gamma_min, gamma_max, **band)
+    return BandGamma(gamma, gamma_min, gamma_max, **band, **settings(context))

@@ -3,6 +3,13 @@ batch)` after it (one call a step, every speculating row's verdict), `stop_below
 and per batch row `admit(slot)` and `row_gamma(slot, gamma)` (by default a row takes the batch's
 γ: the guard, controllers/guard.py, overrides them).
 
+`update` records the step's cost in the controller's `StepMeter` (controllers/meter.py), once,
+then the controller learns from it (`learn`, what each controller writes); a controller that
+wraps another shares its meter and calls the inner one's `learn`, so the steps are timed once
+whatever reads them. What a controller knows of the pipeline comes at construction (keyword
+arguments, from the build's context: `settings`): its `schedule`, and whether plain steps are
+queued ahead of the host (`overlapped`, the meter's), not written into it later.
+
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
 model) goes down to γ = 0, which makes the next step a plain decoding step, and the guard under
@@ -14,17 +21,21 @@ controller would pick: the entry of the largest batch size not above the batch's
 
 from __future__ import annotations
 
+from specpipe.controllers.meter import StepMeter
 from specpipe.errors import SpecpipeError
 from specpipe.types import RowVerdict, StepTiming
 
 
 class Controller:
     adapts = True  # γ moves within [gamma_min, gamma_max]; False: it stays the configured γ (fixed, confidence)
-    # the decode loop queues plain steps ahead of the host (decode/loop.py, `overlap`), so plain
-    # decoding costs a step's own time, without the host's time between steps (the decoder sets it)
-    overlapped = False
+    meter: StepMeter
 
-    def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8):
+    def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8, *, schedule: dict[int, int] | None = None,
+                 overlapped: bool = False, meter: StepMeter | None = None):
+        """schedule: batch size -> γ (`batch_schedule=`, checked); overlapped: the decode loop
+        queues plain steps ahead of the host (decode/loop.py, `overlap`), so plain decoding costs
+        a step's own time, without the host's between steps; meter: the steps' costs, where
+        another part keeps them already (default: a meter of its own)."""
         check_gamma(gamma)
         if not 0 <= gamma_min <= gamma_max:
             raise SpecpipeError(
@@ -33,7 +44,17 @@ class Controller:
             )
         self.gamma_min, self.gamma_max = gamma_min, gamma_max
         self._gamma = self.clamp(gamma)
-        self.schedule: dict[int, int] = {}  # batch size -> γ (batch_schedule=)
+        self.schedule: dict[int, int] = check_schedule(schedule)  # batch size -> γ (batch_schedule=)
+        self.meter = meter if meter is not None else StepMeter(overlapped=overlapped)
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether plain steps are queued ahead of the host (the meter prices them so)."""
+        return self.meter.overlapped
+
+    @overlapped.setter
+    def overlapped(self, value: bool) -> None:  # a controller driven by hand (tests, a decoder of its own)
+        self.meter.overlapped = value
 
     def clamp(self, gamma: int) -> int:
         return max(self.gamma_min, min(self.gamma_max, gamma))
@@ -52,8 +73,14 @@ class Controller:
         return self._gamma
 
     def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
-        """Learn from the step just taken: the verdicts of the rows that speculated in it (batch
-        rows `slots`), the step's shared timing and its batch size (default: nothing)."""
+        """The step just taken: the verdicts of the rows that speculated in it (batch rows
+        `slots`), the step's shared timing and its batch size. Its cost goes to the meter (the
+        widest draft verified: the block every row's forward was), then the controller learns."""
+        self.meter.record(timing, batch, max((verdict.gamma for verdict in verdicts), default=0))
+        self.learn(slots, verdicts, timing, batch)
+
+    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+        """Learn from the step `update` was given, its cost in the meter already (default: nothing)."""
 
     def admit(self, slot: int) -> None:
         """A new request took batch row `slot` (default: nothing to forget)."""
@@ -75,6 +102,14 @@ class Controller:
         (0.0: it never stops early). A threshold, not a yes/no, so drafters on a GPU apply it as
         a mask without reading their confidence back."""
         return 0.0
+
+
+def settings(context) -> dict:
+    """What a controller's build passes on from the build's context: the schedule and the
+    overlap (none where only its options are checked: no context)."""
+    if context is None:
+        return {}
+    return {"schedule": context.batch_schedule, "overlapped": context.overlapped}
 
 
 def check_gamma(gamma: int, what: str = "gamma") -> int:

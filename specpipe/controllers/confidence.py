@@ -5,7 +5,7 @@ rejected, lowered toward that of doubtful ones it accepted anyway."""
 
 from __future__ import annotations
 
-from specpipe.controllers.base import Controller
+from specpipe.controllers.base import Controller, settings
 from specpipe.errors import SpecpipeError
 from specpipe.types import RowVerdict, StepTiming
 
@@ -14,8 +14,8 @@ class ConfidenceGamma(Controller):
     adapts = False  # γ stays; drafts stop early below the threshold
 
     def __init__(self, gamma: int, gamma_min: int = 1, gamma_max: int = 8, *, threshold: float = 0.4,
-                 adapt: bool = True, rate: float = 0.05):
-        super().__init__(gamma, gamma_min, gamma_max)
+                 adapt: bool = True, rate: float = 0.05, **pipeline):
+        super().__init__(gamma, gamma_min, gamma_max, **pipeline)
         if not 0.0 <= threshold <= 1.0:
             raise SpecpipeError(f"controller.threshold={threshold} must be a probability in [0, 1].")
         self.threshold, self.adapt, self.rate = threshold, adapt, rate
@@ -23,7 +23,7 @@ class ConfidenceGamma(Controller):
     def stop_below(self, position: int) -> float:
         return self.threshold if position + 1 >= self.gamma_min else 0.0
 
-    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         for verdict in verdicts:  # each row's step, in turn
             self._learn(verdict)
 
@@ -40,4 +40,4 @@ class ConfidenceGamma(Controller):
 
 
 def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8, **options) -> ConfidenceGamma:
-    return ConfidenceGamma(gamma, gamma_min, gamma_max, **options)
+    return ConfidenceGamma(gamma, gamma_min, gamma_max, **options, **settings(context))

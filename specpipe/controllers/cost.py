@@ -20,7 +20,9 @@ batch size only the starting γ has been measured: without the shorter probe its
 extrapolated from one point forever).
 
 In a batch every cost is a function of the batch size too (the verify forward of B rows of k
-tokens, the draft steps of B rows): verify and propose samples are kept per batch size, and γ*
+tokens, the draft steps of B rows): verify and propose samples are read per batch size from the
+step meter every controller of the pipeline reads (controllers/meter.py: the guard's plain cost
+comes from the same record of the same steps), the last `window` of each, and γ*
 is chosen for the batch size of the step at hand. At a large batch a verify block costs close
 to k one-token steps (the GEMMs turn compute-bound), so γ* falls, to 0 where speculation does
 not pay at that load. A batch size never measured borrows the nearest measured one's costs
@@ -31,42 +33,43 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
 
-from specpipe.controllers.base import Controller
+from specpipe.controllers.base import Controller, settings
 from specpipe.types import RowVerdict, StepTiming
 
 
 class CostModelGamma(Controller):
     def __init__(self, gamma: int, gamma_min: int = 0, gamma_max: int = 8, *, smoothing: float = 0.2,
-                 probe_every: int = 8, prior_acceptance: float = 0.7, window: int = 9, memory: int = 64):
-        super().__init__(gamma, gamma_min, gamma_max)
+                 probe_every: int = 8, prior_acceptance: float = 0.7, window: int = 9, memory: int = 64,
+                 **pipeline):
+        """pipeline: `Controller`'s schedule, overlapped and meter."""
+        super().__init__(gamma, gamma_min, gamma_max, **pipeline)
         self.smoothing = smoothing
         self.probe_every = probe_every
         self.alpha = [prior_acceptance] * max(gamma_max, 1)  # [position] conditional acceptance
         self._seen = [False] * max(gamma_max, 1)  # [position] judged by the target at least once
-        self._propose: dict[int, deque] = {}  # batch size -> seconds per draft token, recent steps
-        self._verify: dict[tuple[int, int], deque] = {}  # (batch size, block size k) -> recent (step, seconds)
-        self._window = window
+        self._window = window  # samples per batch size (and block size) the medians are of
         self._memory = memory  # steps after which a block size's verify costs are forgotten
-        self._steps = 0
         self._next = self._gamma  # what gamma() answers at the last step's batch size: the best γ, or a probe
         self._since_probe = 0
         self._probe_up = False  # the direction of the last probe
         self._last_batch = 1
 
     def propose_per_token(self, batch: int = 1) -> float | None:
-        times = self._propose.get(self._measured(batch, {b for b in self._propose}))
+        times = self.meter.propose_samples(self._measured(batch, self.meter.proposed_sizes()), self._window)
         return statistics.median(times) if times else None
 
     def verify_at(self, batch: int = 1) -> dict[int, float]:
         """Median verify seconds per block size at this batch size, over samples of the last
         `memory` steps only: a size measured slow once and never tried since would otherwise
         pin γ below it."""
-        batch = self._measured(batch, {b for b, _ in self._verify})
-        fresh = {k: [s for step, s in times if step > self._steps - self._memory]
-                 for (b, k), times in self._verify.items() if b == batch}
+        batch = self._measured(batch, self.meter.verified_sizes())
+        fresh = {k: times for (b, k), times in self._verified().items() if b == batch}
         return {k: statistics.median(times) for k, times in fresh.items() if times}
+
+    def _verified(self) -> dict[tuple[int, int], list[float]]:
+        """(batch size, block size) -> its recent verify seconds, those of the last `memory` steps."""
+        return self.meter.verify_samples(self._window, self._memory)
 
     @staticmethod
     def _measured(batch: int, sizes: set[int]) -> int:
@@ -79,9 +82,8 @@ class CostModelGamma(Controller):
         """The best γ (or a probe) at the last step's batch size; at another, the best estimate there."""
         return self._next if batch == self._last_batch else self._pick(batch)
 
-    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
-        gamma = max(v.gamma for v in verdicts)  # the step's block was γ + 1 wide for every row
-        self._observe_cost(batch, gamma, timing)
+    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+        gamma = max(v.gamma for v in verdicts)  # the step's block was γ + 1 wide for every row (the meter has its cost)
         for verdict in verdicts:
             self._observe_acceptance(verdict, gamma if batch > 1 else None)
         self._gamma, self._last_batch = self._pick(batch), batch
@@ -104,14 +106,6 @@ class CostModelGamma(Controller):
         if self.propose_per_token(batch) is None or not self.verify_at(batch):
             return self._gamma  # nothing measured yet: the configured γ
         return self.best_gamma(batch)
-
-    def _observe_cost(self, batch: int, gamma: int, timing: StepTiming) -> None:
-        self._steps += 1
-        if timing.setup_s:  # the step captured a CUDA graph: a one-off, not what a step costs
-            return
-        self._verify.setdefault((batch, gamma + 1), deque(maxlen=self._window)).append((self._steps, timing.verify_s))
-        if gamma > 0:
-            self._propose.setdefault(batch, deque(maxlen=self._window)).append(timing.propose_s / gamma)
 
     def _observe_acceptance(self, verdict: RowVerdict, asked: int | None = None) -> None:
         """asked: the step's γ. In a batch a row that drafted fewer tokens than the block holds
@@ -154,8 +148,7 @@ class CostModelGamma(Controller):
         """Median verify seconds by the forward's row count M = batch size × block size, every
         batch size pooled (a forward's cost is mostly its GEMMs', a function of M)."""
         by_rows: dict[int, list[float]] = {}
-        for (b, k), times in self._verify.items():
-            fresh = [s for step, s in times if step > self._steps - self._memory]
+        for (b, k), fresh in self._verified().items():
             if fresh:
                 by_rows.setdefault(b * k, []).extend(fresh)
         return {m: statistics.median(times) for m, times in sorted(by_rows.items())}
@@ -166,7 +159,7 @@ class CostModelGamma(Controller):
         the slope of the last two beyond them). At batch > 1 a block size is measured only when
         γ goes there, and a line through this batch's own one or two sizes extrapolates badly:
         from 8·5 rows to 8·1 the GEMMs leave the compute-bound regime."""
-        own = [s for step, s in self._verify.get((batch, k), ()) if step > self._steps - self._memory]
+        own = self._verified().get((batch, k))
         if own:
             return statistics.median(own)
         m, ms = batch * k, list(rows)
@@ -189,4 +182,4 @@ class CostModelGamma(Controller):
 
 
 def build(*, context, gamma: int, gamma_min: int = 0, gamma_max: int = 8, **options) -> CostModelGamma:
-    return CostModelGamma(gamma, gamma_min, gamma_max, **options)
+    return CostModelGamma(gamma, gamma_min, gamma_max, **options, **settings(context))

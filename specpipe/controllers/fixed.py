@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specpipe.controllers.base import Controller
+from specpipe.controllers.base import Controller, settings
 
 
 class FixedGamma(Controller):
@@ -10,4 +10,4 @@ class FixedGamma(Controller):
 
 
 def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8) -> FixedGamma:
-    return FixedGamma(gamma, gamma_min, gamma_max)
+    return FixedGamma(gamma, gamma_min, gamma_max, **settings(context))

@@ -12,9 +12,10 @@ after `window` judged steps, or one that has lost `loss_max` plain steps' worth,
 (γ = 0); after `probe_every` paused steps a trial of `window // 2` steps decides whether it
 resumes (by `margin`) or waits twice as long (up to `probe_max`, and at least its loss over
 `explore`; `recheck` steps where no draft could pay at these costs). Plain cost is the median
-of recent plain steps per batch size (each request probes one every `refresh` steps); steps
-that captured a CUDA graph are not judged, and a proposer's cache fill is charged to its
-trial, not to a step. What the recent requests measured starts a new one (`prior` steps of
+of recent plain steps per batch size (each request probes one every `refresh` steps), read,
+with what speculative steps could reach, from the step meter it shares with the controller it
+wraps (controllers/meter.py); steps that captured a CUDA graph are not judged, and a
+proposer's cache fill is charged to its trial, not to a step. What the recent requests measured starts a new one (`prior` steps of
 evidence where it paid, paused until the pipeline's next trial where it did not).
 
 The rules and why each is so: docs/controllers.md, "The guard". `guard=false` keeps γ, and so
@@ -24,8 +25,6 @@ each seeded sample, as the controller alone decides.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 from dataclasses import dataclass
 
 from specpipe.controllers.base import Controller
@@ -50,20 +49,12 @@ class RowGuard:
     size: bool = False  # a batch size's verdict (its trials are not the requests' schedule)
 
 
-@dataclass
-class Reach:
-    """What speculative steps at one batch size could yield at best, every request's (fading)."""
-
-    possible: float = 0.0  # tokens, had every draft been accepted (γ + 1 a step, the widest row's)
-    cost: float = 0.0  # their seconds, in plain steps (the proposer's cache fill apart)
-    judged: int = 0
-
-
 class Guard(Controller):
     def __init__(self, inner: Controller, *, window: int = 8, probe_every: int = 8, probe_max: int = 64,
                  refresh: int = 64, margin: float = 0.05, fade: float = 1 - 1 / 64, loss_max: float = 3.0,
                  explore: float = 0.03, prior: int = 4, reach: float = 0.9, recheck: int = 4096):
         self.inner = inner
+        self.meter = inner.meter  # one record of the steps' costs: the inner controller reads it too
         self.gamma_min, self.gamma_max = inner.gamma_min, inner.gamma_max
         self.window, self.probe_every, self.probe_max = window, probe_every, probe_max
         self.refresh, self.margin, self.fade = refresh, margin, fade
@@ -74,8 +65,6 @@ class Guard(Controller):
         self._interval = probe_max // 2  # ... and the wait after it
         self._rows: dict[int, RowGuard] = {}  # batch row -> its request's state
         self._sizes: dict[int, RowGuard] = {}  # batch size (> 1) -> the verdict on speculating at that size
-        self._plain: dict[int, deque] = {}  # batch size -> recent (step, seconds) of plain steps, all requests
-        self._reach: dict[int, Reach] = {}  # batch size -> what its speculative steps could yield at best
         self._steps = 0
         self._probe_plain = False  # this step: every row at γ = 0 to measure the plain cost
         self._hold_batch = False  # this step: every row at γ = 0, speculation at this batch size paused
@@ -158,7 +147,7 @@ class Guard(Controller):
         row = self._rows.get(slot)
         return (row is not None and row.paused) or self._hold_batch
 
-    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         self._steps += 1
         self._rows = {slot: row for slot, row in self._rows.items() if slot in slots}  # finished requests' rows go
         if timing.setup_s and self._probe_plain:  # a probe that captured a graph measured nothing: again next step
@@ -166,20 +155,12 @@ class Guard(Controller):
                 if row.plain_at == row.steps:
                     row.plain_at = None
         given = [self._given.get(slot, verdict.gamma) for slot, verdict in zip(slots, verdicts)]
-        undrafted = not any(verdict.gamma for verdict in verdicts)  # held, or lookups that found none
-        if undrafted and not timing.setup_s:  # a plain sample (a step that captured a graph is none)
-            # where plain decoding is queued ahead, the host's time between its steps runs beside
-            # the device's: what pausing buys is the step's own time
-            plain_s = timing.total_s - timing.host_s if self.overlapped else timing.total_s
-            self._plain.setdefault(batch, deque(maxlen=5)).append((self._steps, plain_s))
+        undrafted = not any(verdict.gamma for verdict in verdicts)  # held, or lookups that found none: a plain sample
         plain = self.plain_cost(batch) if not timing.setup_s else None  # a capture's step is not judged
         cost = (timing.total_s - timing.fill_s) / plain if plain is not None else 0.0  # in plain steps
-        drafted = [verdict.gamma for verdict, gamma in zip(verdicts, given) if gamma > 0 and verdict.gamma > 0]
         # a step in which rows could draft but none did (lookups that found nothing) could not be
         # queued ahead: where plain steps are, it costs the host's time between steps on top
         missed = self.overlapped and undrafted
-        if drafted and plain is not None:
-            self._measure_reach(batch, max(drafted) + 1, cost)
         for slot, verdict, gamma in zip(slots, verdicts, given):
             row = self._row(slot)
             row.steps += 1
@@ -196,8 +177,8 @@ class Guard(Controller):
         if batch > 1 and plain is not None:
             self._judge_batch(batch, verdicts, given, cost, timing.fill_s / plain)
         speculated = [v for v, g in zip(verdicts, given) if g > 0]
-        self.inner.update([s for s, g in zip(slots, given) if g > 0] if speculated else slots,
-                               speculated or verdicts, timing, batch)
+        self.inner.learn([s for s, g in zip(slots, given) if g > 0] if speculated else slots,
+                         speculated or verdicts, timing, batch)  # the meter has the step already
 
     def _judge_batch(self, batch: int, verdicts: list[RowVerdict], given: list[int], cost: float,
                      filled: float) -> None:
@@ -280,12 +261,6 @@ class Guard(Controller):
         row.paused, row.trial, row.wait = True, False, row.interval
         row.tokens, row.cost, row.judged, row.filled = 0, 0.0, 0, 0.0
 
-    def _measure_reach(self, batch: int, possible: int, cost: float) -> None:
-        reach = self._reach.setdefault(batch, Reach())
-        reach.possible = self.fade * reach.possible + possible
-        reach.cost = self.fade * reach.cost + cost
-        reach.judged += 1
-
     def _out_of_reach(self, batch: int) -> bool:
         """Speculative steps at this batch size could not pay even had they kept `reach` of the
         tokens they could emit: each costs about as many plain steps as it could emit (a twin
@@ -295,16 +270,15 @@ class Guard(Controller):
         schedule, whose every trial pays the draft's cache fill for nothing. Judged on every
         request's steps at this size, after a trial's worth of them (`window // 2`; a dear
         proposer is paused by the loss rule within a few): a step or two while the machine is
-        busy is no verdict."""
-        reach = self._reach.get(batch)
+        busy is no verdict. (The reach is the meter's, faded at its rate.)"""
+        reach = self.meter.reach(batch)
         return (reach is not None and reach.judged >= max(self.window // 2, 1)
                 and reach.possible * self.reach < (1 + self.margin) * reach.cost)
 
     # plain cost
     def plain_cost(self, batch: int) -> float | None:
         """Median seconds of a recent plain step at this batch size (None: none measured)."""
-        samples = self._plain.get(batch)
-        return statistics.median(s for _, s in samples) if samples else None
+        return self.meter.plain_cost(batch)
 
     def _plain_due(self, row: RowGuard) -> bool:
         """A request probes plain steps on its first step, then every `refresh` of its steps."""
@@ -313,8 +287,8 @@ class Guard(Controller):
     def _plain_stale(self, batch: int) -> bool:
         """No plain step at this batch size in the last `refresh // 4` steps (batch > 1: a
         neighbour's probe serves every row, and each probe stalls the whole batch's drafts)."""
-        samples = self._plain.get(batch)
-        return not samples or self._steps - samples[-1][0] >= max(self.refresh // 4, 1)
+        age = self.meter.plain_age(batch)
+        return age is None or age >= max(self.refresh // 4, 1)
 
 
 def guarded(controller: Controller | None, enabled: bool = True, **options) -> Controller | None:

@@ -3,12 +3,12 @@ token was accepted, -1 otherwise."""
 
 from __future__ import annotations
 
-from specpipe.controllers.base import Controller
+from specpipe.controllers.base import Controller, settings
 from specpipe.types import RowVerdict, StepTiming
 
 
 class HeuristicGamma(Controller):
-    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         for verdict in verdicts:  # each row's step, in turn
             self._learn(verdict)
 
@@ -20,4 +20,4 @@ class HeuristicGamma(Controller):
 
 
 def build(*, context, gamma: int, gamma_min: int = 1, gamma_max: int = 8) -> HeuristicGamma:
-    return HeuristicGamma(gamma, gamma_min, gamma_max)
+    return HeuristicGamma(gamma, gamma_min, gamma_max, **settings(context))

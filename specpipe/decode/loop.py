@@ -67,7 +67,10 @@ class Decoder:
         if self.proposer is not None:
             self.proposer.reserve(self.slots)
         self.overlap = overlaps(parts.overlap, self.runner.device)  # plain steps queued before the last is read
-        if self.proposer is not None:  # the guard prices the plain steps a pause would run at what they cost
+        if self.proposer is not None and parts.controller.overlapped != self.overlap:
+            # the guard prices the plain steps a pause would run at what they cost: a build gives
+            # the controller the overlap at construction; one made by hand before its pipeline's
+            # overlap was known (or reused under another) is told here
             parts.controller.overlapped = self.overlap
         self.steps: list[BatchStep] = []
         self._started = time.perf_counter()
