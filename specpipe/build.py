@@ -45,7 +45,7 @@ class BuildContext:
     compile: bool = False  # the target's stack only: a draft's steps are many and small, its graphs another compile
     kernels: str = "exact"  # the target's (a draft runs the fastest: the target verifies it)
     graphs: str = "auto"  # the static steps: the target's, and a draft model's (with the fewest rows)
-    batch_schedule: dict[int, int] = field(default_factory=dict)  # the controller's γ per batch size
+    batch_schedule: dict[int, int] = field(default_factory=dict)  # the controller's γ per batch size (once checked)
     overlapped: bool = False  # plain steps queued ahead of the host (`overlap`): the controller prices them so
     _target: LoadedModel | None = field(default=None, repr=False)
 
@@ -80,7 +80,7 @@ def checked_context(cfg: DictConfig) -> tuple[BuildContext, list[Check]]:
     context = BuildContext(cfg.model.name, source, tokenizer(), sampling,
                            lora_paths(cfg), cfg.model.get("early_exit"), cfg.engine, cfg.device, cfg.cache_len,
                            cfg.compile, cfg.get("kernels", "exact"), cfg.get("graphs", "auto"),
-                           check_schedule(cfg.get("batch_schedule")), overlaps(cfg.get("overlap", "auto"), cfg.device))
+                           overlapped=overlaps(cfg.get("overlap", "auto"), cfg.device))
     return context, checks
 
 
@@ -110,6 +110,7 @@ def build_parts(cfg: DictConfig) -> dict:
     this: the build sits below the pipeline and never constructs one)."""
     context, checks = checked_context(cfg)
     refuse_if_any(checks)
+    context.batch_schedule = check_schedule(cfg.get("batch_schedule"))  # the checks refused a bad one
     verifier = call_target(cfg.verifier, "verifier", context)
     controller = call_target(cfg.controller, "controller", context)  # with the context's schedule and overlap
     controller = guarded(controller, bool(cfg.get("guard", True)))  # under every controller unless guard=false
