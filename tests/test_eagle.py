@@ -169,9 +169,8 @@ def test_head_cache_holds_exactly_the_committed_rows(tree):
     embeds = target.model.get_input_embeddings()(torch.tensor(tokens[1 : n + 1]))
     with torch.no_grad():
         proposer.head(embeds[None], features[None, :n], torch.arange(n)[None], cache=fresh)
-    assert proposer.rows[0].cache.length == n
-    torch.testing.assert_close(proposer.rows[0].cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(proposer.rows[0].cache.values, fresh.values, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(proposer.cache.keys[:1, :, :n], fresh.keys, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(proposer.cache.values[:1, :, :n], fresh.values, rtol=1e-9, atol=1e-9)
 
 
 def _rerank(scores, tokens, parents, keep):
@@ -207,12 +206,10 @@ def test_the_device_search_scores_each_node_as_its_path_fed_alone(shape, depth):
     prompt = [3 + (7 * i) % (VOCAB - 3) for i in range(12)]
     proposer.prefill(0, prompt, feed(runner, prompt[:-1], hidden=(FINAL,)))  # rows (f_i, prompt[i + 1])
     state = proposer.rows[0]
-    features, pending = state.pending
-    root = proposer._feed(features, pending, torch.arange(len(pending)), state.cache)[-1]  # as a step does first
-    state.committed, state.pending = len(pending), None
-    keys, values = state.cache.keys, state.cache.values
-    tree = proposer._tree(state, root, depth)
-    assert state.cache.length == state.committed  # drafting rows are never kept
+    root = proposer._feed_pending([0])  # as a step does first
+    keys, values = (t[:1, :, : state.committed].clone() for t in (proposer.cache.keys, proposer.cache.values))
+    tree = proposer._tree(0, root, depth)
+    root = root[0]
     assert all(parent < node for node, parent in enumerate(tree.parents))
     assert len(tree.parents) == min(shape.nodes, shape.top_k + (depth - 1) * shape.top_k ** 2)
     for node in range(len(tree.parents)):
@@ -351,7 +348,7 @@ def test_lookup_before_the_head_keeps_greedy_equal_to_plain_and_the_cache_exact(
     embeds = target.model.get_input_embeddings()(torch.tensor(tokens[1 : n + 1]))
     with torch.no_grad():
         proposer.head(embeds[None], features[None, :n], torch.arange(n)[None], cache=fresh)
-    torch.testing.assert_close(proposer.rows[0].cache.keys, fresh.keys, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(proposer.cache.keys[:1, :, :n], fresh.keys, rtol=1e-9, atol=1e-9)
 
 
 def test_sampling_with_a_suffix_lookup_keeps_the_target_distribution():

@@ -254,9 +254,7 @@ def test_a_head_with_its_own_embeddings_drafts_with_them():
     proposer = proposer_for(head, GREEDY)
     plain, outs = run_both(target, proposer, GreedyVerifier(), 3)
     assert outs[0].token_ids == plain.token_ids
-    from specpipe.proposers.eagle import _HeadRow
-
     features = torch.randn(2, 32, dtype=torch.float64)
-    got = proposer._feed(features, torch.tensor([4, 9]), torch.arange(2), _HeadRow().cache)
+    got = proposer._feed(features[None], torch.tensor([[4, 9]]), torch.arange(2)[None], HeadCache())[0]
     want = head(own[[4, 9]].float()[None], features[None], torch.arange(2)[None], cache=HeadCache())[0]  # read as float32
     torch.testing.assert_close(got, want)

@@ -48,8 +48,10 @@ class EagleShape:
 
 
 class HeadCache:
-    """Keys and values of the rows fed so far: [B, kv heads, length, head dim] each (B = 1
-    when decoding; training's unrolled steps keep a batch's earlier steps here)."""
+    """Keys and values of the rows fed so far, appended by concatenation: [B, kv heads, length,
+    head dim] each. Training's unrolled steps keep a batch's earlier steps here, with gradients
+    through them (a preallocated buffer written in place would break autograd's saved views);
+    decoding uses `SlotCache`. The tests use it as the plain reference of the head's pass."""
 
     def __init__(self):
         self.keys: torch.Tensor | None = None
@@ -74,71 +76,66 @@ class HeadCache:
 
 
 class SlotCache:
-    """A HeadCache over preallocated slots [1, kv heads, capacity, head dim] (allocated at the
-    first append, in its keys' dtype): what a graphed draft chain writes into, in place, at
-    slots it reads from the device (`at`). Appends from the host fill slots [length, length + n)
-    and attend over the first length + n, as HeadCache's; `crop` only moves the length back.
-    An append from the host past the slots grows them (new buffers: `grown` counts it, and the
-    graphs that wrote into the old ones are stale); a graph's own writes never pass them."""
+    """Decoding's head cache: every row of a batch over preallocated slots, [rows, kv heads,
+    capacity, head dim] keys and values (allocated at the first write, in its keys' dtype). Row
+    i of a sequence sits at slot i; a forward writes its rows at the slots it is given (`at`,
+    device tensors) and attends over the first `width` slots through its mask, so rows of
+    different lengths share one forward, and a graph can write where the device says. The
+    cache keeps no lengths: its owner knows each row's committed rows, and what lies past them
+    is scratch (drafted rows, padding), overwritten by the next forward. `ensure` grows it from
+    the host (new buffers: `grown` counts it, and graphs that wrote into the old ones are stale)."""
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
+    def __init__(self, capacity: int = 0, rows: int = 1):
+        self.capacity, self.rows = capacity, rows
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
-        self.length = 0
         self.grown = 0
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + keys.shape[2]
-        if end > self.capacity:  # an eager draft wider than the graphs take, near the cache's end
-            self._grow(end)
-        self._allocate(keys, values)
-        self.keys[:, :, self.length : end], self.values[:, :, self.length : end] = keys, values
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-    def at(self, slots: torch.Tensor, width: int | None = None) -> "_Slots":
-        """This cache, writing an append's rows at `slots` [n] (device) and attending over its
-        first `width` slots (None: every slot): the caller's mask [.., width] says which to see.
-        The length does not move (drafting rows)."""
-        return _Slots(self, slots, width)
-
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
-
-    def filled(self, length: int) -> None:
-        """The rows up to `length` were written at their slots (`at`): committed rows, kept."""
-        self.length = length
-
-    def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
-
-    def _grow(self, end: int) -> None:
-        self.capacity = max(end, 2 * self.capacity)
+    def ensure(self, rows: int, end: int) -> None:
+        """Room for cache rows [0, rows) and slots [0, end): grown (the slots doubled) where short."""
+        if rows <= self.rows and end <= self.capacity:
+            return
+        self.rows = max(rows, self.rows)
+        if end > self.capacity:
+            self.capacity = max(end, 2 * self.capacity)
         if self.keys is not None:
             kept = self.keys, self.values
             self.keys = self.values = None
             self._allocate(*kept)
-            self.keys[:, :, : kept[0].shape[2]], self.values[:, :, : kept[1].shape[2]] = kept
-        self.grown += 1
+            b, _, length, _ = kept[0].shape
+            self.keys[:b, :, :length], self.values[:b, :, :length] = kept
+            self.grown += 1
+
+    def at(self, rows: torch.Tensor, first: bool, slots: torch.Tensor, width: int) -> "_Slots":
+        """This cache as one forward sees it: its rows `rows` [A] (`first`: they are rows 0..A-1,
+        read as views, no gather) write their keys at `slots` [A, n] and attend over the first
+        `width` slots of each row (the forward's mask [A, n, width] says which)."""
+        return _Slots(self, rows, first, slots, width)
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
 
     def _allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if self.keys is None:
-            b, heads, _, dim = keys.shape
-            self.keys = keys.new_zeros(b, heads, self.capacity, dim)
-            self.values = values.new_zeros(b, heads, self.capacity, values.shape[-1])
+            _, heads, _, dim = keys.shape
+            self.keys = keys.new_zeros(self.rows, heads, self.capacity, dim)
+            self.values = values.new_zeros(self.rows, heads, self.capacity, values.shape[-1])
 
 
 class _Slots:
-    def __init__(self, cache: SlotCache, slots: torch.Tensor, width: int | None):
-        self.cache, self.slots, self.width = cache, slots, width
+    def __init__(self, cache: SlotCache, rows: torch.Tensor, first: bool, slots: torch.Tensor, width: int):
+        self.cache, self.rows, self.first, self.slots, self.width = cache, rows, first, slots, width
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys, values [A, kv heads, n, d] written at the rows' slots -> [A, kv heads, width, d]."""
         cache = self.cache
-        cache._allocate(keys, values)  # a row's first rows may come through a graph (the warm-up allocates)
-        cache.keys.index_copy_(2, self.slots, keys)
-        cache.values.index_copy_(2, self.slots, values)
-        return cache.keys[:, :, : self.width], cache.values[:, :, : self.width]
+        cache._allocate(keys, values)  # the first rows may come through a graph (its warm-up allocates)
+        at = (self.rows[:, None], slice(None), self.slots)  # [A, n] slots of [A] rows: [A, n, kv heads, d]
+        cache.keys[at], cache.values[at] = keys.transpose(1, 2), values.transpose(1, 2)
+        if self.first:
+            count = len(self.rows)
+            return cache.keys[:count, :, : self.width], cache.values[:count, :, : self.width]
+        return cache.keys[self.rows, :, : self.width], cache.values[self.rows, :, : self.width]
 
 
 class Attention(nn.Module):
@@ -311,8 +308,9 @@ class EagleHead(nn.Module):
                 mask: torch.Tensor | None = None, cache: HeadCache | None = None) -> torch.Tensor:
         """embeds, features [B, n, H]; positions [B, n] -> guessed next features [B, n, H].
 
-        cache (decoding, B = 1): the rows are appended to it and attend to all of it, or as
-        `mask` [1, n, cache + n] allows (a draft tree)."""
+        cache: the rows are written into it (decoding: a `SlotCache`'s rows and slots) or
+        appended (training's `HeadCache`), and attend to what it returns as `mask` [B, n, width]
+        allows (None: everything before them, causally)."""
         dtype = self.layers[0].post_attention_layernorm.weight.dtype  # a norm: never swapped for a packed kernel
         x = self.fc(torch.cat([embeds, features], -1).to(dtype))
         return self.layers[0](x, positions, mask, cache)

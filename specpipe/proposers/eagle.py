@@ -6,11 +6,12 @@ by the head's `fuse`) and scores tokens through a `DraftLM` (EAGLE: rows of the 
 EAGLE-3: its own LM head over its draft vocabulary). Everything else is this one implementation.
 
 The head keeps its own KV cache of rows (f_i, token i+1), one per committed position, every
-one computed from the target's true features. After each verdict the cache is cropped back
-to those rows, and the verify forward's features of the newly committed tokens become the
-pending rows that the next `propose` feeds first: its last output guesses the feature of the
-last committed token, whose LM-head logits give draft token 1. Each further draft token
-feeds the previous guess back as a feature.
+one computed from the target's true features; the verify forward's features of the newly
+committed tokens become the pending rows that the next `propose` feeds first: its last output
+guesses the feature of the last committed token, whose LM-head logits give draft token 1. Each
+further draft token feeds the previous guess back as a feature. Every drafting row of a batch
+goes through the same forwards (eagle_graph.py: one feed, then one forward a depth, over a
+`SlotCache` of every row), eagerly or as CUDA graphs where the target's steps are graphed.
 
 Tree mode is EAGLE-2's dynamic tree: expand the `top_k` best nodes of each depth by
 cumulative draft log-probability (each expansion is one head forward over top_k rows, with a
@@ -27,8 +28,6 @@ copies its input or an earlier answer (code edits, summaries, repeated requests)
 there is nothing to copy (chat, math). The head skips those steps; their committed rows wait
 in `pending` and are fed, in order, at its next draft, so its cache stays exact.
 
-Where the target's steps are graphed (CUDA graphs on a GPU) a chain, greedy or sampled, and a
-tree search run as one graph each (eagle_graph.py) over a head cache of preallocated slots.
 """
 
 from __future__ import annotations
@@ -39,18 +38,19 @@ from dataclasses import dataclass
 import torch
 
 from specpipe.declaration import Declaration, batch_refusal, sglang_chain
-from specpipe.drafts import DraftBlock, DraftTree
+from specpipe.drafts import DraftBatch, DraftBlock, DraftTree
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
-from specpipe.heads.eagle import EagleHead, HeadCache, SlotCache
+from specpipe.engine.static import MAX_BLOCK
+from specpipe.heads.eagle import EagleHead, SlotCache
 from specpipe.proposers.draft_lm import DraftLM
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
-from specpipe.proposers.base import RowProposer, still_drafting
-from specpipe.proposers.eagle_graph import HeadGraphs, Sampled
-from specpipe.proposers.eagle_tree import TreeSearch, rerank
+from specpipe.proposers.base import Proposer, RowProposer
+from specpipe.proposers.eagle_graph import CacheRows, HeadGraphs, Sampled, chain, feed_rows, tree
+from specpipe.proposers.eagle_tree import rerank
 from specpipe.proposers.lookup import lookup_warning, make_lookup
-from specpipe.sampling import DRAFT, SamplingParams, race_draws, sample
+from specpipe.sampling import DRAFT, SamplingParams, race_draws
 from specpipe.types import Rows, RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
@@ -68,16 +68,16 @@ class TreeShape:
 
 
 class _HeadRow:
-    """One sequence's head state: its cache, the rows in it computed from true target features,
-    and the committed rows not fed yet (features [m, H] and their tokens [m], on the device)."""
+    """One sequence's head state: its head rows fed so far (computed from true target features:
+    its row of the head cache holds them at slots [0, committed)), and the committed rows not fed
+    yet (features [m, H] and their tokens [m], on the device)."""
 
-    def __init__(self, pending: tuple[torch.Tensor, torch.Tensor] | None = None, cache: SlotCache | None = None):
-        self.cache = cache if cache is not None else HeadCache()
+    def __init__(self, pending: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.committed = 0
         self.pending = pending
 
 
-class EagleProposer(RowProposer):
+class EagleProposer(Proposer):
     def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
                  quantize: str = "none", layers: tuple[int, ...] = (FINAL,),
                  draft_lm: Callable[[Runner], "DraftLM"] | None = None,
@@ -95,8 +95,10 @@ class EagleProposer(RowProposer):
         self.draft_lm = draft_lm or (lambda target: DraftLM.target_rows(target, head.draft_vocab, quantize))
         self.target: Runner | None = None
         self.lm: DraftLM | None = None
+        self.cache = SlotCache()  # every row's head rows
         self.graphs: HeadGraphs | None = None  # drafts as graphs, where the target's steps are graphed
         self.rows: dict[int, _HeadRow] = {}
+        self.vocab_size: int | None = None
 
     def widest(self, gamma: int, trees: bool) -> int:
         return max(gamma, self.tree.nodes) if self.tree is not None and trees else gamma
@@ -108,52 +110,62 @@ class EagleProposer(RowProposer):
             self.head = self.head.to(target.device)
         self.lm = self.draft_lm(target)
         graphed = getattr(target, "graphed", False)  # a trainer's frozen target is no Runner
-        top_k = 1 if self.tree is None else self.tree.top_k
-        self.graphs = HeadGraphs(target.device, target.cache.capacity, top_k) if graphed else None
+        self.graphs = None
+        if graphed:  # slots for the longest row and a draft past it: a chain γ - 1 rows, a tree k a depth
+            top_k = 1 if self.tree is None else self.tree.top_k
+            self.cache = SlotCache(target.cache.capacity + MAX_BLOCK * top_k, self.cache.rows)
+            self.graphs = HeadGraphs(target.device, self.cache)
+
+    def reserve(self, rows: int) -> None:
+        self.cache.ensure(rows, 0)
 
     def prefill(self, row: int, prompt: list[int], out: TargetOutput | None) -> None:
         # the target's prefill saw prompt[:-1]: rows (f_i, prompt[i+1])
         pending = None
         if out is not None:
             pending = (self._features(out, 0), torch.tensor(prompt[1:], dtype=torch.long).to(out.logits.device))
-        self.rows[row] = _HeadRow(pending, None if self.graphs is None else self.graphs.cache(row))
+        self.rows[row] = _HeadRow(pending)
         if self.lookup is not None:
             self.lookup.prefill(row, prompt)
 
     @torch.inference_mode()
     def fill(self, rows: Rows, gammas: list[int]) -> None:
         """Feed the head the committed rows it has not seen (its prompt on a request's first
-        draft, or a pause's rows) but the last, which the draft itself feeds for its root. Only
-        a backlog longer than `FILL_MIN`: a few rows cost the draft's forward no more."""
-        for row, gamma in enumerate(gammas):
-            state = self.rows.get(row)
-            if gamma and state is not None and state.pending is not None and len(state.pending[1]) > FILL_MIN:
-                features, tokens = state.pending
-                self._feed(features[:-1], tokens[:-1], _span(state.committed, len(tokens) - 1, features.device),
-                           state.cache)
-                state.committed += len(tokens) - 1
-                state.pending = (features[-1:], tokens[-1:])
+        draft, or a pause's rows) but the last, which the draft itself feeds for its root: every
+        such row in one forward. Only a backlog longer than `FILL_MIN`: a few rows cost the
+        draft's forward no more."""
+        lagging = [row for row, gamma in enumerate(gammas) if gamma and row in self.rows
+                   and self.rows[row].pending is not None and len(self.rows[row].pending[1]) > FILL_MIN]
+        if lagging:
+            self._feed_pending(lagging, keep_last=True)
 
     @torch.inference_mode()
-    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
-        if self.lookup is not None:
-            copied = self.lookup.lookup(rows.tokens[row], gamma, row, trees=rows.trees and self.tree is not None)
-            if copied is not None:
-                return copied  # the head's pending rows wait for its next draft
-        state = self.rows[row]
-        if state.pending is None:
-            return None  # a one-token prompt: no feature yet
-        features, tokens = state.pending
-        if self.graphs is not None and self.graphs.feeds(len(tokens)):
-            root = self.graphs.feed(row, features, tokens, state.committed, self._feed)
-        else:
-            root = self._feed(features, tokens, _span(state.committed, len(tokens), features.device), state.cache)[-1]
-        state.committed += len(tokens)  # the guess of the last committed token's feature is `root`
-        state.pending = None
-        graphed = self.graphs is not None and self.graphs.takes(gamma)
-        if self.tree is not None and rows.trees:
-            return self._graphed_tree(state, root, gamma, row) if graphed else self._tree(state, root, gamma)
-        return (self._graphed_chain if graphed else self._chain)(state, root, gamma, rows, row)
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        """Every row's draft: a lookup's where it finds one (per row: host text matching), else
+        the head's, every such row's chain in one head forward a depth (a tree: one row)."""
+        drafts: list = [None] * len(gammas)
+        heads = []
+        for row, gamma in enumerate(gammas):
+            if gamma <= 0:
+                continue
+            if self.lookup is not None:
+                trees = rows.trees and self.tree is not None
+                drafts[row] = self.lookup.lookup(rows.tokens[row], gamma, row, trees=trees)
+                if drafts[row] is not None:
+                    continue  # the head's pending rows wait for its next draft
+            if self.rows[row].pending is not None:  # else a one-token prompt: no feature yet
+                heads.append(row)
+        if heads and self.tree is not None and rows.trees:
+            for row in heads:  # trees are verified one sequence at a time
+                drafts[row] = self._tree(row, self._feed_pending([row]), gammas[row])
+        elif heads:
+            root = self._feed_pending(heads)
+            tokens, probs, confidence, count = self._chain(heads, root, [gammas[row] for row in heads], rows)
+            if heads == list(range(len(gammas))):  # every row drafted by the head: the batch as it is
+                return DraftBatch(tokens, count, tuple(gammas), probs, confidence)
+            for a, row in enumerate(heads):
+                drafts[row] = DraftBlock(tokens[a], None if probs is None else probs[a], confidence[a], count[a])
+        return DraftBatch.stack(drafts, gammas, rows.device, self.vocab_size)
 
     @property
     def batch_refusal(self) -> str | None:
@@ -166,8 +178,7 @@ class EagleProposer(RowProposer):
     def memory(self) -> dict[str, int]:
         rows = 0 if self.lm is None or self.lm.rows is None else module_bytes(self.lm.rows)
         lookup = {} if self.lookup is None else self.lookup.memory()
-        return {"heads": module_bytes(self.head) + rows,
-                "head KV cache": sum(state.cache.bytes() for state in self.rows.values()), **lookup}
+        return {"heads": module_bytes(self.head) + rows, "head KV cache": self.cache.bytes(), **lookup}
 
     def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:
         for row, state in self.rows.items():
@@ -176,9 +187,9 @@ class EagleProposer(RowProposer):
 
     def _commit_row(self, row: int, state: _HeadRow, verdict: Verdict, host: RowVerdict, out: TargetOutput) -> None:
         # rows of the verify block on the accepted path: the features of the last committed
-        # token and of each accepted draft token, each paired with the token that followed it
+        # token and of each accepted draft token, each paired with the token that followed it;
+        # the drafted rows past `committed` in the head cache are scratch, overwritten next
         block_rows = [0, *host.path] if host.path else list(range(host.n_accepted + 1))
-        state.cache.crop(state.committed)
         features = self._features(out, row, block_rows)
         tokens = verdict.ids[row, : host.n_accepted + 1]  # [n + 1] the emitted tokens, still on the device
         if state.pending is not None:  # a step without a draft (γ = 0) left its rows unfed: keep them, in order
@@ -198,75 +209,86 @@ class EagleProposer(RowProposer):
 
     def _feed(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache,
               mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows (features [n, H], tokens [n], positions [n]) appended to a row's head `cache` ->
-        guessed next features [n, H]; mask [1, n, cache + n] (None: causal)."""
+        """Head rows (features [A, n, H], tokens [A, n], positions [A, n]) through the head over
+        `cache` (a `SlotCache.at`'s rows and slots) -> guessed next features [A, n, H];
+        mask [A, n, width] (None: causal)."""
         own = getattr(self.head, "embed_tokens", None)  # a third-party EAGLE-3 head may bring its own
         embeds = self.target.embed(tokens) if own is None else own(tokens).float()
-        return self.head(embeds[None], features[None], positions[None], mask, cache)[0]
+        return self.head(embeds, features, positions, mask, cache)
 
-    def _graphed_chain(self, state: _HeadRow, root: torch.Tensor, gamma: int, rows: Rows, row: int) -> DraftBlock:
-        """A chain as one graph (eagle_graph.py): every one of its γ tokens is drafted, and those
-        after a stop are not counted, as the eager chain does on a GPU. A sampled chain's draws
-        are the eager chain's (the row's generator for the step, per position), drawn first."""
+    def _rows(self, heads: list[int], device: torch.device) -> CacheRows:
+        first = heads == list(range(len(heads)))
+        return CacheRows(torch.arange(len(heads), device=device) if first else torch.tensor(heads).to(device), first)
+
+    def _feed_pending(self, heads: list[int], keep_last: bool = False) -> torch.Tensor:
+        """The pending rows of rows `heads` fed to the head in one forward, each padded to the
+        longest -> the head's guess of each row's last fed token's feature [A, H]. keep_last
+        (a fill, eager): each row's last pending row waits, for the draft's own feed."""
+        states = [self.rows[row] for row in heads]
+        pending = [(f[:-1], t[:-1]) if keep_last else (f, t) for f, t in (s.pending for s in states)]
+        counts, fed = [len(tokens) for _, tokens in pending], [s.committed for s in states]
+        n = max(counts)
+        if len(heads) == 1:
+            features, tokens = pending[0][0][None], pending[0][1][None]
+        else:
+            first = pending[0][0]
+            features = first.new_zeros(len(heads), n, first.shape[-1])  # [A, n, H] the padding: scratch rows
+            tokens = torch.zeros(len(heads), n, dtype=torch.long, device=first.device)  # [A, n]
+            for a, (f, t) in enumerate(pending):
+                features[a, : counts[a]], tokens[a, : counts[a]] = f, t
+        self.cache.ensure(max(heads) + 1, max(fed) + n)
+        if self.graphs is not None and not keep_last and self.graphs.feeds(n):
+            root = self.graphs.feed(heads, features, tokens, fed, counts, self._feed)
+        else:
+            device, ragged = features.device, min(counts) < n
+            root = feed_rows(self._feed, self.cache, self._rows(heads, device), features, tokens,
+                             torch.tensor(fed).to(device), torch.tensor(counts).to(device) if ragged else None,
+                             max(fed) + n, ragged or len(set(fed)) > 1)
+        for state, count in zip(states, counts):
+            state.committed += count
+            state.pending = tuple(t[-1:] for t in state.pending) if keep_last else None
+        return root
+
+    def _chain(self, heads: list[int], root: torch.Tensor, gammas: list[int], rows: Rows) -> tuple:
+        """The chains of rows `heads` from their roots [A, H] -> (tokens [A, W], distributions
+        [A, W, V] or None, confidence [A, W], tokens counted [A]). A sampled row draws position
+        i from its generator for the step, the numbers it drew alone."""
+        gamma, starts, device = max(gammas), [self.rows[row].committed for row in heads], root.device
         stops = [rows.stop_below(i) for i in range(gamma)]
-        sampled = None if self.sampling.greedy else Sampled(
-            lambda hidden: self.sampling.probs(self.lm(hidden)),
-            lambda i, out: race_draws(out, rows.rngs[row](DRAFT + i, out.device)), self.lm.vocab_size)
-        tokens, probs, confidence, count = self.graphs.chain(row, root, state.committed, stops, self._feed,
-                                                             self.lm.top, sampled)
-        return DraftBlock(tokens, probs, confidence, count)  # stacked into the batch (a copy) before the next replay
+        sampled = None
+        if not self.sampling.greedy:
+            def draw(i: int, out: torch.Tensor) -> torch.Tensor:
+                for a, row in enumerate(heads):
+                    race_draws(out[a], rows.rngs[row](DRAFT + i, device))
+                return out
+            sampled = Sampled(lambda hidden: self.sampling.probs(self.lm(hidden)), draw, self.lm.vocab_size)
+        self.cache.ensure(max(heads) + 1, max(starts) + gamma)
+        if self.graphs is not None and self.graphs.takes(gamma):
+            return self.graphs.chain(heads, root, starts, gammas, stops, self._feed, self.lm.top, sampled)
+        limits = torch.tensor(gammas).to(device) if min(gammas) < gamma else None  # rows asked for fewer
+        draws = None if sampled is None else (
+            lambda i: draw(i, root.new_empty(len(heads), sampled.size, dtype=torch.float32)))
+        return chain(self._feed, self.lm.top, self.cache, self._rows(heads, device), root,
+                     torch.tensor(starts).to(device), gamma, [max(starts) + i + 1 for i in range(gamma - 1)],
+                     stops, limits, sampled, draws, len(set(starts)) > 1, device.type == "cpu")
 
-    def _graphed_tree(self, state: _HeadRow, root: torch.Tensor, depth: int, row: int) -> DraftTree:
-        """EAGLE-2's search as one graph (eagle_graph.py), its every depth searched; the kept
-        nodes are ranked from its outputs as the eager search ranks its own."""
-        k = min(self.tree.top_k, self.lm.size)
-        nodes = self.graphs.tree(row, root, state.committed, k, depth, self._feed, self.lm.top)
+    def _tree(self, row: int, root: torch.Tensor, depth: int) -> DraftTree:
+        """EAGLE-2's search for one row (`eagle_graph.tree`) from its root [1, H]; the tree's shape
+        is read back once, at the end. On the CPU, where a read costs no sync, the eager search
+        also stops at the depth whose children could no longer be kept."""
+        k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
+        start, device = self.rows[row].committed, root.device
+        self.cache.ensure(row + 1, start + depth * k)
+        if self.graphs is not None and self.graphs.takes(depth):
+            return self._graphed_tree(row, root, start, k, depth)
+        settle = self.tree.nodes if device.type == "cpu" else None
+        nodes = tree(self._feed, self.lm.top, self.cache, self._rows([row], device), root[0],
+                     torch.tensor(start).to(device), k, [start + d * k for d in range(1, depth)], settle)
         return rerank(*nodes, self.tree.nodes)
 
-    def _chain(self, state: _HeadRow, hidden: torch.Tensor, gamma: int, rows: Rows, row: int) -> DraftBlock:
-        tokens, probs, confidence = [], [], []
-        alive = torch.ones((), dtype=torch.bool, device=hidden.device)
-        count = torch.zeros((), dtype=torch.long, device=hidden.device)  # tokens drafted before a stop
-        for i in range(gamma):
-            if self.sampling.greedy:
-                logp, ids = self.lm.top(hidden, 1)
-                token, top = ids[0], logp[0].exp()
-            else:
-                p = self.sampling.probs(self.lm(hidden))  # [V] float32, the target's transform
-                token, top = sample(p, rows.rngs[row](DRAFT + i, p.device)), p.max()
-                probs.append(p)
-            tokens.append(token)
-            confidence.append(top)
-            count += alive.long()
-            if i + 1 == gamma or not still_drafting(alive, top, rows.stop_below(i), hidden.device):
-                break  # the controller's call: γ logic stays out of the proposer
-            hidden = self._feed(hidden[None], token[None], _span(state.committed + i, 1, hidden.device),
-                                state.cache)[-1]
-        return DraftBlock(torch.stack(tokens), torch.stack(probs) if probs else None, torch.stack(confidence),
-                          count)
-
-    def _tree(self, state: _HeadRow, root: torch.Tensor, depth: int) -> DraftTree:
-        """EAGLE-2's search on the device (`eagle_tree.TreeSearch`): each depth feeds the k best
-        nodes of the last one to the head as one block and takes their k best children; the
-        tree's shape is read back once, at the end. On the CPU, where a read costs no sync, the
-        search also stops at the depth whose children could no longer be kept."""
-        k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
-        values, ids = self.lm.top(root, k)  # [k]
-        search = TreeSearch(k, depth, root, values, ids)
-        for d in range(1, depth):
-            best = search.best()
-            if root.device.type == "cpu" and bool(search.settled(best, self.tree.nodes)):
-                break  # children score no more than their parent: none could rank among the nodes kept
-            guesses, tokens, mask = search.block(best, state.committed)
-            positions = torch.full((k,), state.committed + d - 1, device=root.device)  # one depth
-            hidden = self._feed(guesses, tokens, positions, state.cache, mask)
-            search.grow(best, hidden, *self.lm.top(hidden, k))  # [k, k]
-        state.cache.crop(state.committed)  # drafting rows are never kept
-        return search.rerank(self.tree.nodes)
-
-
-def _span(start: int, count: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(start, start + count, device=device)
+    def _graphed_tree(self, row: int, root: torch.Tensor, start: int, k: int, depth: int) -> DraftTree:
+        """The search as one graph, every depth of it; the kept nodes ranked as the eager search's."""
+        return rerank(*self.graphs.tree(row, root, start, k, depth, self._feed, self.lm.top), self.tree.nodes)
 
 
 def validate_options(options: dict) -> None:
