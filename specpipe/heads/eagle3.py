@@ -119,8 +119,8 @@ class Eagle3Head(nn.Module):
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: HeadCache | None = None) -> torch.Tensor:
         """embeds [B, n, H], features [B, n, H] (fused, or the head's own earlier outputs);
-        positions [B, n] -> outputs [B, n, H], each the next row's feature (see `HeadCache`
-        and `EagleHead.forward` for cache and mask)."""
+        positions [B, n] -> outputs [B, n, H], each the next row's feature (see
+        `EagleHead.forward` for cache and mask)."""
         dtype = self._dtype
         return self.layers[0](embeds.to(dtype), features.to(dtype), positions, mask, cache)
 

@@ -217,8 +217,8 @@ class EagleProposer(Proposer):
         return self.head(embeds, features, positions, mask, cache)
 
     def _rows(self, heads: list[int], device: torch.device) -> CacheRows:
-        first = heads == list(range(len(heads)))
-        return CacheRows(torch.arange(len(heads), device=device) if first else torch.tensor(heads).to(device), first)
+        """The cache rows of rows `heads` (on the CPU no kernel: a host tensor, made and used there)."""
+        return CacheRows(torch.tensor(heads).to(device), heads == list(range(len(heads))))
 
     def _feed_pending(self, heads: list[int], keep_last: bool = False) -> torch.Tensor:
         """The pending rows of rows `heads` fed to the head in one forward, each padded to the

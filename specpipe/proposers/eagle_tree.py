@@ -55,24 +55,14 @@ class TreeSearch:
         top = self.scores[self.start + best[0]]
         return (self.scores[: self.made] > top).sum() >= keep
 
-    def block(self, best: torch.Tensor, committed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What the head is fed for the expanded nodes: (guesses [k, H], tokens [k], mask
-        [1, k, committed + drafted + k] bool: the committed rows, its expanded ancestors, itself)."""
-        drafted = self.expanded * self.k
-        mask = torch.zeros(self.k, committed + drafted + self.k, dtype=torch.bool, device=best.device)
-        mask[:, :committed] = True
-        mask[:, committed : committed + drafted] = self.sees[best, :drafted]
-        mask[:, committed + drafted :] = torch.eye(self.k, dtype=torch.bool, device=best.device)
-        return *self.fed(best), mask[None]
-
     def fed(self, best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The expanded nodes' head rows: (guesses [k, H] that predicted them, their tokens [k])."""
         return self.features[best], self.tokens[self.start + best]
 
     def slot_mask(self, best: torch.Tensor, start: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """`block`'s mask over a head cache of preallocated slots (a graphed search: no width
-        depends on a length), the drafted rows at slots start, start + 1, ...: [1, k, S] bool over
-        slots [S], from the first drafted slot `start` (0-d, on the device)."""
+        """The expanded nodes' mask over a head cache of slots, the drafted rows at slots start,
+        start + 1, ...: [1, k, S] bool over slots [S] (the committed rows before `start`, 0-d on
+        the device; each node's expanded ancestors; itself)."""
         drafted = self.expanded * self.k
         offset = slots - start  # [S] each slot's place among the drafted rows (< 0: committed)
         seen = torch.zeros(self.k, len(slots), dtype=torch.bool, device=best.device)
