@@ -188,19 +188,31 @@ class NativeLM:
         positions = start[:, None] + offsets[None]
         ancestry = None if tree is None else ancestry_of(tree).to(device, non_blocking=True)
         row_keys = _row_keys(starts, n, tree) if self.exact and n <= EXACT_BLOCK else None
-        bias = None
+        mask = keys = None
         if row_keys is None:
             windowed = any(window is not None for window in self.windows)
             keys = key_positions(start, offsets, width) if tree is not None and windowed else None
-            bias = self.biases(_mask(start, n, width, ancestry), positions, keys)
+            mask = _mask(start, n, width, ancestry)
         slots = start[:, None] + torch.arange(n, device=device)  # [B, n]
-        cos, sin = self.cos[positions].view(batch * n, 1, -1), self.sin[positions].view(batch * n, 1, -1)
-        x = self.embed(ids.view(-1))  # [T = B·n, H]: every Linear sees all rows at once
-        x, out = self.stack(x, cos, sin, bias, slots, cache.layers, hidden,
-                            None if row_keys is None else (row_keys, starts))
+        x, out = self.decode(ids, positions, slots, mask, keys, cache.layers, hidden,
+                             None if row_keys is None else (row_keys, starts))
         x = x.view(batch, n, -1)
         last = x[:, -1] if last_only else x.reshape(batch * n, -1)
         return self.logits(last.contiguous()).view(batch, 1 if last_only else n, -1), out
+
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
+               keys: torch.Tensor | None, caches: list[torch.Tensor], hidden: tuple[int, ...],
+               rows: tuple | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The torch body of a forward, which the eager forward and a static step (static.py:
+        captured as a CUDA graph, or run as it is on the CPU) both run: ids, positions, slots [B, n];
+        mask bool [B, 1, n, width] (None: `rows`' exact attention, see `stack`); keys: each
+        slot's position [B, width] (None: its index) -> (normed x [B·n, H], {key: [B, n, H]})."""
+        batch, n = positions.shape
+        table = positions.clamp(max=self.max_len - 1).view(-1)  # a static step's padding rows may run past the table
+        cos, sin = self.cos[table].view(batch * n, 1, -1), self.sin[table].view(batch * n, 1, -1)
+        bias = None if mask is None else self.biases(mask, positions, keys)
+        x = self.embed(ids.reshape(-1))  # [T = B·n, H]: every Linear sees all rows at once
+        return self.stack(x, cos, sin, bias, slots, caches, hidden, rows)
 
     def biases(self, mask: torch.Tensor, positions: torch.Tensor,
                keys: torch.Tensor | None = None) -> dict[int | None, torch.Tensor]:

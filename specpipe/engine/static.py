@@ -312,10 +312,7 @@ class StaticStep:
             positions = slots = starts + order
             mask = (torch.arange(width, device=device) <= positions[..., None])[:, None]  # causal, by position
             ids = meta.ids.gather(1, order)
-        table = positions.clamp(max=lm.max_len - 1).view(-1)  # padding rows may run past the rope table
-        cos, sin = lm.cos[table].view(bucket * block, 1, -1), lm.sin[table].view(bucket * block, 1, -1)
-        x, hidden = lm.stack(lm.embed(ids.reshape(-1)), cos, sin, lm.biases(mask, positions, keys), slots,
-                             buffers.caches, shape.hidden)
+        x, hidden = lm.decode(ids, positions, slots, mask, keys, buffers.caches, shape.hidden)  # the eager body
         logits = lm.logits(x).view(bucket, block, -1)
         if ring:  # back to block order: token j of row b sits at ring row (start + j) mod K
             back = (rows + starts) % block
