@@ -1,6 +1,9 @@
-"""Compatibility checks with real peft LoRA adapters on tiny models, through `specpipe check`."""
+"""Compatibility checks with real peft LoRA adapters on tiny models, through `specpipe check`;
+and the engine's refusals, which the check reports in the words the run raises them."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,3 +74,40 @@ def test_twin_of_a_merged_adapter_keeps_greedy_output(dirs):
     assert spec.token_ids == plain.token_ids
     base = Pipeline.from_config(compose([f"model={dirs / 'target'}", "proposer=none"]))
     assert base.run(prompt, max_new_tokens=24).token_ids != plain.token_ids  # the adapter matters
+
+
+ENGINE_REFUSALS = [  # (settings, whether the model is one the native engine cannot run)
+    (["engine=vllm"], False), (["graphs=sometimes"], False), (["kernels=fastest"], False),
+    (["engine=native"], True), (["engine=hf", "model.quantize=bf16"], False), (["model.quantize=bf16"], True),
+    (["engine=hf", "graphs=on"], False), (["graphs=on"], True), (["engine=hf", "compile=true"], False),
+    (["engine=hf", "device=cuda"], False),
+    (["engine=llamacpp", "graphs=on"], False), (["engine=llamacpp", "compile=true"], False),
+]
+
+
+@pytest.mark.parametrize("settings, foreign", ENGINE_REFUSALS)
+def test_the_check_reports_what_the_run_raises(settings, foreign):
+    """Each engine rule is one function of the engine package: `specpipe check` reports the
+    refusal `make_runner` raises for the same settings, in the same words (the check names the
+    model where the run says `this model`)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from specpipe.checks.llamacpp import _engine
+    from specpipe.checks.target import check_engine
+    from specpipe.engine import Refusal, make_runner
+    from specpipe.errors import SpecpipeError
+
+    model = (GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2)).eval() if foreign
+             else tiny_model(0))
+    cfg = compose(["proposer=ngram", *settings])
+    if cfg.engine == "llamacpp":  # its rules sit in the llama.cpp check; the run is handed the GGUF's path
+        model, checks = Path("model.gguf"), [_engine(cfg, None, Path("model.gguf"))]
+    else:
+        checks = check_engine(cfg, model.config)
+    refused = [c for c in checks if c.status == "refuse"]
+    assert len(refused) == 1, checks
+    sentence = str(Refusal(refused[0].why, refused[0].fix)).replace(cfg.model.name, "this model")
+    with pytest.raises(SpecpipeError) as raised:
+        make_runner(model, engine=cfg.engine, precision=cfg.model.quantize, device=cfg.device,
+                    compile=bool(cfg.get("compile")), kernels=cfg.kernels, graphs=cfg.graphs)
+    assert str(raised.value) == sentence

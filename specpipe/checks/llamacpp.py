@@ -76,17 +76,13 @@ def _engine(cfg: DictConfig, library: str | None, gguf: Path | None) -> Check:
     if gguf is None:
         return Check("engine", "refuse", f"engine=llamacpp runs GGUF files, and model={cfg.model.name} is a model "
                      "directory or hub id", "pass a zoo name or a .gguf file, or use engine=auto")
-    from specpipe.engine import KERNELS
+    from specpipe.engine import choice_refusal, llamacpp_refusal
 
-    if cfg.kernels not in KERNELS:
-        return Check("engine", "refuse", f"kernels={cfg.kernels} is not a kernel choice of engine=llamacpp",
-                     "use kernels=exact (verify rows equal plain rows) or kernels=fast (llama.cpp's defaults)")
-    if cfg.get("graphs", "auto") not in ("auto", "off"):  # the native engine's static step; auto is off here
-        return Check("engine", "refuse", f"graphs={cfg.graphs} sets engine=native's static decode step, and "
-                     "llama.cpp runs its own kernels", "drop graphs=, or use engine=native")
-    if cfg.device != "cpu" or cfg.get("compile"):
-        return Check("engine", "refuse", "engine=llamacpp runs on the CPU with llama.cpp's own kernels (device=cuda "
-                     "and compile=true do not apply)", "use device=cpu without compile, or engine=native")
+    # the engine's own rules, the ones `make_runner` raises (engine/__init__.py)
+    refusal = choice_refusal("llamacpp", cfg.get("graphs", "auto"), cfg.kernels) or llamacpp_refusal(
+        cfg.get("graphs", "auto"), cfg.device, bool(cfg.get("compile")))
+    if refusal is not None:
+        return Check("engine", "refuse", refusal.why, refusal.fix)
     if library is None:  # refused by check_llamacpp, with the install command
         return Check("engine", "n/a", "the settings suit engine=llamacpp")
     how = ("kernels=exact: q8_0 KV cache, weights in the file's layout" if cfg.kernels == "exact"

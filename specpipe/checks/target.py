@@ -10,7 +10,7 @@ from specpipe.checks.identity import batch_size, declared, lora_paths, proposer_
 from specpipe.checks.result import Check
 from specpipe.errors import SpecpipeError
 from specpipe.limits import cache_slots, memory_problem
-from specpipe.models.quantize import BY_DEVICE, MODES, NATIVE_ONLY, NEEDS_KERNEL, TARGET_SAFE, guarantee, kernel_name, kernel_reason
+from specpipe.models.quantize import BY_DEVICE, MODES, NEEDS_KERNEL, TARGET_SAFE, guarantee, kernel_name, kernel_reason
 
 
 def check_early_exit(cfg: DictConfig, target_config=None) -> Check:
@@ -79,32 +79,20 @@ def check_precision(cfg: DictConfig) -> list[Check]:
 def check_engine(cfg: DictConfig, target_config) -> list[Check]:
     """Which engine runs the target, how its decode steps run, the guarantee they give, and the device."""
     from specpipe.engine.base import overlaps
-    from specpipe.engine import DEVICES, ENGINES, GRAPHS, KERNELS, static_step
+    from specpipe.engine import choice_refusal, device_refusal, native_chosen, native_refusal, static_step
     from specpipe.engine.native_model import config_unsupported_reason
 
     engine, mode = cfg.engine, cfg.model.quantize
     graphs, kernels = cfg.get("graphs", "auto"), cfg.get("kernels", "exact")
-    if engine not in ENGINES:
-        return [Check("engine", "refuse", f"engine={engine} is not an engine", f"use one of {', '.join(ENGINES)}")]
-    if graphs not in GRAPHS:
-        return [Check("engine", "refuse", f"graphs={graphs} is not a choice: graphs is one of {', '.join(GRAPHS)}",
-                      "use graphs=auto (the default: static steps where device=cuda)")]
-    if kernels not in KERNELS:
-        return [Check("engine", "refuse", f"kernels={kernels} is not a choice: kernels is one of {', '.join(KERNELS)}",
-                      "use kernels=exact (the default: verify rows bitwise equal plain rows) or kernels=fast")]
     reason = config_unsupported_reason(target_config) if target_config is not None else "its config is unknown"
     if len(lora_paths(cfg)) > 1:
         reason = "adapters switched per request need the peft model"
-    if engine == "native" and reason:
-        return [Check("engine", "refuse", f"engine=native cannot run {cfg.model.name}: {reason}", "use engine=auto or hf")]
-    native = engine == "native" or (engine == "auto" and not reason)
-    if not native and mode in NATIVE_ONLY:
-        return [Check("engine", "refuse", f"model.quantize={mode} needs the native engine (bf16 activations end to "
-                      f"end); {cfg.model.name} runs on hf: {reason or 'engine=hf was asked for'}",
-                      "use model.quantize=fp16 or none")]
-    if not native and graphs == "on":
-        return [Check("engine", "refuse", f"graphs=on needs the native engine; {cfg.model.name} runs on hf: "
-                      f"{reason or 'engine=hf was asked for'}", "drop graphs=on, or use engine=native")]
+    # the engine's own rules, the ones `make_runner` raises (engine/__init__.py)
+    refusal = choice_refusal(engine, graphs, kernels) or native_refusal(
+        engine, reason, mode, graphs=graphs, compile=bool(cfg.get("compile")), model=cfg.model.name)
+    if refusal is not None:
+        return [_refused("engine", refusal)]
+    native = native_chosen(engine, reason)
     static = native and static_step(graphs, cfg.device)
     slots = cache_slots(cfg, target_config)
     lowered = f"; cache_len={cfg.cache_len} is past the model's positions: {slots} are allocated" if slots < cfg.cache_len else ""
@@ -137,37 +125,21 @@ def check_engine(cfg: DictConfig, target_config) -> list[Check]:
                             "steps runs beside the device's" + ("" if cfg.device == "cuda" else
                                                                " (on the CPU, which computes as it is asked, "
                                                                "nothing to gain)")))
-    if cfg.device not in DEVICES:
-        checks.append(Check("device", "refuse", f"device={cfg.device} is not supported", f"use {' or '.join(DEVICES)}"))
+    refusal = device_refusal(cfg.device, native, reason, cfg.model.name)
+    if refusal is not None:
+        checks.append(_refused("device", refusal))
     elif cfg.device == "cuda":
-        checks.append(_cuda(cfg, native, reason))
+        checks.append(_cuda_precision(mode))
     return checks
 
 
-def _cuda(cfg: DictConfig, native: bool, reason: str) -> Check:
-    """device=cuda: the first thing that stops it, and a fix that helps with that (no GPU is not
-    fixed by a precision, nor a precision by a GPU)."""
-    import torch
+def _refused(name: str, refusal) -> Check:
+    """An engine rule's refusal (`engine.Refusal`) as a check: its why and its fix."""
+    return Check(name, "refuse", refusal.why, refusal.fix)
 
-    mode = cfg.model.quantize
-    if not torch.cuda.is_available():
-        if torch.version.cuda is None:
-            why = f"device=cuda, but this torch ({torch.__version__}) is built without CUDA"
-            fix = ("use device=cpu (the default), or on a machine with an NVIDIA GPU install a CUDA build of torch "
-                   "(https://pytorch.org/get-started/locally/ gives the command for its CUDA version)")
-        else:
-            import os
 
-            hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-            why = ("device=cuda, but torch sees no CUDA GPU on this machine"
-                   + (f" (CUDA_VISIBLE_DEVICES={hidden!r} hides them)" if hidden is not None else
-                      " (no NVIDIA GPU, or its driver is not loaded: `nvidia-smi` says which)"))
-            fix = "use device=cpu (the default)" + (", or unset CUDA_VISIBLE_DEVICES" if hidden is not None else
-                                                    ", or run on a machine whose GPU `nvidia-smi` lists")
-        return Check("device", "refuse", why, fix)
-    if not native:
-        return Check("device", "refuse", f"device=cuda runs the native engine, and {cfg.model.name} runs on hf: "
-                     f"{reason or 'engine=hf was asked for'}", "drop engine=hf (engine=auto), or use device=cpu")
+def _cuda_precision(mode: str) -> Check:
+    """device=cuda on a GPU torch sees, natively: whether the precision has CUDA kernels."""
     if mode not in ("none", "bf16"):
         return Check("device", "refuse", f"model.quantize={mode} runs on CPU kernels only (fbgemm, specpipe's own)",
                      "drop model.quantize (auto: bf16 on cuda), or pass model.quantize=bf16 or none")

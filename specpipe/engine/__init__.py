@@ -8,6 +8,9 @@ GGUF file on llama.cpp's CPU kernels; `model` is then the resolved source, not t
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 
 from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Tail, TailInputs, TargetOutput
@@ -17,8 +20,9 @@ ENGINES = ("auto", "native", "hf", "llamacpp")
 DEVICES = ("cpu", "cuda")
 GRAPHS = ("auto", "on", "off")  # engine=native's static step (engine/static.py); auto: on where device=cuda
 
-__all__ = ["ENGINES", "FINAL", "GRAPHS", "KERNELS", "Memory", "Runner", "Tail", "TailInputs", "TargetOutput",
-           "make_runner", "pick_engine", "static_step"]
+__all__ = ["DEVICES", "ENGINES", "FINAL", "GRAPHS", "KERNELS", "Memory", "Refusal", "Runner", "Tail", "TailInputs",
+           "TargetOutput", "choice_refusal", "device_refusal", "llamacpp_refusal", "make_runner", "native_chosen",
+           "native_refusal", "pick_engine", "refuse", "static_step"]
 
 
 def static_step(graphs: str, device: str) -> bool:
@@ -26,24 +30,114 @@ def static_step(graphs: str, device: str) -> bool:
     return graphs == "on" or (graphs == "auto" and device == "cuda")
 
 
-def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "none") -> str:
-    """The engine `engine=` means for this model ('native', 'hf' or 'llamacpp'), or a SpecpipeError."""
-    from specpipe.engine.native_model import unsupported_reason
+@dataclass(frozen=True)
+class Refusal:
+    """A setting the engine refuses: why, and how to fix it. `specpipe check` reports the two
+    (its why and how-to-fix columns); the run raises the sentence they make (`str`), so the
+    check and the run say the same thing, from the same rule."""
+
+    why: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.why}. {self.fix[:1].upper()}{self.fix[1:]}."
+
+
+def refuse(refusal: Refusal | None) -> None:
+    """Raise a rule's refusal as the run's error (the CLI prints it and exits 2)."""
+    if refusal is not None:
+        raise SpecpipeError(str(refusal))
+
+
+def choice_refusal(engine: str, graphs: str = "auto", kernels: str = "exact") -> Refusal | None:
+    """engine=, graphs= or kernels= set to a value that is none of its choices."""
+    if engine not in ENGINES:
+        return Refusal(f"engine={engine} is not an engine", f"use one of {', '.join(ENGINES)}")
+    if graphs not in GRAPHS:
+        return Refusal(f"graphs={graphs} is not a choice: graphs is one of {', '.join(GRAPHS)}",
+                       "use graphs=auto (the default: static steps where device=cuda)")
+    if kernels not in KERNELS:
+        return Refusal(f"kernels={kernels} is not a choice: kernels is one of {', '.join(KERNELS)}",
+                       "use kernels=exact (the default: verify rows bitwise equal plain rows) or kernels=fast")
+    return None
+
+
+def native_chosen(engine: str, reason: str | None) -> bool:
+    """Whether `engine=` (not llamacpp) runs the model natively; reason: why the native engine
+    cannot run it (`native_model.unsupported_reason`), or None."""
+    return engine == "native" or (engine == "auto" and not reason)
+
+
+def native_refusal(engine: str, reason: str | None, precision: str, *, graphs: str = "auto", compile: bool = False,
+                   model: str = "this model") -> Refusal | None:
+    """What needs the native engine where it does not run the model: engine=native itself, a
+    precision of the native engine alone, graphs=on, compile=true. model: its name in the sentence."""
     from specpipe.models.quantize import NATIVE_ONLY
 
-    if engine not in ENGINES:
-        raise SpecpipeError(f"engine={engine!r} is not an engine. Use one of: {', '.join(ENGINES)}.")
+    if engine == "native" and reason:
+        return Refusal(f"engine=native cannot run {model}: {reason}", "use engine=auto or hf")
+    if native_chosen(engine, reason):
+        return None
+    on_hf = f"{model} runs on hf: {reason or 'engine=hf was asked for'}"
+    if precision in NATIVE_ONLY:
+        return Refusal(f"precision {precision} needs the native engine (bf16 activations end to end); {on_hf}",
+                       "use fp16 or none" + ("" if reason else ", or engine=native"))
+    if graphs == "on":
+        return Refusal(f"graphs=on needs the native engine; {on_hf}", "drop graphs=on, or use engine=native")
+    if compile:
+        return Refusal(f"compile=true needs the native engine; {on_hf}", "drop compile, or use engine=native")
+    return None
+
+
+def device_refusal(device: str, native: bool = True, reason: str | None = None,
+                   model: str = "this model") -> Refusal | None:
+    """device= that is not a device, a GPU torch does not see (and what hides it), or device=cuda
+    for a model that runs on hf (a GPU is not brought by a precision, nor a precision by a GPU)."""
+    if device not in DEVICES:
+        return Refusal(f"device={device} is not supported", f"use {' or '.join(DEVICES)}")
+    if device != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return _no_gpu()
+    if not native:
+        return Refusal(f"device=cuda runs the native engine, and {model} runs on hf: "
+                       f"{reason or 'engine=hf was asked for'}", "drop engine=hf (engine=auto), or use device=cpu")
+    return None
+
+
+def _no_gpu() -> Refusal:
+    """device=cuda where torch sees no GPU: a torch without CUDA, or a GPU it cannot see."""
+    if torch.version.cuda is None:
+        return Refusal(f"device=cuda, but this torch ({torch.__version__}) is built without CUDA",
+                       "use device=cpu (the default), or on a machine with an NVIDIA GPU install a CUDA build of torch "
+                       "(https://pytorch.org/get-started/locally/ gives the command for its CUDA version)")
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return Refusal("device=cuda, but torch sees no CUDA GPU on this machine"
+                   + (f" (CUDA_VISIBLE_DEVICES={hidden!r} hides them)" if hidden is not None else
+                      " (no NVIDIA GPU, or its driver is not loaded: `nvidia-smi` says which)"),
+                   "use device=cpu (the default)" + (", or unset CUDA_VISIBLE_DEVICES" if hidden is not None else
+                                                     ", or run on a machine whose GPU `nvidia-smi` lists"))
+
+
+def llamacpp_refusal(graphs: str, device: str, compile: bool) -> Refusal | None:
+    """What engine=llamacpp does not take: the native engine's static step, a GPU, compile."""
+    if graphs not in ("auto", "off"):  # auto is off here
+        return Refusal(f"graphs={graphs} sets engine=native's static decode step, and llama.cpp runs its own kernels",
+                       "drop graphs=, or use engine=native")
+    if device != "cpu" or compile:
+        return Refusal("engine=llamacpp runs on the CPU with llama.cpp's own kernels (device=cuda and compile=true "
+                       "do not apply)", "use device=cpu without compile, or engine=native")
+    return None
+
+
+def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "none") -> str:
+    """The engine `engine=` means for this model ('native', 'hf' or 'llamacpp'), or a SpecpipeError."""
+    refuse(choice_refusal(engine))
     if engine == "llamacpp":
         return engine
-    reason = unsupported_reason(model)
-    if engine == "native" and reason is not None:
-        raise SpecpipeError(f"engine=native cannot run this model: {reason}. Use engine=hf (or auto).")
-    chosen = "native" if engine == "native" or (engine == "auto" and reason is None) else "hf"
-    if chosen == "hf" and precision in NATIVE_ONLY:
-        raise SpecpipeError(f"precision {precision} needs the native engine (bf16 activations end to end), which "
-                            f"{'was not chosen' if reason is None else 'cannot run this model: ' + reason}. Use "
-                            "fp16 or none, or engine=native.")
-    return chosen
+    reason = _unsupported(model)
+    refuse(native_refusal(engine, reason, precision))
+    return "native" if native_chosen(engine, reason) else "hf"
 
 
 def make_runner(model, *, engine: str = "auto", precision: str = "none", cache_len: int | None = None,
@@ -54,45 +148,36 @@ def make_runner(model, *, engine: str = "auto", precision: str = "none", cache_l
     its decode steps in fixed shapes (engine/static.py: CUDA graphs on a GPU). model: torch
     weights, or for engine=llamacpp the model's resolved source (`models.loader.ModelSource`).
     `kernels` (base.KERNELS) is the block policy of native's static step, or llama.cpp's
-    kernel setup (llamacpp.py); eager native steps and engine=hf have no choice to make."""
-    if device not in DEVICES:
-        raise SpecpipeError(f"device={device!r} is not supported. Use one of: {', '.join(DEVICES)}.")
-    if graphs not in GRAPHS:
-        raise SpecpipeError(f"graphs={graphs!r} is not a choice. Use one of: {', '.join(GRAPHS)}.")
-    if kernels not in KERNELS:
-        raise SpecpipeError(f"kernels={kernels!r} is not a choice. Use one of: {', '.join(KERNELS)}.")
+    kernel setup (llamacpp.py); eager native steps and engine=hf have no choice to make.
+    Its refusals are the rules above, which `specpipe check` reports from the configuration."""
+    refuse(choice_refusal(engine, graphs, kernels))
     if engine == "llamacpp":
-        if graphs == "on":
-            raise SpecpipeError("graphs=on needs engine=native; llama.cpp runs its own kernels. Drop graphs=on.")
-        return _llamacpp(model, cache_len, device, compile, kernels)
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpecpipeError("device=cuda was asked for but torch sees no CUDA GPU here. Use device=cpu.")
-    if pick_engine(model, engine, precision) == "native":
+        refuse(llamacpp_refusal(graphs, device, compile) or device_refusal(device))
+        return _llamacpp(model, cache_len, kernels)
+    reason = _unsupported(model)
+    native = native_chosen(engine, reason)
+    refuse(native_refusal(engine, reason, precision, graphs=graphs, compile=compile)
+           or device_refusal(device, native, reason))
+    if native:
         from specpipe.engine.native import DEFAULT_CACHE_LEN, NativeRunner
 
         return NativeRunner(model, precision, cache_len or DEFAULT_CACHE_LEN, device, compile=compile,
                             static=static_step(graphs, device), exact=kernels == "exact")
-    if compile:
-        raise SpecpipeError("compile=true needs the native engine (its families: `specpipe models`); use "
-                            "engine=native or drop compile.")
-    if graphs == "on":
-        raise SpecpipeError("graphs=on needs the native engine (its families: `specpipe models`); use "
-                            "engine=native or drop graphs=on.")
-    if device != "cpu":
-        raise SpecpipeError("device=cuda needs the native engine (its families: `specpipe models`); engine=hf "
-                            "runs on the CPU.")
     from specpipe.engine.hf import HFRunner
 
     return HFRunner(model, precision)
 
 
-def _llamacpp(source, cache_len: int | None, device: str, compile: bool, kernels: str) -> Runner:
+def _unsupported(model: torch.nn.Module) -> str | None:
+    from specpipe.engine.native_model import unsupported_reason
+
+    return unsupported_reason(model)
+
+
+def _llamacpp(source, cache_len: int | None, kernels: str) -> Runner:
     from specpipe.engine.llamacpp import load_gguf_runner
     from specpipe.engine.native import DEFAULT_CACHE_LEN
 
-    if device != "cpu" or compile:
-        raise SpecpipeError("engine=llamacpp runs on the CPU with llama.cpp's own kernels: drop device=cuda and "
-                            "compile=true, or use engine=native.")
     if isinstance(source, torch.nn.Module):
         raise SpecpipeError("engine=llamacpp loads a GGUF file itself and cannot run torch weights; pass the "
                             "model's source (a zoo name or a .gguf file), or use engine=native.")
