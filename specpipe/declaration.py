@@ -39,7 +39,6 @@ class Declaration:
     draft_probs: bool = True  # False: no distribution (one-hot drafts: lossless, lower acceptance when sampling)
     early_stop: bool = False  # honours a controller's early stop (controller=confidence)
     lookup: bool = False  # takes proposer.lookup: prompt lookup tried first, its own drafting where nothing matches
-    batches: bool = True  # a batch drafts every row (False: one sequence at a time)
     peer: str | None = None  # transformers' counterpart in bench (`peer=auto`)
     trainer: str | None = None  # module whose `KIND` trains it (`specpipe train proposer=<name>`)
     # engine (vllm | sglang) -> (ExportPlan) -> the engine's settings for this proposer, or None
@@ -121,20 +120,17 @@ def engine_model(name: str) -> str:
 
 
 def batch_refusal(*, name: str = "", target_engine: str | None = None, tree: bool = False, translated: bool = False,
-                  batches: bool = True, draft_engine: str | None = None) -> str | None:
+                  draft_engine: str | None = None) -> str | None:
     """Why a batch runs one sequence at a time, or None (it batches): the one rule, which
     `specpipe check` applies to a config before anything loads and the decode loop to the built
     parts. target_engine / draft_engine: the engine a model runs on where it has no batch rows
-    (None: it has); tree: the proposer drafts trees; translated: its drafts are re-tokenised;
-    batches: its declaration's (False: it drafts one sequence at a time)."""
+    (None: it has); tree: the proposer drafts trees; translated: its drafts are re-tokenised."""
     if target_engine is not None:
         return f"the target runs on the {target_engine} engine, which has no batch rows (engine=native has)"
     if tree:
         return "a tree draft's mask differs per row, which the batched forward does not take yet"
     if translated:
         return "a draft with another tokenizer re-tokenises each sequence's text on its own"
-    if not batches:
-        return f"proposer={name} drafts one sequence at a time"
     if draft_engine is not None:
         return f"the draft runs on the {draft_engine} engine, which decodes one sequence at a time"
     return None
