@@ -12,6 +12,9 @@ SMOL="model=smollm2-135m prompts=dev limit=2 max_new_tokens=128"
 QWEN="model=qwen2.5-coder-1.5b prompts=dev limit=1 max_new_tokens=96"
 $SP bench $SMOL proposer=ngram gamma=4 out=$OUT/smol-ngram
 $SP bench $SMOL recipe=recipes/smollm2-135m out=$OUT/smol-recipe
+$SP bench $SMOL recipe=recipes/smollm2-135m/eagle3.yaml out=$OUT/smol-eagle3
+$SP bench model=smollm2-135m prompts=dev limit=2 max_new_tokens=64 recipe=recipes/smollm2-135m/eagle3.yaml \
+  requests=16 concurrency=4 out=$OUT/smol-eagle3-load-c4  # EAGLE-3 drafting four rows a step
 $SP bench $QWEN proposer=draft proposer.model=qwen2.5-coder-0.5b gamma=4 out=$OUT/qwen-draft
 [ -n "${WITH_TREE:-}" ] && $SP bench $QWEN recipe=recipes/qwen2.5-coder-1.5b/eagle3-tree-bf16.yaml out=$OUT/qwen-tree  # slow without AMX
 for c in 1 4 8; do
