@@ -155,6 +155,21 @@ class DraftBatch:
                           host=torch.empty(rows, 0, dtype=torch.long))
 
     @staticmethod
+    def of_rows(rows: list[int], size: int, tokens: torch.Tensor, num_draft: torch.Tensor, gammas: list[int],
+                probs: torch.Tensor | None = None, confidence: torch.Tensor | None = None) -> "DraftBatch":
+        """Drafts of batch rows `rows` made together (tokens [A, W], num_draft [A], probs
+        [A, W, V], confidence [A, W], on the device) -> the batch of `size` rows, the others
+        without a draft: padded as `stack` pads, one copy a part (all rows: the tensors as they are)."""
+        if rows == list(range(size)):
+            return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence)
+        index = torch.tensor(rows).to(tokens.device, non_blocking=True)
+
+        def spread(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.new_zeros(size, *t.shape[1:]).index_copy_(0, index, t)
+
+        return DraftBatch(spread(tokens), spread(num_draft), tuple(gammas), spread(probs), spread(confidence))
+
+    @staticmethod
     def stack(drafts: list[DraftBlock | DraftTree | None], gammas: list[int], device: torch.device | str,
               vocab: int | None = None) -> "DraftBatch":
         """One draft per row (None: nothing) -> a padded batch. A tree only as the batch's one row."""

@@ -135,6 +135,21 @@ def test_every_batched_row_equals_plain_greedy(head, rows, lookup):
     assert [o.stats.accepted_at for o in outs] == [a.stats.accepted_at for a in alone]  # the drafts alone's
 
 
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_rows_that_do_not_draft_are_left_out_of_the_heads_forwards(graphs):
+    """A row decoding plainly beside drafting rows (γ = 0 every step) is in none of the head's
+    forwards and its draft is empty; every row equals plain greedy."""
+    pipe = pipeline("eagle", graphs=graphs)
+    plain = [pipe.run(p, max_new_tokens=20, speculative=False).token_ids for p in PROMPTS]
+    log = counting_forwards(pipe)
+    outs = pipe.generate_batch(PROMPTS, max_new_tokens=20, speculative=[True, False, True, True])
+    assert [o.token_ids for o in outs] == plain
+    assert outs[1].stats.drafted == 0 and min(outs[b].stats.accepted for b in (0, 2, 3)) > 0
+    drafting = [forwards for forwards, gammas in log[1::2] if gammas[1] == 0 and sum(gammas) > 0]
+    rows = [rows for forwards in drafting for rows in forwards]
+    assert max(rows) == 3 and rows.count(3) > len(rows) / 2, rows  # rows finishing late leave the rest
+
+
 def test_every_rows_head_cache_holds_exactly_its_committed_rows():
     """After a batch whose rows kept different counts each step (ragged feeds, padded), row b of
     the head cache equals one pass of the head over that row's committed (feature, next token)

@@ -161,8 +161,8 @@ class EagleProposer(Proposer):
         elif heads:
             root = self._feed_pending(heads)
             tokens, probs, confidence, count = self._chain(heads, root, [gammas[row] for row in heads], rows)
-            if heads == list(range(len(gammas))):  # every row drafted by the head: the batch as it is
-                return DraftBatch(tokens, count, tuple(gammas), probs, confidence)
+            if not any(drafts):  # no lookup drafted: the head's tensors are the batch's
+                return DraftBatch.of_rows(heads, len(gammas), tokens, count, gammas, probs, confidence)
             for a, row in enumerate(heads):
                 drafts[row] = DraftBlock(tokens[a], None if probs is None else probs[a], confidence[a], count[a])
         return DraftBatch.stack(drafts, gammas, rows.device, self.vocab_size)

@@ -177,8 +177,8 @@ class HeadGraphs:
     def __init__(self, device: torch.device, cache: SlotCache):
         self.graphs = Graphs(device)
         self.cache = cache
-        self._caches = {"rows": cache}  # by name, with the growth the graphs were captured over
-        self._grown = cache.grown
+        self._caches = {"rows": cache}  # the head caches the graphs write into, by name: one, every row's
+        self._grown = cache.grown  # the cache's growth the graphs were captured over
         self._inputs: dict[tuple[int, bool], _Inputs] = {}
 
     @property
