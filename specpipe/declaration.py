@@ -119,7 +119,7 @@ def engine_model(name: str) -> str:
     return str(path.resolve()) if path.exists() else name
 
 
-def batch_refusal(*, name: str = "", target_engine: str | None = None, tree: bool = False, translated: bool = False,
+def batch_refusal(*, target_engine: str | None = None, tree: bool = False, translated: bool = False,
                   draft_engine: str | None = None) -> str | None:
     """Why a batch runs one sequence at a time, or None (it batches): the one rule, which
     `specpipe check` applies to a config before anything loads and the decode loop to the built

@@ -141,7 +141,7 @@ def check_batch(cfg: DictConfig, target_config, draft_config_loader, translated:
         return Check("batch", "refuse", str(err).rstrip("."), "fix batch_schedule=")
     kind, size, declaration = proposer_kind(cfg), batch_size(cfg), declared(cfg)
     native = cfg.engine != "hf" and target_config is not None and not config_unsupported_reason(target_config)
-    reason = batch_refusal(name=kind, target_engine=None if native else "hf", tree=declaration.drafts_tree(cfg.proposer),
+    reason = batch_refusal(target_engine=None if native else "hf", tree=declaration.drafts_tree(cfg.proposer),
                            translated=translated,
                            draft_engine="hf" if _draft_on_hf(cfg, draft_config_loader) else None)
     plan = f"; batch_schedule {schedule} (γ per batch size)" if schedule else ""
