@@ -64,12 +64,12 @@ class CostModelGamma(Controller):
         `memory` steps only: a size measured slow once and never tried since would otherwise
         pin γ below it."""
         batch = self._measured(batch, self.meter.verified_sizes())
-        fresh = {k: times for (b, k), times in self._verified().items() if b == batch}
-        return {k: statistics.median(times) for k, times in fresh.items() if times}
+        return {k: statistics.median(times) for (_, k), times in self._verified(batch).items() if times}
 
-    def _verified(self) -> dict[tuple[int, int], list[float]]:
-        """(batch size, block size) -> its recent verify seconds, those of the last `memory` steps."""
-        return self.meter.verify_samples(self._window, self._memory)
+    def _verified(self, batch: int | None = None) -> dict[tuple[int, int], list[float]]:
+        """(batch size, block size) -> its recent verify seconds, those of the last `memory`
+        steps; `batch`'s only (None: every batch size's)."""
+        return self.meter.verify_samples(self._window, self._memory, batch)
 
     @staticmethod
     def _measured(batch: int, sizes: set[int]) -> int:
@@ -159,7 +159,7 @@ class CostModelGamma(Controller):
         the slope of the last two beyond them). At batch > 1 a block size is measured only when
         γ goes there, and a line through this batch's own one or two sizes extrapolates badly:
         from 8·5 rows to 8·1 the GEMMs leave the compute-bound regime."""
-        own = self._verified().get((batch, k))
+        own = self._verified(batch).get((batch, k))
         if own:
             return statistics.median(own)
         m, ms = batch * k, list(rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 
 from specpipe.types import StepTiming
 
@@ -43,6 +44,7 @@ class StepMeter:
         self._propose: dict[int, deque] = {}  # batch size -> recent seconds per draft token
         self._verify: dict[tuple[int, int], deque] = {}  # (batch size, block size k) -> recent (step, seconds)
         self._reach: dict[int, Reach] = {}  # batch size -> what its speculative steps could yield at best
+        self._fresh: tuple[tuple, dict] | None = None  # verify_samples' answer, until the next step
 
     def record(self, timing: StepTiming, batch: int, gamma: int) -> None:
         """One step of `batch` rows whose widest verified draft was `gamma` tokens (0: a plain step)."""
@@ -82,13 +84,19 @@ class StepMeter:
 
     def propose_samples(self, batch: int, window: int) -> list[float]:
         """The last `window` seconds per draft token at this batch size."""
-        return list(self._propose.get(batch, ()))[-window:]
+        return _last(self._propose.get(batch, ()), window)
 
-    def verify_samples(self, window: int, memory: int) -> dict[tuple[int, int], list[float]]:
+    def verify_samples(self, window: int, memory: int, batch: int | None = None) -> dict[tuple[int, int], list[float]]:
         """(batch size, block size) -> the last `window` verify seconds of each, those of the
-        last `memory` steps only (a size measured slow once and not tried since is forgotten)."""
-        return {key: [s for step, s in list(times)[-window:] if step > self.steps - memory]
-                for key, times in self._verify.items()}
+        last `memory` steps only (a size measured slow once and not tried since is forgotten);
+        batch: that batch size's only (None: every one). Read-only, and computed once a step:
+        the cost model asks for it per candidate γ."""
+        key = (self.steps, window, memory, batch)
+        if self._fresh is None or self._fresh[0] != key:
+            fresh = {size: [s for step, s in _last(times, window) if step > self.steps - memory]
+                     for size, times in self._verify.items() if batch is None or size[0] == batch}
+            self._fresh = key, fresh
+        return self._fresh[1]
 
     def proposed_sizes(self) -> set[int]:
         """Batch sizes with propose samples."""
@@ -97,3 +105,8 @@ class StepMeter:
     def verified_sizes(self) -> set[int]:
         """Batch sizes with verify samples."""
         return {batch for batch, _ in self._verify}
+
+
+def _last(samples, count: int) -> list:
+    """The last `count` of `samples` (a deque of up to `HISTORY`), oldest first, without copying the rest."""
+    return list(islice(reversed(samples), count))[::-1]
