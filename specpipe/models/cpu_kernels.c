@@ -172,7 +172,7 @@ static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
 }
 #endif
 #define N4 2
-#define M4 6 /* 12 int sums + 4 nibble vectors + 2 inputs of 32 zmm (the float sums stay in memory) */
+#define M4 6 /* 12 int sums + 4 nibble vectors + 2 inputs of 32 zmm (the float sums spill around a group's end) */
 #else
 #define Q4L 8
 typedef __m256i v4;
@@ -318,7 +318,9 @@ static inline void fetch_ahead(const void *w, long ahead, int bytes) {
 #define Q4TILE(NAME, R)                                                                                \
     static void NAME(const int8_t *x, int ldx, const float *xs, const float *xsum, int groups,         \
                      const uint8_t *w, vf *out, long ahead) {                                          \
-        for (int i = 0; i < R * N4; i++) out[i] = vzero(); /* the float sums: in memory, registers for the int ones */ \
+        vf sums[R][N4]; /* the float sums: registers beside the int ones, written out once */          \
+        for (int i = 0; i < R; i++)                                                                     \
+            for (int v = 0; v < N4; v++) sums[i][v] = vzero();                                          \
         const int blocks = groups * (GROUP / WGROUP);                                                   \
         for (int g = 0; g < blocks; g++) {                                                              \
             v4 acc[R][N4];                                                                              \
@@ -343,10 +345,12 @@ static inline void fetch_ahead(const void *w, long ahead, int bytes) {
                 vf dv = load_f16(d + v * Q4L), mv = load_f16(mins + v * Q4L);                           \
                 for (int i = 0; i < R; i++) {                                                           \
                     vf part = vfma(q4_float(acc[i][v]), dv, vmul(mv, vbcast(xsum + (size_t)i * blocks + g))); \
-                    out[i * N4 + v] = vfma(part, vset(xs[(size_t)i * groups + g / (GROUP / WGROUP)]), out[i * N4 + v]); \
+                    sums[i][v] = vfma(part, vset(xs[(size_t)i * groups + g / (GROUP / WGROUP)]), sums[i][v]); \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
+        for (int i = 0; i < R; i++)                                                                     \
+            for (int v = 0; v < N4; v++) out[i * N4 + v] = sums[i][v];                                  \
     }
 
 typedef void (*q4tile_fn)(const int8_t *, int, const float *, const float *, int, const uint8_t *, vf *, long);
