@@ -172,7 +172,11 @@ static inline v4 q4_dot(v4 acc, v4 w, v4 x) {
 }
 #endif
 #define N4 2
-#define M4 6 /* 12 int sums + 4 nibble vectors + 2 inputs of 32 zmm (the float sums spill around a group's end) */
+/* Up to 9 rows a pass (a γ = 8 verify): 18 int sums + 4 nibble vectors + 2 inputs of 32 zmm, the
+ * float sums spilled beyond 5 rows. One pass over a tile computes its rows while the tile streams
+ * in from memory; a 9-row block in two passes (5 + 4) spent ~15% of its time re-reading tiles
+ * from L2 for the second (Qwen2.5-1.5B, perf). */
+#define M4 9
 #else
 #define Q4L 8
 typedef __m256i v4;
@@ -361,7 +365,10 @@ Q4TILE(q4_3, 3)
 Q4TILE(q4_4, 4)
 Q4TILE(q4_5, 5)
 Q4TILE(q4_6, 6)
-static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2, q4_3, q4_4, q4_5, q4_6};
+Q4TILE(q4_7, 7)
+Q4TILE(q4_8, 8)
+Q4TILE(q4_9, 9)
+static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2, q4_3, q4_4, q4_5, q4_6, q4_7, q4_8, q4_9};
 #else
 static const q4tile_fn Q4_TILES[M4 + 1] = {0, q4_1, q4_2, q4_3};
 #endif
@@ -399,7 +406,7 @@ static void store(const Linear *L, float *y, int m, int R, int n0, int nv, const
 }
 
 /* The rows of the next pass over a tile, at most `most`: as many passes as `most` needs, rows
- * shared evenly among them (9 rows: 5 + 4, not 6 + 3: each pass unpacks the tile once). */
+ * shared evenly among them (13 4-bit rows: 7 + 6, not 9 + 4: each pass unpacks the tile once). */
 static inline int even_share(int left, int most) {
     const int passes = (left + most - 1) / most;
     return (left + passes - 1) / passes;
