@@ -190,19 +190,18 @@ def compose(overrides: list[str] = (), command: str = "generate") -> DictConfig:
 
 
 def _precisions(cfg: DictConfig) -> DictConfig:
-    """`model.quantize=auto` (and a draft's or head's `proposer.quantize`) as the device's own
-    precision, so every reader (checks, build, export, train) sees what will run."""
-    from specpipe.models.loader import four_bit_source
-    from specpipe.models.quantize import AUTO, resolve_precision
+    """`model.quantize=auto` (and a draft's or head's `proposer.quantize`) written as the precision
+    that runs, so what a config records (results.json, export, train) is what ran. The rule is
+    `specpipe.settings`' (`target_precision`, `draft_precision`), the one the settings resolve by."""
+    from specpipe.settings import draft_precision, target_precision
 
     device = str(cfg.get("device", "cpu"))
     with open_dict(cfg):
         if "model" in cfg and isinstance(cfg.model.get("quantize"), str):
-            four_bit = cfg.model.quantize == AUTO and four_bit_source(str(cfg.model.get("name", "")))
-            cfg.model.quantize = resolve_precision(cfg.model.quantize, device, engine=str(cfg.get("engine", "auto")),
-                                                   four_bit=four_bit)
+            cfg.model.quantize = target_precision(cfg.model.quantize, device, str(cfg.get("engine", "auto")),
+                                                  str(cfg.model.get("name", "")))
         if "proposer" in cfg and isinstance(cfg.proposer.get("quantize"), str):
-            cfg.proposer.quantize = resolve_precision(cfg.proposer.quantize, device, draft=True)
+            cfg.proposer.quantize = draft_precision(cfg.proposer.quantize, device)
     return cfg
 
 

@@ -102,11 +102,13 @@ class Pipeline:
         return self.parts().memory()
 
     @classmethod
-    def from_config(cls, cfg) -> "Pipeline":
-        """The pipeline a composed config describes (`specpipe.compose([...])` or a CLI config)."""
+    def from_config(cls, cfg, settings=None) -> "Pipeline":
+        """The pipeline a composed config describes (`specpipe.compose([...])` or a CLI config);
+        settings: its `specpipe.settings.Settings`, where the caller resolved them already (the
+        commands do, once, for the checks and the build alike)."""
         from specpipe.build import build_parts  # below the pipeline; here, so importing this module stays light
 
-        return cls(**build_parts(cfg))
+        return cls(**build_parts(cfg, settings))
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt text (or chat messages) -> token ids, through the chat template when on."""

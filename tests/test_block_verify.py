@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from specpipe.checks.proposer import check_sampling
+from specpipe.settings import resolve
 from specpipe.checks.result import refuse_if_any
 from specpipe.config import compose
 from specpipe.decode.syncs import capture_hazards, host_reads
@@ -367,6 +368,11 @@ def test_a_static_step_verifies_inside_its_graph_as_the_eager_step_does(monkeypa
     assert len({tuple(t) for t in expected[0] + expected[1]}) == 6
 
 
+def sampling_check(overrides: list[str]):
+    cfg = compose(overrides)
+    return check_sampling(cfg, resolve(cfg, fetch=False))
+
+
 def test_trees_are_refused_with_the_reason():
     """A tree draft is refused by the verifier and, before anything loads, by the checks."""
     draft = DraftBatch(torch.tensor([[3, 4, 5]]), torch.tensor([2]), (2,), tree=(-1, -1, 0))
@@ -376,11 +382,11 @@ def test_trees_are_refused_with_the_reason():
 
     recipe = Path(__file__).resolve().parents[1] / "recipes/smollm2-135m/eagle3.yaml"
     cfg = compose([f"recipe={recipe}", "verifier=block", "temperature=0.7", "proposer.tree={top_k: 4, nodes: 12}"])
-    check = check_sampling(cfg)
+    check = check_sampling(cfg, resolve(cfg, fetch=False))
     assert check.status == "refuse" and "one draft chain" in check.why
     with pytest.raises(SpecpipeError, match="verifier=block verifies one chain"):
         refuse_if_any([check])
-    chain = check_sampling(compose([f"recipe={recipe}", "verifier=block", "temperature=0.7"]))
+    chain = sampling_check([f"recipe={recipe}", "verifier=block", "temperature=0.7"])
     assert chain.status == "ok" and "verifier=block honours temperature=0.7" in chain.why
-    suffix = check_sampling(compose(["model=smollm2-135m", "proposer=suffix", "verifier=block", "temperature=0.7"]))
+    suffix = sampling_check(["model=smollm2-135m", "proposer=suffix", "verifier=block", "temperature=0.7"])
     assert suffix.status == "ok" and "drafts its best path (verifier=block verifies chains)" in suffix.why

@@ -96,18 +96,38 @@ def test_the_check_reports_what_the_run_raises(settings, foreign):
     from specpipe.checks.target import check_engine
     from specpipe.engine import Refusal, make_runner
     from specpipe.errors import SpecpipeError
+    from specpipe.settings import resolve
 
     model = (GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2)).eval() if foreign
              else tiny_model(0))
     cfg = compose(["proposer=ngram", *settings])
-    if cfg.engine == "llamacpp":  # its rules sit in the llama.cpp check; the run is handed the GGUF's path
-        model, checks = Path("model.gguf"), [_engine(cfg, None, Path("model.gguf"))]
+    s = resolve(cfg, fetch=False, target_config=model.config)
+    if s.engine_choice == "llamacpp":  # its rules sit in the llama.cpp check; the run is handed the GGUF's path
+        model, checks = Path("model.gguf"), [_engine(s, None, Path("model.gguf"))]
     else:
-        checks = check_engine(cfg, model.config)
+        checks = check_engine(s)
     refused = [c for c in checks if c.status == "refuse"]
     assert len(refused) == 1, checks
-    sentence = str(Refusal(refused[0].why, refused[0].fix)).replace(cfg.model.name, "this model")
+    sentence = str(Refusal(refused[0].why, refused[0].fix)).replace(s.model, "this model")
     with pytest.raises(SpecpipeError) as raised:
-        make_runner(model, engine=cfg.engine, precision=cfg.model.quantize, device=cfg.device,
-                    compile=bool(cfg.get("compile")), kernels=cfg.kernels, graphs=cfg.graphs)
+        make_runner(model, engine=s.engine_choice, precision=s.precision, device=s.device, compile=s.compile,
+                    kernels=s.kernels, graphs=s.graphs)
     assert str(raised.value) == sentence
+
+
+def test_a_missing_llama_cpp_is_said_alike_by_the_check_and_the_run(monkeypatch):
+    """The library rule is one function of the engine package (`library_refusal`): `specpipe check`
+    reports it and `make_runner` raises it, in the same words."""
+    import sys
+
+    from specpipe.checks.llamacpp import check_llamacpp
+    from specpipe.engine import Refusal, make_runner
+    from specpipe.errors import SpecpipeError
+    from specpipe.settings import resolve
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` fails, as where it is not installed
+    cfg = compose(["engine=llamacpp", "proposer=ngram"])
+    (refused,) = [c for c in check_llamacpp(cfg, resolve(cfg, fetch=False)) if c.status == "refuse"]
+    with pytest.raises(SpecpipeError) as raised:
+        make_runner(Path("model.gguf"), engine="llamacpp")
+    assert str(raised.value) == str(Refusal(refused.why, refused.fix))

@@ -130,7 +130,8 @@ def up_to_the_work(tmp_path, monkeypatch):
     from specpipe.build import config_checks
     from specpipe.checks import llamacpp
     from specpipe.checks.result import refuse_if_any
-    from specpipe.commands import check, install, models, report, train, tune
+    from specpipe import build
+    from specpipe.commands import bench, check, generate, install, models, report, train, tune
     from specpipe.config import conf_dir, register
     from specpipe.models import zoo
     from specpipe.pipeline import Pipeline
@@ -165,7 +166,12 @@ def up_to_the_work(tmp_path, monkeypatch):
         zoo._entry(name)  # an unknown name is refused as the real fetch refuses it
         raise Resolved("fetch")
 
-    real_candidates = tune.candidates
+    def resolved(cfg, **kwargs):  # the settings as `check` resolves them: a zoo model judged, not downloaded
+        return real_resolved(cfg, fetch=False)
+
+    real_candidates, real_resolved = tune.candidates, build.resolved
+    monkeypatch.setattr(generate, "resolved", resolved)
+    monkeypatch.setattr(bench, "resolved", resolved)
     monkeypatch.setattr(Pipeline, "from_config", classmethod(lambda cls, cfg, *a, **k: from_config(cfg)))
     monkeypatch.setattr(check, "config_checks", checked)
     monkeypatch.setattr(llamacpp, "measured_exact", lambda gguf, kernels: 64)  # llama.cpp's probe loads the GGUF

@@ -52,11 +52,21 @@ def test_install_prints_bracketed_flags_as_typed():
     assert done.returncode == 0 and 'CMAKE_ARGS="-DX=[/x]on"' in done.stderr, done.stderr
 
 
+def llamacpp_checks(overrides: list[str]):
+    """The llama.cpp rows of `specpipe check` for these settings (models judged without fetching)."""
+    from specpipe.settings import resolve
+
+    cfg = compose(overrides)
+    return check_llamacpp(cfg, resolve(cfg, fetch=False))
+
+
 def test_a_missing_library_is_refused_with_how_to_install_it():
     code = ("import sys; sys.modules['llama_cpp'] = None\n"
             "from specpipe.checks.llamacpp import check_llamacpp\n"
             "from specpipe.config import compose\n"
-            "c = check_llamacpp(compose(['engine=llamacpp', 'proposer=ngram']))[0]\n"
+            "from specpipe.settings import resolve\n"
+            "cfg = compose(['engine=llamacpp', 'proposer=ngram'])\n"
+            "c = check_llamacpp(cfg, resolve(cfg, fetch=False))[0]\n"
             "print(c.status, '|', c.fix)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("refuse |") and "specpipe install llamacpp" in out
@@ -72,17 +82,17 @@ def test_a_missing_library_is_refused_with_how_to_install_it():
     (["proposer=ngram", "graphs=on"], "engine=native's static decode step"),
 ])
 def test_what_cannot_run_on_llamacpp_is_refused_by_name(overrides, words):
-    checks = check_llamacpp(compose(["engine=llamacpp", *overrides]))
+    checks = llamacpp_checks(["engine=llamacpp", *overrides])
     refused = [c for c in checks if c.status == "refuse"]
     assert refused and any(words in c.why for c in refused), [c.why for c in checks]
 
 
 @needs_library
 def test_a_tree_is_drafted_as_its_best_path_with_a_warning_where_asked_for():
-    asked = check_llamacpp(compose(["engine=llamacpp", "proposer=medusa", "proposer.heads=/nonexistent",
-                                    "proposer.tree=[[0],[1],[0,0]]"]))
+    asked = llamacpp_checks(["engine=llamacpp", "proposer=medusa", "proposer.heads=/nonexistent",
+                             "proposer.tree=[[0],[1],[0,0]]"])
     assert [c.status for c in asked if c.name == "tree"] == ["warn"]
-    default = check_llamacpp(compose(["engine=llamacpp", "proposer=suffix"]))  # its own default: a tree where taken
+    default = llamacpp_checks(["engine=llamacpp", "proposer=suffix"])  # its own default: a tree where taken
     assert [(c.status, "best path" in c.why) for c in default if c.name == "tree"] == [("ok", True)]
 
 

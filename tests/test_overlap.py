@@ -367,9 +367,11 @@ def test_an_unknown_overlap_is_refused_in_one_sentence():
 def test_check_names_the_overlap_where_it_is_on():
     from specpipe.checks.target import check_engine
     from specpipe.config import compose
+    from specpipe.settings import resolve
 
     def named(overrides: list[str]) -> list[str]:
-        return [c.why for c in check_engine(compose(["proposer=ngram", *overrides]), None) if c.name == "overlap"]
+        return [c.why for c in check_engine(resolve(compose(["proposer=ngram", *overrides]), fetch=False))
+                if c.name == "overlap"]
 
     assert named([]) == [] and named(["overlap=off"]) == []  # the CPU's default: steps read one by one
     (why,) = named(["overlap=on"])

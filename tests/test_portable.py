@@ -137,8 +137,10 @@ def test_check_says_in_one_line_what_to_run_when_a_bf16_recipe_meets_a_cpu_witho
 def test_a_cpu_recipe_on_cuda_is_warned(fresh):
     from specpipe.checks.machine import check_tuned_on
     from specpipe.config import compose
+    from specpipe.settings import resolve
 
-    found = check_tuned_on(compose([f"recipe={REPO / 'recipes/smollm2-135m/specpipe.yaml'}", "device=cuda"]))
+    cfg = compose([f"recipe={REPO / 'recipes/smollm2-135m/specpipe.yaml'}", "device=cuda"])
+    found = check_tuned_on(cfg, resolve(cfg, fetch=False))
     assert found.status == "warn" and "device=cuda" in found.why and "AMD EPYC" in found.why
     assert found.fix == "specpipe tune model=smollm2-135m device=cuda"
 

@@ -379,15 +379,19 @@ def test_without_llama_cpp_check_still_shows_the_refusals_that_do_not_need_it(mo
     import sys
 
     from specpipe.checks.llamacpp import check_llamacpp
+    from specpipe.settings import resolve
+
+    def checked(settings):
+        cfg = compose(settings)
+        return check_llamacpp(cfg, resolve(cfg, fetch=False))
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` fails, as where it is not installed
-    checks = check_llamacpp(compose(["engine=llamacpp", "proposer=eagle3", "proposer.heads=/x", "graphs=on",
-                                     "model.quantize=fp16"]))
+    checks = checked(["engine=llamacpp", "proposer=eagle3", "proposer.heads=/x", "graphs=on", "model.quantize=fp16"])
     refused = [c for c in checks if c.status == "refuse"]
     assert "specpipe install llamacpp" in refused[0].fix
     whys = " ".join(c.why for c in refused[1:])
     assert "graphs=on" in whys and "model.quantize=fp16" in whys and "proposer=eagle3" in whys
-    fine = check_llamacpp(compose(["engine=llamacpp", "proposer=ngram"]))
+    fine = checked(["engine=llamacpp", "proposer=ngram"])
     assert [c.name for c in fine if c.status == "refuse"] == ["engine"]  # the library alone
 
 

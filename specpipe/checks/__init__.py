@@ -1,8 +1,11 @@
 """Compatibility checks, run before any weights load (and by `specpipe check`).
 
 Each check returns `Check(name, status, why, fix)` with status ok / warn / refuse / n/a; the
-build refuses a configuration with any `refuse`, `specpipe check` prints them all. Only
-tokenizers and configs are read here (for the draft's vocabulary), never weights.
+build refuses a configuration with any `refuse`, `specpipe check` prints them all. The choices
+they judge (engine, device, precision, draft...) are read from the config's resolved `Settings`
+(specpipe/settings.py), the value the build runs; the config itself only for the raw values the
+`settings` check ranges and the components' options. Only tokenizers and configs are read here
+(for the draft's vocabulary), never weights.
 
   result      Check, refuse_if_any
   identity    which components a config names (no rules)

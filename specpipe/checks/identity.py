@@ -1,11 +1,15 @@
 """Which components a config names (identity only, no rules): their short names, what the
-proposer declares of itself, the second model it loads, the adapters and the batch size."""
+proposer declares of itself, the second model it loads, the adapters and the batch size (the
+last three as `specpipe.settings` resolves them, re-exported here for the readers of a config)."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
 from specpipe.declaration import Declaration, declaration_of
+from specpipe.settings import batch_size, draft_model_name, lora_paths
+
+__all__ = ["batch_size", "declared", "draft_model_name", "kind_of", "lora_paths", "proposer_kind"]
 
 
 def kind_of(node: DictConfig) -> str:
@@ -21,21 +25,3 @@ def proposer_kind(cfg: DictConfig) -> str:
 def declared(cfg: DictConfig) -> Declaration:
     """What the config's proposer declares of itself (specpipe/declaration.py)."""
     return declaration_of(cfg.proposer)
-
-
-def draft_model_name(cfg: DictConfig) -> str | None:
-    """The second model a proposer loads (its declared option), or None."""
-    option = declared(cfg).draft_model
-    return str(cfg.proposer[option]) if option not in (None, "target") else None
-
-
-def lora_paths(cfg: DictConfig) -> list[str]:
-    lora = cfg.model.get("lora")
-    if lora is None:
-        return []
-    return [str(lora)] if isinstance(lora, str) else [str(p) for p in lora]
-
-
-def batch_size(cfg: DictConfig) -> int:
-    """Sequences decoding at once: bench's concurrency, generate's batch (0: its prompts, at least 1)."""
-    return max(int(cfg.get("concurrency") or 1), int(cfg.get("batch") or 1))

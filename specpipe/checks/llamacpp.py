@@ -15,31 +15,31 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specpipe.checks.identity import batch_size, declared, draft_model_name, kind_of, lora_paths, proposer_kind
+from specpipe.checks.identity import kind_of
 from specpipe.checks.result import Check
 from specpipe.errors import SpecpipeError
+from specpipe.settings import Settings
 
 
-def check_llamacpp(cfg: DictConfig) -> list[Check]:
-    from specpipe.engine.llamacpp import INSTALL, PINNED
+def check_llamacpp(cfg: DictConfig, s: Settings) -> list[Check]:
+    """cfg: for the proposer's options and the controller's γ."""
+    from specpipe.engine import library_refusal
 
     library = _version()
-    gguf = _gguf(cfg.model.name)
+    gguf = _gguf(s.model)
     # what the settings alone refuse is said with or without the library: installing it (minutes)
     # must not be the first of several fixes a user learns one at a time
-    checks = [_engine(cfg, library, gguf), _precision(cfg, gguf), *_proposer(cfg)]
-    if library is None:
-        missing = Check("engine", "refuse", "engine=llamacpp needs llama-cpp-python, which is not installed",
-                        f"run `{INSTALL}` (builds llama-cpp-python {PINNED} for this CPU, a few minutes), or use "
-                        "engine=auto")
-        checks = [missing, *(check for check in checks if check.status != "n/a")]
-    if lora_paths(cfg) or cfg.model.get("early_exit") is not None:
+    checks = [_engine(s, library, gguf), _precision(s, gguf), *_proposer(cfg, s)]
+    missing = library_refusal()  # the engine's rule, the one `make_runner` raises
+    if missing is not None:
+        checks = [Check.refused("engine", missing), *(check for check in checks if check.status != "n/a")]
+    if s.lora or s.early_exit is not None:
         checks.append(Check("engine", "refuse", "model.lora and model.early_exit change torch weights, and "
                             "engine=llamacpp runs the GGUF file as it is", "drop them, or use engine=auto"))
     if library is not None and gguf is not None and gguf.is_file() and checks[0].status == "ok":
         fixed = kind_of(cfg.controller) == "fixed"  # verifies γ + 1 tokens; the others up to gamma_max + 1
         block = (cfg.gamma if fixed else max(cfg.gamma, cfg.gamma_max)) + 1
-        checks.append(_guarantee(gguf, cfg.kernels, block, batch_size(cfg)))
+        checks.append(_guarantee(gguf, s.kernels, block, s.rows))
     elif checks[0].status != "ok":
         checks.append(Check("verify guarantee", "n/a", "measured once the engine check above passes"))
     else:
@@ -69,33 +69,32 @@ def _gguf(name: str) -> Path | None:
     return None if source.gguf is None else Path(source.path) / source.gguf
 
 
-def _engine(cfg: DictConfig, library: str | None, gguf: Path | None) -> Check:
+def _engine(s: Settings, library: str | None, gguf: Path | None) -> Check:
     """What the settings refuse first (none of it needs the library); then, with the library, what runs."""
     from specpipe.engine.llamacpp import threads
 
     if gguf is None:
-        return Check("engine", "refuse", f"engine=llamacpp runs GGUF files, and model={cfg.model.name} is a model "
+        return Check("engine", "refuse", f"engine=llamacpp runs GGUF files, and model={s.model} is a model "
                      "directory or hub id", "pass a zoo name or a .gguf file, or use engine=auto")
     from specpipe.engine import choice_refusal, llamacpp_refusal
 
     # the engine's own rules, the ones `make_runner` raises (engine/__init__.py)
-    refusal = choice_refusal("llamacpp", cfg.get("graphs", "auto"), cfg.kernels) or llamacpp_refusal(
-        cfg.get("graphs", "auto"), cfg.device, bool(cfg.get("compile")))
+    refusal = choice_refusal("llamacpp", s.graphs, s.kernels) or llamacpp_refusal(s.graphs, s.device, s.compile)
     if refusal is not None:
-        return Check("engine", "refuse", refusal.why, refusal.fix)
+        return Check.refused("engine", refusal)
     if library is None:  # refused by check_llamacpp, with the install command
         return Check("engine", "n/a", "the settings suit engine=llamacpp")
-    how = ("kernels=exact: q8_0 KV cache, weights in the file's layout" if cfg.kernels == "exact"
+    how = ("kernels=exact: q8_0 KV cache, weights in the file's layout" if s.kernels == "exact"
            else "kernels=fast: llama.cpp's defaults, f16 KV cache, repacked weights")
     return Check("engine", "ok", f"llamacpp: llama-cpp-python {library}, ggml CPU kernels on {gguf.name} as it is, "
-                 f"{threads()} threads, flash attention, {how}, one llama.cpp sequence per row ({cfg.cache_len} "
+                 f"{threads()} threads, flash attention, {how}, one llama.cpp sequence per row ({s.cache_len} "
                  "slots each)")
 
 
-def _precision(cfg: DictConfig, gguf: Path | None) -> Check:
+def _precision(s: Settings, gguf: Path | None) -> Check:
     from specpipe.models.quantize import GGUF
 
-    mode = cfg.model.quantize
+    mode = s.precision
     if mode not in (GGUF, "none"):
         return Check("target precision", "refuse", f"model.quantize={mode} does not apply to engine=llamacpp: the "
                      "GGUF file's own quantization runs", "drop model.quantize (auto), or use engine=native")
@@ -103,8 +102,8 @@ def _precision(cfg: DictConfig, gguf: Path | None) -> Check:
     return Check("target precision", "ok", f"the GGUF's own types{size}; nothing is dequantized")
 
 
-def _proposer(cfg: DictConfig) -> list[Check]:
-    d, kind = declared(cfg), proposer_kind(cfg)
+def _proposer(cfg: DictConfig, s: Settings) -> list[Check]:
+    d, kind = s.declaration, s.proposer
     if d.hidden == "layers":
         return [Check("proposer", "refuse", f"proposer={kind} reads hidden states of several target layers, and "
                       "llama.cpp hands over only the final norm's output", "use proposer=eagle, medusa, ngram, "
@@ -113,17 +112,17 @@ def _proposer(cfg: DictConfig) -> list[Check]:
     if kind == "twin" and not cfg.proposer.get("gguf"):
         checks.append(Check("proposer", "refuse", "proposer=twin on engine=llamacpp drafts with a lower-bit GGUF of "
                             "the target, and none was given", "pass proposer.gguf=FILE.gguf, or use proposer=ngram"))
-    draft = cfg.proposer.get("gguf") if kind == "twin" else draft_model_name(cfg)
+    draft = cfg.proposer.get("gguf") if kind == "twin" else s.draft.model
     if draft and _gguf(str(draft)) is None:
         checks.append(Check("proposer", "refuse", f"the draft {draft} is not a GGUF file, and engine=llamacpp runs "
                             "drafts on llama.cpp too", "pass a zoo name or a .gguf file as the draft"))
-    if d.drafts_tree(cfg.proposer):  # asked for by the user: they should know it does not happen
+    if s.tree_option:  # asked for by the user: they should know it does not happen
         checks.append(Check("tree", "warn", f"engine=llamacpp verifies chains: proposer={kind} drafts its tree's best "
                             "path", "drop proposer.tree, or use engine=native for trees"))
-    elif d.tree == "auto" and cfg.proposer.get("tree", True):
+    elif s.tree_auto:
         checks.append(Check("tree", "ok", f"engine=llamacpp verifies chains: proposer={kind} drafts its best path"))
-    if d.draft_model and cfg.proposer.get("quantize") not in (None, "none"):
-        checks.append(Check("draft precision", "ok", f"proposer.quantize={cfg.proposer.quantize} does not apply: the "
+    if d.draft_model and s.draft.precision not in (None, "none"):
+        checks.append(Check("draft precision", "ok", f"proposer.quantize={s.draft.precision} does not apply: the "
                             "draft's GGUF runs with its own types"))
     return checks
 

@@ -11,20 +11,22 @@ from specpipe import machine
 from specpipe.checks.result import Check
 from specpipe.errors import SpecpipeError
 from specpipe.recipe import load_recipe
+from specpipe.settings import Settings
 
 NAME = "tuned on"
 AMX_PRECISIONS = ("bf16",)  # target precisions whose speed rests on AMX (bf16 tiles)
 
 
-def check_tuned_on(cfg: DictConfig) -> Check:
+def check_tuned_on(cfg: DictConfig, s: Settings) -> Check:
+    """cfg: for the recipe it names."""
     tuned = _tuned_on(cfg)
     if tuned is None:
         return Check(NAME, "n/a", "no recipe, or one that names no machine it was tuned on")
     where = describe(tuned)
-    changed = differences(tuned, str(cfg.device), str(cfg.model.quantize), machine.cpu_features())
+    changed = differences(tuned, s.device, str(s.precision), machine.cpu_features())
     if not changed:
         return Check(NAME, "ok", f"the recipe was tuned on {where}; this machine has what its choice rests on")
-    command = f"specpipe tune model={cfg.model.name} device={cfg.device}"
+    command = f"specpipe tune model={s.model} device={s.device}"
     return Check(NAME, "warn", f"the recipe was tuned on {where}; {changed[0]}, so another strategy may win here: "
                  f"run `{command}` for a recipe for this machine", command)
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from specpipe.checks.identity import batch_size, declared, draft_model_name, kind_of, proposer_kind
+from specpipe.checks.identity import kind_of
 from specpipe.checks.result import Check
 from specpipe.components import call_target
 from specpipe.declaration import batch_refusal
 from specpipe.errors import SpecpipeError
+from specpipe.settings import Settings
 
 
-def check_proposer(cfg: DictConfig) -> Check:
+def check_proposer(s: Settings) -> Check:
     """What the proposer declares of itself, in words (the first row of `specpipe check`)."""
-    d = declared(cfg)
+    d = s.declaration
     if d.name == "none":
         return Check("proposer", "n/a", "plain decoding with the target")
     reads = {"target": "drafts in the target's own token ids", "same": "a second model with the target's tokenizer",
@@ -44,34 +45,36 @@ CHAINS_ONLY = {
 }
 
 
-def check_sampling(cfg: DictConfig) -> Check:
+def check_sampling(cfg: DictConfig, s: Settings) -> Check:
+    """cfg: for the verifier it names."""
     name = kind_of(cfg.verifier)
-    if name == "greedy" and cfg.temperature > 0:
-        return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={cfg.temperature}",
+    if name == "greedy" and s.temperature > 0:
+        return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={s.temperature}",
                      "use verifier=rejection, or temperature=0")
-    if name in CHAINS_ONLY and declared(cfg).drafts_tree(cfg.proposer):
+    if name in CHAINS_ONLY and s.tree_option:
         return Check("sampling", "refuse", CHAINS_ONLY[name],
                      "use proposer.tree=null, or verifier=greedy / verifier=typical with the tree")
     if name == "typical":
         return Check("sampling", "warn", "verifier=typical is LOSSY: with temperature > 0 the output is not "
                      "distributed as the target's (at temperature 0 it keeps the target's argmax tokens)",
                      "use verifier=rejection for lossless sampling")
-    if name == "greedy" and (cfg.top_k or cfg.top_p < 1.0):
+    if name == "greedy" and (s.top_k or s.top_p < 1.0):
         return Check("sampling", "warn", "top_k / top_p have no effect on greedy decoding")
-    declaration = declared(cfg)
+    declaration = s.declaration
     notes = ""
-    if cfg.temperature > 0 and not declaration.draft_probs:
+    if s.temperature > 0 and not declaration.draft_probs:
         notes += f"; proposer={declaration.name} drafts without probabilities (one-hot: lossless, kept less often)"
     if name in CHAINS_ONLY and declaration.tree == "auto":
         notes += f"; proposer={declaration.name} drafts its best path (verifier={name} verifies chains)"
-    return Check("sampling", "ok", f"verifier={name} honours temperature={cfg.temperature}, "
-                 f"top_k={cfg.top_k}, top_p={cfg.top_p} identically on target and draft{notes}")
+    return Check("sampling", "ok", f"verifier={name} honours temperature={s.temperature}, "
+                 f"top_k={s.top_k}, top_p={s.top_p} identically on target and draft{notes}")
 
 
-def check_heads(cfg: DictConfig, target_config_loader) -> Check:
-    """Heads trained for another hidden size, vocabulary or target are refused by name."""
-    kind = proposer_kind(cfg)
-    if not declared(cfg).heads:
+def check_heads(cfg: DictConfig, s: Settings) -> Check:
+    """Heads trained for another hidden size, vocabulary or target are refused by name (cfg: for
+    the proposer's options)."""
+    kind, model = s.proposer, s.model
+    if not s.declaration.heads:
         return Check("heads", "n/a", f"proposer={kind} uses no trained heads")
     from omegaconf import OmegaConf
 
@@ -80,17 +83,17 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
 
     if OmegaConf.is_missing(cfg.proposer, "heads"):
         return Check("heads", "refuse", f"proposer={kind} needs proposer.heads=DIR (trained heads)",
-                     f"train some: specpipe train proposer={kind} model={cfg.model.name}; or use a recipe that "
+                     f"train some: specpipe train proposer={kind} model={model}; or use a recipe that "
                      f"ships them: recipe=recipes/smollm2-135m/{kind}.yaml")
-    read = declared(cfg).read_heads or (lambda folder: read_config(folder, kind))
+    read = s.declaration.read_heads or (lambda folder: read_config(folder, kind))
     try:
         heads = read(cfg.proposer.heads)
     except SpecpipeError as err:
-        return Check("heads", "refuse", str(err), f"train heads: specpipe train proposer={kind} model={cfg.model.name}")
+        return Check("heads", "refuse", str(err), f"train heads: specpipe train proposer={kind} model={model}")
     if damaged := heads_problem(cfg.proposer.heads):  # as a model's files are, before anything reads them
         return Check("heads", "refuse", damaged_heads(cfg.proposer.heads, damaged).rstrip("."),
-                     f"restore the folder, or train heads: specpipe train proposer={kind} model={cfg.model.name}")
-    target = target_config_loader()  # None: not fetched (export), only the trained-for name is compared
+                     f"restore the folder, or train heads: specpipe train proposer={kind} model={model}")
+    target = s.target_config  # None: not fetched (export), only the trained-for name is compared
     problems = [problem for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size"))
                 if target is not None and (problem := shape_problem(what, key, heads.get(key), target))]
     asked = cfg.proposer.get("num_heads")  # "use the first N": more than there are is refused, not capped
@@ -103,24 +106,24 @@ def check_heads(cfg: DictConfig, target_config_loader) -> Check:
                         f"target's that can be read are 1..{layers} ({layers}: the last layer's output)")
     trained_for = heads.get("specpipe", {}).get("target")
     if problems:
-        return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} do not fit {cfg.model.name}: "
+        return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} do not fit {model}: "
                      + "; ".join(problems), f"train heads for this target: specpipe train proposer={kind} "
-                     f"model={cfg.model.name}")
-    if trained_for and trained_for != cfg.model.name:
+                     f"model={model}")
+    if trained_for and trained_for != model:
         return Check("heads", "refuse", f"the {kind} heads in {cfg.proposer.heads} were trained on {trained_for}, "
-                     f"not {cfg.model.name} (same shapes, other features: they would guess blindly)",
-                     f"use heads trained on {cfg.model.name}, or model={trained_for}")
+                     f"not {model} (same shapes, other features: they would guess blindly)",
+                     f"use heads trained on {model}, or model={trained_for}")
     return Check("heads", "ok", f"{kind} heads trained on {trained_for or 'an unnamed target'}, shapes match")
 
 
-def check_early_stop(cfg: DictConfig) -> Check:
+def check_early_stop(cfg: DictConfig, s: Settings) -> Check:
     """A controller that stops drafts early (controller=confidence) needs a proposer that asks it."""
     from specpipe.controllers.base import Controller
 
     controller = call_target(cfg.controller, "controller", None)
     if controller is None or type(controller).stop_below is Controller.stop_below:
         return Check("early stop", "n/a", f"controller={kind_of(cfg.controller)} does not stop drafts early")
-    declaration = declared(cfg)
+    declaration = s.declaration
     if not declaration.early_stop:
         return Check("early stop", "warn", f"controller={kind_of(cfg.controller)} stops drafts when the drafter's "
                      f"confidence drops, but proposer={declaration.name} never asks it: every draft runs to γ and the "
@@ -129,21 +132,19 @@ def check_early_stop(cfg: DictConfig) -> Check:
                  f"controller={kind_of(cfg.controller)} says")
 
 
-def check_batch(cfg: DictConfig, target_config, draft_config_loader, translated: bool = False) -> Check:
+def check_batch(s: Settings, translated: bool = False) -> Check:
     """Whether this composition decodes several sequences in one forward, and its batch schedule:
-    `declaration.batch_refusal`, the rule the decode loop applies, given the facts the configs state."""
+    `declaration.batch_refusal`, the rule the decode loop applies, given the engines the settings
+    resolved (hf has no batch rows; native and llama.cpp have)."""
     from specpipe.controllers.base import check_schedule
-    from specpipe.engine.native_model import config_unsupported_reason
 
     try:
-        schedule = check_schedule(cfg.get("batch_schedule"))
+        schedule = check_schedule(s.batch_schedule)
     except SpecpipeError as err:
         return Check("batch", "refuse", str(err).rstrip("."), "fix batch_schedule=")
-    kind, size, declaration = proposer_kind(cfg), batch_size(cfg), declared(cfg)
-    native = cfg.engine != "hf" and target_config is not None and not config_unsupported_reason(target_config)
-    reason = batch_refusal(target_engine=None if native else "hf", tree=declaration.drafts_tree(cfg.proposer),
-                           translated=translated,
-                           draft_engine="hf" if _draft_on_hf(cfg, draft_config_loader) else None)
+    kind, size = s.proposer, s.rows
+    reason = batch_refusal(target_engine="hf" if s.engine == "hf" else None, tree=s.tree_option,
+                           translated=translated, draft_engine="hf" if s.draft.engine == "hf" else None)
     plan = f"; batch_schedule {schedule} (γ per batch size)" if schedule else ""
     if reason is not None:
         return Check("batch", "warn" if size > 1 else "ok", f"one sequence at a time: {reason}{plan}",
@@ -151,15 +152,3 @@ def check_batch(cfg: DictConfig, target_config, draft_config_loader, translated:
     return Check("batch", "ok", f"{kind} batches: {size} sequence(s) per forward, each with its own KV cache row "
                  f"and acceptance{plan}")
 
-
-def _draft_on_hf(cfg: DictConfig, draft_config_loader) -> bool:
-    """Whether the config's draft model (if any) falls back to the hf engine (one row at a time)."""
-    from specpipe.engine.native_model import config_unsupported_reason
-
-    if not draft_model_name(cfg):
-        return False
-    try:
-        draft = draft_config_loader()
-    except SpecpipeError:
-        return False
-    return draft is not None and bool(config_unsupported_reason(draft))

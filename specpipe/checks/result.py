@@ -15,6 +15,12 @@ class Check:
     fix: str = ""
     translated: bool = False  # tokenizer check: the draft's tokens are translated (it decodes one sequence at a time)
 
+    @classmethod
+    def refused(cls, name: str, refusal) -> "Check":
+        """A rule's refusal (`engine.Refusal`: why, and how to fix it) as this check's row: the
+        words the run raises, in the why and how-to-fix columns."""
+        return cls(name, "refuse", refusal.why, refusal.fix)
+
 
 def refuse_if_any(checks: list[Check]) -> None:
     for check in checks:

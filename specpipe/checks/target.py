@@ -4,24 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from specpipe.checks.identity import batch_size, declared, lora_paths, proposer_kind
 from specpipe.checks.result import Check
-from specpipe.errors import SpecpipeError
-from specpipe.limits import cache_slots, memory_problem
+from specpipe.limits import memory_problem
 from specpipe.models.quantize import BY_DEVICE, MODES, NEEDS_KERNEL, TARGET_SAFE, guarantee, kernel_name, kernel_reason
+from specpipe.settings import Settings
 
 
-def check_early_exit(cfg: DictConfig, target_config=None) -> Check:
-    layers = cfg.model.get("early_exit")
+def check_early_exit(s: Settings) -> Check:
+    layers = s.early_exit
     if layers is None:
         return Check("early exit", "n/a", "the target runs all its layers")
-    total = getattr(target_config, "num_hidden_layers", None)
+    total = getattr(s.target_config, "num_hidden_layers", None)
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1 or (total and layers > total):
         return Check("early exit", "refuse", f"model.early_exit={layers!r} must be a layer count between 1 and the "
                      f"target's {total or 'number of'} layers", f"use model.early_exit=1..{total or 'N'}, or null")
-    if proposer_kind(cfg) != "none":
+    if s.proposer != "none":
         return Check("early exit", "refuse",
                      f"model.early_exit={layers} and speculative decoding both cut the cost of decode "
                      "steps; their gains do not stack, and an early-exit target changes what the draft "
@@ -29,8 +26,8 @@ def check_early_exit(cfg: DictConfig, target_config=None) -> Check:
     return Check("early exit", "ok", f"the target exits after layer {layers} (plain decoding)")
 
 
-def check_lora(cfg: DictConfig) -> Check:
-    paths, kind, second = lora_paths(cfg), proposer_kind(cfg), declared(cfg).draft_model
+def check_lora(s: Settings) -> Check:
+    paths, kind, second = s.lora, s.proposer, s.declaration.draft_model
     if not paths:
         return Check("LoRA", "n/a", "no adapter on the target")
     missing = [p for p in paths if not (Path(p).expanduser() / "adapter_config.json").is_file()]
@@ -52,21 +49,21 @@ def check_lora(cfg: DictConfig) -> Check:
                  "(merge, then quantize)" if second == "target" else "the adapter is merged into the target")
 
 
-def check_precision(cfg: DictConfig) -> list[Check]:
+def check_precision(s: Settings) -> list[Check]:
     checks = []
-    mode = cfg.model.quantize
+    mode = s.precision
     if mode not in MODES:
         status, why = "refuse", f"model.quantize={mode} is not a known precision"
     elif mode not in TARGET_SAFE:
         status = "refuse"
         why = (f"model.quantize={mode} computes a verify block differently from one-token steps (one "
                "activation scale per call): speculative output would drift from plain decoding")
-    elif mode in NEEDS_KERNEL and cfg.device == "cpu" and kernel_reason() is not None:
+    elif mode in NEEDS_KERNEL and s.device == "cpu" and kernel_reason() is not None:
         status, why = "refuse", f"model.quantize={mode} runs on specpipe's C kernel, which cannot run here: {kernel_reason()}"
     else:
         status, why = "ok", f"target weights {mode} ({guarantee(mode)}): verify rows equal one-token rows"
     checks.append(Check("target precision", status, why, f"use one of {', '.join(TARGET_SAFE)}"))
-    draft_mode = cfg.proposer.get("quantize")
+    draft_mode = s.draft.precision
     if draft_mode is not None:
         ok = draft_mode in MODES
         checks.append(Check("draft precision", "ok" if ok else "refuse",
@@ -76,66 +73,53 @@ def check_precision(cfg: DictConfig) -> list[Check]:
     return checks
 
 
-def check_engine(cfg: DictConfig, target_config) -> list[Check]:
-    """Which engine runs the target, how its decode steps run, the guarantee they give, and the device."""
-    from specpipe.engine.base import overlaps
-    from specpipe.engine import choice_refusal, device_refusal, native_chosen, native_refusal, static_step
-    from specpipe.engine.native_model import config_unsupported_reason
+def check_engine(s: Settings) -> list[Check]:
+    """Which engine runs the target, how its decode steps run, the guarantee they give, and the
+    device: the engine and the static step as the settings resolved them, judged by the engine's
+    own rules (engine/__init__.py), the ones `make_runner` raises."""
+    from specpipe.engine import choice_refusal, device_refusal, native_refusal
 
-    engine, mode = cfg.engine, cfg.model.quantize
-    graphs, kernels = cfg.get("graphs", "auto"), cfg.get("kernels", "exact")
-    reason = config_unsupported_reason(target_config) if target_config is not None else "its config is unknown"
-    if len(lora_paths(cfg)) > 1:
-        reason = "adapters switched per request need the peft model"
-    # the engine's own rules, the ones `make_runner` raises (engine/__init__.py)
-    refusal = choice_refusal(engine, graphs, kernels) or native_refusal(
-        engine, reason, mode, graphs=graphs, compile=bool(cfg.get("compile")), model=cfg.model.name)
+    mode, graphs, kernels, reason = s.precision, s.graphs, s.kernels, s.engine_reason
+    refusal = choice_refusal(s.engine_choice, graphs, kernels) or native_refusal(
+        s.engine_choice, reason, mode, graphs=graphs, compile=s.compile, model=s.model)
     if refusal is not None:
-        return [_refused("engine", refusal)]
-    native = native_chosen(engine, reason)
-    static = native and static_step(graphs, cfg.device)
-    slots = cache_slots(cfg, target_config)
-    lowered = f"; cache_len={cfg.cache_len} is past the model's positions: {slots} are allocated" if slots < cfg.cache_len else ""
+        return [Check.refused("engine", refusal)]
+    native, static, slots = s.native, s.static, s.slots
+    lowered = f"; cache_len={s.cache_len} is past the model's positions: {slots} are allocated" if slots < s.cache_len else ""
     checks = [Check("engine", "ok", (
-        f"native{_family_of(target_config)}: own forward (fused projections, preallocated KV cache of {slots} "
-        f"slots indexed by position){', decoder stack compiled' if cfg.get('compile') else ''}{lowered}; "
-        + _step_of(cfg.device, static, kernels) if native
+        f"native{_family_of(s.target_config)}: own forward (fused projections, preallocated KV cache of {slots} "
+        f"slots indexed by position){', decoder stack compiled' if s.compile else ''}{lowered}; "
+        + _step_of(s.device, static, kernels) if native
         else f"hf: transformers eager on a DynamicCache ({reason or 'engine=hf'})"))]
-    if mode == BY_DEVICE.get(cfg.device):
-        checks.append(Check("precision", "ok", f"{mode}: the {cfg.device} default (model.quantize=auto picks fp16 "
+    if mode == BY_DEVICE.get(s.device):
+        checks.append(Check("precision", "ok", f"{mode}: the {s.device} default (model.quantize=auto picks fp16 "
                             "weights on the CPU, bf16 on CUDA, on the fastest kernel each device runs; a model read "
                             "from a 4-bit GGUF file runs w4a8 on the CPU, on its own 4-bit grid)"))
     if mode in TARGET_SAFE:
-        checks.append(Check("kernel", "ok", f"{mode}: {kernel_name(mode, cfg.device, native)}"))
-        checks.append(_guarantee(mode, cfg.device, static, kernels, native))
+        checks.append(Check("kernel", "ok", f"{mode}: {kernel_name(mode, s.device, native)}"))
+        checks.append(_guarantee(mode, s.device, static, kernels, native))
     if kernels == "fast" and not static:  # the key is shared with engine=llamacpp: say where it bites
         checks.append(Check("kernels", "n/a", "kernels=fast changes nothing here: it sets the static step's block "
                             "policy (engine=native with graphs=on, the default on cuda) and llama.cpp's kernels "
                             "(engine=llamacpp); these decode steps run eagerly, with the precision's guarantee",
                             "drop kernels=fast" + (", or add graphs=on" if native else "")))
-    if static and kernels == "exact" and (declared(cfg).drafts_tree(cfg.proposer) or
-                                          (declared(cfg).tree == "auto" and cfg.proposer.get("tree", True))):
-        checks.append(Check("tree", "warn" if declared(cfg).drafts_tree(cfg.proposer) else "ok",
-                            f"graphs with kernels=exact verify chains: proposer={proposer_kind(cfg)} drafts its best "
+    if static and kernels == "exact" and (s.tree_option or s.tree_auto):
+        checks.append(Check("tree", "warn" if s.tree_option else "ok",
+                            f"graphs with kernels=exact verify chains: proposer={s.proposer} drafts its best "
                             "path (a tree's siblings share a position, so they cannot each run at their plain step's "
                             "block row)", "kernels=fast verifies the tree, within tolerance"))
-    if overlaps(cfg.get("overlap", "auto"), cfg.device):
+    if s.overlapped:
         checks.append(Check("overlap", "ok", "plain steps (plain decoding, and the steps the guard holds at γ 0) are "
                             "queued on the device before the last one's tokens are read: the host's work between "
-                            "steps runs beside the device's" + ("" if cfg.device == "cuda" else
+                            "steps runs beside the device's" + ("" if s.device == "cuda" else
                                                                " (on the CPU, which computes as it is asked, "
                                                                "nothing to gain)")))
-    refusal = device_refusal(cfg.device, native, reason, cfg.model.name)
+    refusal = device_refusal(s.device, native, reason, s.model)
     if refusal is not None:
-        checks.append(_refused("device", refusal))
-    elif cfg.device == "cuda":
+        checks.append(Check.refused("device", refusal))
+    elif s.device == "cuda":
         checks.append(_cuda_precision(mode))
     return checks
-
-
-def _refused(name: str, refusal) -> Check:
-    """An engine rule's refusal (`engine.Refusal`) as a check: its why and its fix."""
-    return Check(name, "refuse", refusal.why, refusal.fix)
 
 
 def _cuda_precision(mode: str) -> Check:
@@ -192,31 +176,28 @@ def _device_guarantee(mode: str) -> str:
     return "exact" if mode in ("bf16", "w8a16") else "tolerance"
 
 
-def check_memory(cfg: DictConfig, target_config, draft_config_loader) -> Check:
+def check_memory(s: Settings) -> Check:
     """What the target, a draft model and their KV caches will take (estimated from configs)."""
     from specpipe.engine.footprint import cache_bytes, mib, weight_bytes
 
+    target_config, mode = s.target_config, s.precision
     if target_config is None:
         return Check("memory", "n/a", "the target's config is unknown")
-    tokens, rows = cache_slots(cfg, target_config), batch_size(cfg)
+    tokens, rows = s.slots, s.rows
     slots = f"{tokens} slots" + (f" × {rows} rows" if rows > 1 else "")
-    total = weight_bytes(target_config, cfg.model.quantize) + rows * cache_bytes(target_config, cfg.model.quantize, tokens)
-    parts = [f"target {mib(weight_bytes(target_config, cfg.model.quantize))} + KV cache "
-             f"{mib(rows * cache_bytes(target_config, cfg.model.quantize, tokens))} ({slots})"]
-    kind = proposer_kind(cfg)
-    draft_mode = cfg.proposer.get("quantize", "none")
-    try:
-        second = declared(cfg).draft_model
-        draft = target_config if second == "target" else draft_config_loader() if second else None
-    except SpecpipeError:  # an unreachable draft: the tokenizer check has said so already
-        draft = None
+    total = weight_bytes(target_config, mode) + rows * cache_bytes(target_config, mode, tokens)
+    parts = [f"target {mib(weight_bytes(target_config, mode))} + KV cache "
+             f"{mib(rows * cache_bytes(target_config, mode, tokens))} ({slots})"]
+    kind = s.proposer
+    draft_mode = s.draft.precision or "none"
+    draft = s.draft.config  # None: no second model, or one unreachable (the tokenizer check says so)
     if draft is not None:
         total += weight_bytes(draft, draft_mode) + rows * cache_bytes(draft, draft_mode, tokens)
         parts.append(f"{kind} {mib(weight_bytes(draft, draft_mode))} + KV cache "
                      f"{mib(rows * cache_bytes(draft, draft_mode, tokens))}")
-    elif declared(cfg).heads:
+    elif s.declaration.heads:
         parts.append(f"{kind} heads: see bench's measured figures (their size is in the heads folder)")
-    too_much = memory_problem(total, cfg.device)  # refused here, before the allocator fails part way
+    too_much = memory_problem(total, s.device)  # refused here, before the allocator fails part way
     if too_much:
         return Check("memory", "refuse", "estimated: " + "; ".join(parts) + f"; {too_much}",
                      "decode fewer sequences at once (batch=, concurrency=) or lower cache_len=")

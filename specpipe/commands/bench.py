@@ -31,6 +31,7 @@ from specpipe.bench.runner import WARMUP_TOKENS, bench_prompts, warm_up
 from specpipe.bench.spec_bench import is_spec_bench, spec_bench_table
 from specpipe.bench.summary import all_exact, summarize
 from specpipe.bench.table import bench_table, load_table
+from specpipe.build import resolved
 from specpipe.checks.identity import kind_of, proposer_kind
 from specpipe.commands.check import capped_cache
 from specpipe.context import check_fits
@@ -53,12 +54,13 @@ def run(cfg: DictConfig) -> int:
     if in_sweep and earlier_run(folder, cfg, prompts, folder.name, err) is not None:
         return 0
     writable_output(folder, f"out={cfg.out}", files=(RESULTS_FILE,))
-    for note in (lowered, capped_cache(cfg)):
-        if note:
-            err.print(f"note: {esc(note)}", highlight=False)
     gc.collect()  # a sweep runs its jobs in one process: the last job's models must be gone first
     with err.status(f"loading {esc(cfg.model.name)} and the proposer…"):
-        pipeline = Pipeline.from_config(cfg)
+        settings = resolved(cfg)  # once: the checks and the build read this value
+        for note in (lowered, capped_cache(settings)):
+            if note:
+                err.print(f"note: {esc(note)}", highlight=False)
+        pipeline = Pipeline.from_config(cfg, settings)
     for warning in pipeline.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {esc(warning.why)}", highlight=False)
     payload = measure_requests(cfg, pipeline, prompts, peers, err) if load else measure(cfg, pipeline, prompts,

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from specpipe import jsonsafe
 from specpipe.bench.runner import warm_up
+from specpipe.build import resolved
 from specpipe.checks.identity import proposer_kind
 from specpipe.checks.result import refuse_if_any
 from specpipe.checks.validate import check_prompts, check_settings
@@ -31,13 +32,15 @@ def run(cfg: DictConfig, prompts: list[str] | None = None) -> None:
     """prompts: the command line's `prompt=` texts, verbatim (None: the config's `prompt`)."""
     prompts = prompts or [cfg.prompt]
     err = Console(stderr=True)
-    lowered = fit_slots(cfg, len(prompts), "batch")  # before the checks: their memory estimate reads it
-    _validate(cfg, prompts)
-    for note in (lowered, capped_cache(cfg)):
-        if note:
-            err.print(f"note: {esc(note)}", highlight=False)
+    lowered = fit_slots(cfg, len(prompts), "batch")  # before the settings: their memory estimate reads it
+    refuse_if_any([check_settings(cfg), check_prompts(prompts)])  # no download for a value refused anyway
     with err.status(f"loading {esc(cfg.model.name)} and the proposer…"):
-        pipeline = Pipeline.from_config(cfg)
+        settings = resolved(cfg)  # once: the checks and the build read this value
+        refuse_if_any([prompt_room(settings, prompts)])  # what `specpipe check` counts, before any weights load
+        for note in (lowered, capped_cache(settings)):
+            if note:
+                err.print(f"note: {esc(note)}", highlight=False)
+        pipeline = Pipeline.from_config(cfg, settings)
     for warning in pipeline.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning.name}: {esc(warning.why)}", highlight=False)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, stop=list(cfg.stop))
@@ -115,13 +118,6 @@ def _request_json(prompt: str, spec: Generation, base: Generation | None, equal:
     request that diverges is found by its index, not only by the batch's overall flag."""
     return {"prompt": prompt, "text": spec.text, "token_ids": spec.token_ids, "finish_reason": spec.finish_reason,
             **spec.stats.to_dict(), "baseline_token_ids": base.token_ids if base else None, "greedy_equal": equal}
-
-
-def _validate(cfg: DictConfig, prompts: list[str]) -> None:
-    """What `specpipe check` refuses too (specpipe/checks/, and a prompt that fills the context,
-    counted as check counts it), before the status line and any load."""
-    refuse_if_any([check_settings(cfg), check_prompts(prompts)])
-    refuse_if_any([prompt_room(cfg, prompts)])
 
 
 def _speculative(pipeline: Pipeline, cfg: DictConfig, prompt: str, kwargs: dict) -> Generation:

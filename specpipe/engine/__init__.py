@@ -21,8 +21,8 @@ DEVICES = ("cpu", "cuda")
 GRAPHS = ("auto", "on", "off")  # engine=native's static step (engine/static.py); auto: on where device=cuda
 
 __all__ = ["DEVICES", "ENGINES", "FINAL", "GRAPHS", "KERNELS", "Memory", "Refusal", "Runner", "Tail", "TailInputs",
-           "TargetOutput", "choice_refusal", "device_refusal", "llamacpp_refusal", "make_runner", "native_chosen",
-           "native_refusal", "pick_engine", "refuse", "static_step"]
+           "TargetOutput", "choice_refusal", "device_refusal", "library_refusal", "llamacpp_refusal", "make_runner",
+           "native_chosen", "native_refusal", "pick_engine", "refuse", "static_step"]
 
 
 def static_step(graphs: str, device: str) -> bool:
@@ -130,6 +130,19 @@ def llamacpp_refusal(graphs: str, device: str, compile: bool) -> Refusal | None:
     return None
 
 
+def library_refusal() -> Refusal | None:
+    """engine=llamacpp where llama-cpp-python cannot be imported (`specpipe install llamacpp` builds it)."""
+    try:
+        import llama_cpp  # noqa: F401 (importable, not only installed)
+    except ImportError:
+        from specpipe.engine.llamacpp import INSTALL, PINNED
+
+        return Refusal("engine=llamacpp needs llama-cpp-python, which is not installed",
+                       f"run `{INSTALL}` (builds llama-cpp-python {PINNED} for this CPU, a few minutes), or use "
+                       "engine=auto")
+    return None
+
+
 def pick_engine(model: torch.nn.Module, engine: str = "auto", precision: str = "none") -> str:
     """The engine `engine=` means for this model ('native', 'hf' or 'llamacpp'), or a SpecpipeError."""
     refuse(choice_refusal(engine))
@@ -152,7 +165,7 @@ def make_runner(model, *, engine: str = "auto", precision: str = "none", cache_l
     Its refusals are the rules above, which `specpipe check` reports from the configuration."""
     refuse(choice_refusal(engine, graphs, kernels))
     if engine == "llamacpp":
-        refuse(llamacpp_refusal(graphs, device, compile) or device_refusal(device))
+        refuse(llamacpp_refusal(graphs, device, compile) or device_refusal(device) or library_refusal())
         return _llamacpp(model, cache_len, kernels)
     reason = _unsupported(model)
     native = native_chosen(engine, reason)
