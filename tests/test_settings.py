@@ -121,3 +121,29 @@ def test_compose_writes_the_precision_the_settings_resolve(model_dirs):
     settings = resolve(cfg)
     assert (cfg.model.quantize, cfg.proposer.quantize) == (settings.precision, settings.draft.precision)
     assert torch.device(settings.device).type == "cpu"
+
+
+REFUSED = [  # settings a rule refuses before any weights load, each a rule of its own module
+    ["model.early_exit=1", "proposer=ngram"],
+    ["model.quantize=int8", "proposer=ngram"],
+    ["engine=hf", "graphs=on", "proposer=ngram"],
+    ["engine=native", "kernels=fastest", "proposer=ngram"],
+    ["verifier=greedy", "temperature=0.7", "proposer=ngram"],
+    ["device=cuda", "engine=hf", "proposer=ngram"],
+]
+
+
+@pytest.mark.parametrize("settings", REFUSED)
+def test_the_run_raises_the_words_the_check_reports(model_dirs, settings):
+    """A refusal is said once: the build raises the check's own why and fix (the row `specpipe check`
+    shows), not a sentence of its own."""
+    from specpipe.build import config_checks
+    from specpipe.errors import SpecpipeError
+
+    cfg = compose([f"model={model_dirs / 'target'}", *settings])
+    refused = [c for c in config_checks(cfg, resolve(cfg, fetch=False)) if c.status == "refuse"]
+    assert refused, settings
+    with pytest.raises(SpecpipeError) as raised:
+        Pipeline.from_config(cfg)
+    first = refused[0]
+    assert str(raised.value) == f"{first.name}: {first.why.rstrip('.')}." + (f" Fix: {first.fix}." if first.fix else "")
