@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from specpipe.checks.result import Check
 from specpipe.limits import memory_problem
-from specpipe.models.quantize import BY_DEVICE, MODES, NEEDS_KERNEL, TARGET_SAFE, guarantee, kernel_name, kernel_reason
+from specpipe.models.adapters import early_exit_refusal, lora_refusal
+from specpipe.models.quantize import (BY_DEVICE, MODES, TARGET_SAFE, cuda_refusal, guarantee, kernel_name,
+                                      kernel_refusal)
 from specpipe.settings import Settings
 
 
@@ -14,10 +14,9 @@ def check_early_exit(s: Settings) -> Check:
     layers = s.early_exit
     if layers is None:
         return Check("early exit", "n/a", "the target runs all its layers")
-    total = getattr(s.target_config, "num_hidden_layers", None)
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1 or (total and layers > total):
-        return Check("early exit", "refuse", f"model.early_exit={layers!r} must be a layer count between 1 and the "
-                     f"target's {total or 'number of'} layers", f"use model.early_exit=1..{total or 'N'}, or null")
+    refusal = early_exit_refusal(layers, getattr(s.target_config, "num_hidden_layers", None))
+    if refusal is not None:
+        return Check.refused("early exit", refusal)
     if s.proposer != "none":
         return Check("early exit", "refuse",
                      f"model.early_exit={layers} and speculative decoding both cut the cost of decode "
@@ -30,10 +29,9 @@ def check_lora(s: Settings) -> Check:
     paths, kind, second = s.lora, s.proposer, s.declaration.draft_model
     if not paths:
         return Check("LoRA", "n/a", "no adapter on the target")
-    missing = [p for p in paths if not (Path(p).expanduser() / "adapter_config.json").is_file()]
-    if missing:
-        return Check("LoRA", "refuse", f"model.lora={missing[0]} is not a peft adapter directory (no "
-                     "adapter_config.json there)", "pass the directory written by `PeftModel.save_pretrained`")
+    refusal = lora_refusal(paths)
+    if refusal is not None:
+        return Check.refused("LoRA", refusal)
     if len(paths) > 1:
         if second is not None:
             return Check("LoRA", "refuse",
@@ -58,11 +56,12 @@ def check_precision(s: Settings) -> list[Check]:
         status = "refuse"
         why = (f"model.quantize={mode} computes a verify block differently from one-token steps (one "
                "activation scale per call): speculative output would drift from plain decoding")
-    elif mode in NEEDS_KERNEL and s.device == "cpu" and kernel_reason() is not None:
-        status, why = "refuse", f"model.quantize={mode} runs on specpipe's C kernel, which cannot run here: {kernel_reason()}"
+    elif s.device == "cpu" and kernel_refusal(mode) is not None:
+        status, why = "refuse", None
     else:
         status, why = "ok", f"target weights {mode} ({guarantee(mode)}): verify rows equal one-token rows"
-    checks.append(Check("target precision", status, why, f"use one of {', '.join(TARGET_SAFE)}"))
+    checks.append(Check.refused("target precision", kernel_refusal(mode)) if why is None else
+                  Check("target precision", status, why, f"use one of {', '.join(TARGET_SAFE)}"))
     draft_mode = s.draft.precision
     if draft_mode is not None:
         ok = draft_mode in MODES
@@ -124,9 +123,9 @@ def check_engine(s: Settings) -> list[Check]:
 
 def _cuda_precision(mode: str) -> Check:
     """device=cuda on a GPU torch sees, natively: whether the precision has CUDA kernels."""
-    if mode not in ("none", "bf16"):
-        return Check("device", "refuse", f"model.quantize={mode} runs on CPU kernels only (fbgemm, specpipe's own)",
-                     "drop model.quantize (auto: bf16 on cuda), or pass model.quantize=bf16 or none")
+    refusal = cuda_refusal(mode)
+    if refusal is not None:
+        return Check.refused("device", refusal)
     return Check("device", "ok", "cuda: native engine, dense kernels")
 
 

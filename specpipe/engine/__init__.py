@@ -9,12 +9,11 @@ GGUF file on llama.cpp's CPU kernels; `model` is then the resolved source, not t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
 from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Tail, TailInputs, TargetOutput
-from specpipe.errors import SpecpipeError
+from specpipe.errors import Refusal, SpecpipeError, refuse
 
 ENGINES = ("auto", "native", "hf", "llamacpp")
 DEVICES = ("cpu", "cuda")
@@ -28,25 +27,6 @@ __all__ = ["DEVICES", "ENGINES", "FINAL", "GRAPHS", "KERNELS", "Memory", "Refusa
 def static_step(graphs: str, device: str) -> bool:
     """Whether `graphs=` means the static step on `device` (auto: on CUDA only)."""
     return graphs == "on" or (graphs == "auto" and device == "cuda")
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A setting the engine refuses: why, and how to fix it. `specpipe check` reports the two
-    (its why and how-to-fix columns); the run raises the sentence they make (`str`), so the
-    check and the run say the same thing, from the same rule."""
-
-    why: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.why}. {self.fix[:1].upper()}{self.fix[1:]}."
-
-
-def refuse(refusal: Refusal | None) -> None:
-    """Raise a rule's refusal as the run's error (the CLI prints it and exits 2)."""
-    if refusal is not None:
-        raise SpecpipeError(str(refusal))
 
 
 def choice_refusal(engine: str, graphs: str = "auto", kernels: str = "exact") -> Refusal | None:

@@ -40,7 +40,7 @@ import functools
 import torch
 from torch import nn
 
-from specpipe.errors import SpecpipeError
+from specpipe.errors import Refusal, SpecpipeError, refuse
 from specpipe.models.linears import (Bf16Linear, DenseLinear, Fp16Linear, Int8Linear, KernelLinear, W8A16Linear,
                                       _PackedLinear, has_amx)
 
@@ -151,15 +151,30 @@ def bf16_exact() -> bool:
 _KERNELS = {"fp16": Fp16Linear, "int8": Int8Linear, "bf16": Bf16Linear, "w8a16": W8A16Linear}
 
 
+def kernel_refusal(mode: str) -> Refusal | None:
+    """A precision that runs on specpipe's C kernel where the kernel cannot run (None: it can,
+    or the precision does not need it)."""
+    if mode not in NEEDS_KERNEL or kernel_reason() is None:
+        return None
+    return Refusal(f"model.quantize={mode} runs on specpipe's C kernel, which cannot run here: {kernel_reason()}",
+                   "use model.quantize=fp16 or w8a16")
+
+
+def cuda_refusal(mode: str) -> Refusal | None:
+    """A target precision on a GPU: only dense weights (bf16, none) have CUDA kernels here."""
+    if mode in ("none", "bf16"):
+        return None
+    return Refusal(f"model.quantize={mode} runs on CPU kernels only (fbgemm, specpipe's own)",
+                   "drop model.quantize (auto: bf16 on cuda), or pass model.quantize=bf16 or none")
+
+
 def _kernel(mode: str):
     """The Linear class of `mode` here: specpipe's C kernel for fp16 and w8a32 where it builds."""
     if on_kernel(mode):
         from specpipe.models.cpu_kernels import W_F16, W_I8, W_Q4, W_Q8
 
         return functools.partial(KernelLinear, kind={"fp16": W_F16, "w8a32": W_I8, "w8a8": W_Q8, "w4a8": W_Q4}[mode])
-    if mode in NEEDS_KERNEL:
-        raise SpecpipeError(f"model.quantize={mode} runs on specpipe's C kernel, which cannot run here: "
-                            f"{kernel_reason()}. Use model.quantize=fp16 or w8a16.")
+    refuse(kernel_refusal(mode))
     return _KERNELS[mode]
 
 

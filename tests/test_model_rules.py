@@ -1,0 +1,75 @@
+"""The target's model rules (early exit, adapters, the precision's kernel, a GPU's precisions)
+are one function each in the module they concern: `specpipe check` reports its refusal and the
+code that loads the model raises it, in the same words."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from specpipe.checks.target import check_early_exit, check_lora, check_precision
+from specpipe.errors import Refusal, SpecpipeError
+from specpipe.models import cpu_kernels
+from specpipe.models.adapters import apply_early_exit, apply_lora, early_exit_refusal, lora_refusal
+from specpipe.models.quantize import cuda_refusal, kernel_refusal, linear_kernel
+
+
+def raised(call) -> str:
+    with pytest.raises(SpecpipeError) as caught:
+        call()
+    return str(caught.value)
+
+
+def reported(check) -> str:
+    """The sentence a check's row makes (as the run words a refusal)."""
+    assert check.status == "refuse", check
+    return str(Refusal(check.why, check.fix))
+
+
+@pytest.mark.parametrize("layers", [0, 3, -1])
+def test_early_exit_is_refused_in_the_same_words(layers):
+    model = tiny_model(seed=0, layers=2)
+    settings = SimpleNamespace(early_exit=layers, target_config=model.config, proposer="none")
+    message = raised(lambda: apply_early_exit(model, layers))
+    assert message == reported(check_early_exit(settings)) == str(early_exit_refusal(layers, 2))
+    assert f"model.early_exit={layers}" in message and "2 layers" in message
+
+
+def test_early_exit_in_range_passes_both():
+    model = tiny_model(seed=0, layers=2)
+    assert early_exit_refusal(1, 2) is None
+    assert check_early_exit(SimpleNamespace(early_exit=1, target_config=model.config, proposer="none")).status == "ok"
+    assert len(apply_early_exit(model, 1).get_decoder().layers) == 1
+
+
+def test_a_folder_without_an_adapter_is_refused_in_the_same_words(tmp_path):
+    settings = SimpleNamespace(lora=[str(tmp_path)], proposer="ngram", declaration=SimpleNamespace(draft_model=None))
+    message = raised(lambda: apply_lora(tiny_model(seed=0), [str(tmp_path)]))
+    assert message == reported(check_lora(settings)) == str(lora_refusal([str(tmp_path)]))
+    assert str(tmp_path) in message and "adapter_config.json" in message
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert lora_refusal([str(tmp_path)]) is None
+
+
+def test_a_kernel_precision_without_the_kernel_is_refused_in_the_same_words(monkeypatch):
+    monkeypatch.setenv("SPECPIPE_CPU_KERNELS", "0")
+    cpu_kernels._load.cache_clear()
+    try:
+        settings = SimpleNamespace(precision="w4a8", device="cpu", draft=SimpleNamespace(precision=None))
+        message = raised(lambda: linear_kernel(torch.randn(8, 64), None, "w4a8"))
+        assert message == reported(check_precision(settings)[0]) == str(kernel_refusal("w4a8"))
+        assert "SPECPIPE_CPU_KERNELS=0" in message
+        assert kernel_refusal("fp16") is None  # fp16 falls back to torch's kernel
+    finally:
+        monkeypatch.delenv("SPECPIPE_CPU_KERNELS")
+        cpu_kernels._load.cache_clear()
+    assert kernel_refusal("w4a8") is None  # the kernel runs on this machine again
+
+
+def test_only_dense_precisions_run_on_a_gpu():
+    assert cuda_refusal("bf16") is None and cuda_refusal("none") is None
+    refusal = cuda_refusal("w8a16")
+    assert refusal is not None and "model.quantize=w8a16 runs on CPU kernels only" in str(refusal)
