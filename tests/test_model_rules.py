@@ -1,6 +1,6 @@
-"""The target's model rules (early exit, adapters, the precision's kernel, a GPU's precisions)
-are one function each in the module they concern: `specpipe check` reports its refusal and the
-code that loads the model raises it, in the same words."""
+"""Rules outside the engine (the target's early exit, adapters, its precision's kernel, a GPU's
+precisions; a twin on llama.cpp) are one function each in the module they concern: `specpipe
+check` reports its refusal and the code that loads the model raises it, in the same words."""
 
 from __future__ import annotations
 
@@ -73,3 +73,18 @@ def test_only_dense_precisions_run_on_a_gpu():
     assert cuda_refusal("bf16") is None and cuda_refusal("none") is None
     refusal = cuda_refusal("w8a16")
     assert refusal is not None and "model.quantize=w8a16 runs on CPU kernels only" in str(refusal)
+
+
+def test_a_twin_on_llamacpp_without_its_gguf_is_refused_in_the_same_words():
+    from omegaconf import OmegaConf
+
+    from specpipe.checks.llamacpp import _proposer
+    from specpipe.engine.llamacpp import twin_refusal
+    from specpipe.proposers.twin import build
+
+    settings = SimpleNamespace(declaration=SimpleNamespace(hidden=None, draft_model="target"), proposer="twin",
+                               draft=SimpleNamespace(model=None, precision=None), tree_option=False, tree_auto=False)
+    rows = _proposer(OmegaConf.create({"proposer": {"name": "twin"}}), settings)
+    message = raised(lambda: build(context=SimpleNamespace(engine="llamacpp")))
+    assert message == reported(rows[0]) == str(twin_refusal(None))
+    assert twin_refusal("twin.Q2_K.gguf") is None

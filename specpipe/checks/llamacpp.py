@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from specpipe.checks.identity import kind_of
 from specpipe.checks.result import Check
+from specpipe.engine.llamacpp import twin_refusal
 from specpipe.errors import SpecpipeError
 from specpipe.settings import Settings
 
@@ -109,9 +110,9 @@ def _proposer(cfg: DictConfig, s: Settings) -> list[Check]:
                       "llama.cpp hands over only the final norm's output", "use proposer=eagle, medusa, ngram, "
                       "suffix or draft, or engine=native")]
     checks = []
-    if kind == "twin" and not cfg.proposer.get("gguf"):
-        checks.append(Check("proposer", "refuse", "proposer=twin on engine=llamacpp drafts with a lower-bit GGUF of "
-                            "the target, and none was given", "pass proposer.gguf=FILE.gguf, or use proposer=ngram"))
+    refusal = twin_refusal(cfg.proposer.get("gguf")) if kind == "twin" else None
+    if refusal is not None:
+        checks.append(Check.refused("proposer", refusal))
     draft = cfg.proposer.get("gguf") if kind == "twin" else s.draft.model
     if draft and _gguf(str(draft)) is None:
         checks.append(Check("proposer", "refuse", f"the draft {draft} is not a GGUF file, and engine=llamacpp runs "

@@ -30,12 +30,22 @@ import numpy as np
 import torch
 
 from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Split, Tail, TargetOutput, joined
-from specpipe.errors import SpecpipeError
+from specpipe.errors import Refusal, SpecpipeError
 
 CELLS = 256  # llama.cpp pads a context to whole blocks of this many cells
 PROBE_TOKENS = 64  # the largest evaluation probe_exact measures (a batch's rows × tokens a row count)
 PINNED = "0.3.36"  # the llama-cpp-python release the runner is written and tested against
 INSTALL = "specpipe install llamacpp"  # builds llama-cpp-python with flags that work on this CPU
+
+
+def twin_refusal(gguf: str | None) -> Refusal | None:
+    """proposer=twin here: a lower-bit GGUF of the target, which the user must give (llama.cpp runs
+    files as they are: there is no copy of the target to quantize on the fly)."""
+    if gguf:
+        return None
+    return Refusal("proposer=twin on engine=llamacpp drafts with a lower-bit GGUF of the target, and none was given",
+                   "pass proposer.gguf=FILE.gguf (e.g. a Q2_K copy made with llama.cpp's quantize tool), or use "
+                   "proposer=ngram or suffix")
 
 
 def library():

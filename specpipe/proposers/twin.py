@@ -10,7 +10,8 @@ import copy
 
 from specpipe.declaration import Declaration, sglang_chain
 from specpipe.engine import pick_engine
-from specpipe.errors import SpecpipeError
+from specpipe.engine.llamacpp import twin_refusal
+from specpipe.errors import refuse
 from specpipe.models.loader import resolve
 from specpipe.models.quantize import GGUF, check_mode, resolve_precision
 from specpipe.proposers.model_drafter import ModelDrafter
@@ -21,10 +22,7 @@ def build(*, context, quantize: str = "int8", gguf: str | None = None) -> ModelD
     native engine copies the weights it needs; the hf engine quantizes in place, so it gets a copy.
     With engine=llamacpp the twin is a lower-bit GGUF of the target (`gguf`), run as it is."""
     if context.engine == "llamacpp":
-        if gguf is None:
-            raise SpecpipeError("proposer=twin on engine=llamacpp drafts with a lower-bit GGUF of the target: pass "
-                                "proposer.gguf=FILE.gguf (e.g. a Q2_K copy made with llama.cpp's quantize tool), or "
-                                "use proposer=ngram or suffix.")
+        refuse(twin_refusal(gguf))
         return ModelDrafter.on(context, resolve(gguf), GGUF)
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
     model = context.target.model
