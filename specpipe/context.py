@@ -13,9 +13,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-import torch
-
-from specpipe.drafts import DraftBatch, depths_of
+from specpipe.drafts import DraftBatch
 from specpipe.errors import SpecpipeError
 
 
@@ -121,14 +119,13 @@ def context_limit(runner, part: str) -> ContextLimit | None:
     return None
 
 
-def trimmed(draft: DraftBatch, room: int | None) -> DraftBatch:
-    """A one-row tree draft's first nodes, as many as fit beside the last token in the `room` left
-    (parents come before their children, so a prefix is a tree); only steps just before the
-    context fills lose any. Host work: the tree's parents are host ints."""
-    size = len(draft.tree) if room is None else room - 1
-    if len(draft.tree) <= size:
+def trimmed(draft: DraftBatch, rooms: list[int | None]) -> DraftBatch:
+    """A tree batch cut to the room its rows have left (`Budget.room` of each busy row; None: no
+    known bound): one verify block is as wide for every row, so the fullest row's room bounds
+    them all, and every row keeps its first nodes that fit beside its last token (parents come
+    before their children, so a prefix is a tree); only steps just before the context fills lose
+    any. The depths are recomputed where the parents are: nothing is read back."""
+    known = [room for room in rooms if room is not None]
+    if draft.tree is None or not known:
         return draft
-    parents = draft.tree[:size]
-    depth = torch.full((1,), max(depths_of(parents)), dtype=torch.long).to(draft.tokens.device, non_blocking=True)
-    confidence = draft.confidence[:, :size] if draft.confidence is not None else None
-    return DraftBatch(draft.tokens[:, :size], depth, draft.gammas, None, confidence, parents)
+    return draft.cut(max(min(known) - 1, 0))

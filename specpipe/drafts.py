@@ -1,6 +1,14 @@
-"""A step's drafts: `DraftBlock` (one row's chain), `DraftTree` (one row's tree) and
-`DraftBatch`, every row's draft padded to `[B, W]` with `num_draft [B]`, on the runner's device
-(or on the host where the host drafted it). See specpipe/types.py for the verdict side.
+"""A step's draft: `DraftBatch`, every row's draft padded to `[B, W]` with `num_draft [B]`, on the
+runner's device (or on the host where the host drafted it), chains or trees alike; and the tree
+structure a verifier and a runner read from a tree's parents, on the device (`lineage`,
+`block_depths`, `block_ancestry`). See specpipe/types.py for the verdict side.
+
+A tree draft is its parents, [B, N] int64 beside the tokens [B, N] on the draft's device: node
+i of row b follows node parents[b, i] (-1: the row's last committed token); a parent comes
+before its children, and siblings carry different tokens. A row with fewer nodes than N is
+padded with `NO_NODE` parents: a padding node hangs off nothing, sees only row 0 and itself, and
+is never accepted (a verifier masks it, whatever its token). A chain of n is the tree
+-1, 0, ..., n - 2. Nothing here reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -9,101 +17,52 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-@dataclass(frozen=True)
-class DraftBlock:
-    """One row's chain of γ guessed tokens.
-
-    tokens: [γ] int64. probs: [γ, V] float32 draft distributions the tokens were sampled
-    from (after the same temperature/top-k/top-p as the target), or None for a model-free or
-    greedy draft, which verifiers treat as one-hot on `tokens` (still lossless).
-    """
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-    confidence: torch.Tensor | None = None  # [γ] the drafter's top probability at each token
-    # 0-d int64 on the device: the tokens drafted before the controller's early stop (None: all γ);
-    # a drafter that decides on the device where to stop keeps its γ columns and says how many count
-    length: torch.Tensor | None = None
-
-    @property
-    def gamma(self) -> int:
-        return self.tokens.shape[0]
-
-    @staticmethod
-    def empty(device: torch.device | str = "cpu") -> "DraftBlock":
-        return DraftBlock(torch.empty(0, dtype=torch.long, device=device))
+NO_NODE = -2  # a tree row's padding node (its parent): never accepted, attends to row 0 and itself
 
 
-@dataclass(frozen=True)
-class DraftTree:
-    """Several candidate continuations sharing prefixes, verified in ONE target forward.
-
-    tokens: [N] int64 node tokens. parents: N ints (host), the parent node of each (-1: the
-    node follows the last committed token); a parent comes before its children and siblings
-    carry different tokens. The verify block is [last token, *tokens]: block row 0 is the last
-    token, row i+1 is node i. γ is the tree's depth (its longest candidate).
-    """
-
-    tokens: torch.Tensor
-    parents: tuple[int, ...]
-    confidence: torch.Tensor | None = None
-    probs = None  # trees are verified greedily or by typical acceptance, never by rejection
-
-    @property
-    def size(self) -> int:
-        return len(self.parents)
-
-    @property
-    def depths(self) -> list[int]:
-        """Depth of each node (1 for children of the last committed token)."""
-        depths: list[int] = []
-        for parent in self.parents:
-            depths.append(1 if parent < 0 else depths[parent] + 1)
-        return depths
-
-    @property
-    def gamma(self) -> int:
-        return max(self.depths, default=0)
-
-    def children(self, node: int) -> list[int]:
-        """Nodes whose parent is `node` (-1: the last committed token)."""
-        return [i for i, parent in enumerate(self.parents) if parent == node]
-
-    def ancestry(self) -> torch.Tensor:
-        """[N+1, N+1] bool over block rows (on the host): row r may attend to row c (itself, its
-        ancestors, row 0)."""
-        return ancestry_of(self.parents)
-
-    def leaf_paths(self) -> list[list[int]]:
-        """Every root-to-leaf candidate as node indices."""
-        leaves = [i for i in range(self.size) if not self.children(i)]
-        return [self.path_to(leaf) for leaf in leaves]
-
-    def path_to(self, node: int) -> list[int]:
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+def lineage(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N, N] bool: node j is node i's ancestor or i itself, from parents [B, N] on their
+    device: the parent relation closed by boolean matrix squaring (log2 N matmuls, no read)."""
+    n = parents.shape[1]
+    nodes = torch.arange(n, device=parents.device)
+    reach = ((parents[..., None] == nodes) | (nodes[:, None] == nodes)).float()  # [B, N, N]: parent or self
+    for _ in range(max(n - 2, 0).bit_length()):  # paths of up to 2^k edges; the deepest has N - 1
+        reach = (reach @ reach).clamp_max_(1.0)  # 0/1 entries, sums <= N: exact in float32 (and TF32)
+    return reach > 0
 
 
-def ancestry_of(parents: tuple[int, ...]) -> torch.Tensor:
-    """[N+1, N+1] bool over the block rows of a tree with these parents (row 0: the last token)."""
-    allowed = torch.eye(len(parents) + 1, dtype=torch.bool)
-    allowed[:, 0] = True
-    for node, parent in enumerate(parents):
-        if parent >= 0:
-            allowed[node + 1] |= allowed[parent + 1]
-    return allowed
+def node_depths(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N] int64: each node's depth (1 for a child of the last committed token; a padding node's is 1)."""
+    return lineage(parents).sum(-1)
 
 
-def depths_of(parents: tuple[int, ...]) -> list[int]:
-    """Block-row depths (row 0: 0) of a tree with these parents; a chain of n: 0..n."""
-    depths = [0]
-    for parent in parents:
-        depths.append(depths[parent + 1] + 1)
-    return depths
+def tree_depth(parents: torch.Tensor) -> torch.Tensor:
+    """[B] int64: each row's deepest real node (0 for a row of padding alone): its γ."""
+    if parents.shape[1] == 0:
+        return parents.new_zeros(parents.shape[0])
+    return torch.where(parents >= -1, node_depths(parents), 0).max(1).values
+
+
+def block_depths(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N + 1] int64: each verify block row's position past the row's last committed token
+    (row 0 that token: 0; row i + 1 node i: its depth)."""
+    return F.pad(node_depths(parents), (1, 0))
+
+
+def block_ancestry(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N + 1, N + 1] bool over block rows: row r may attend to row c (itself, its ancestors,
+    row 0)."""
+    seen = F.pad(lineage(parents), (1, 0, 1, 0))  # [B, N + 1, N + 1]
+    seen[:, :, 0] = True
+    return seen
+
+
+def chain_parents(num_draft: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, W]: chains of num_draft [B] tokens as trees (-1, 0, 1, ...), padding after."""
+    columns = torch.arange(width, device=num_draft.device)
+    return torch.where(columns[None] < num_draft[:, None], columns[None] - 1, NO_NODE)
 
 
 @dataclass(frozen=True)
@@ -112,14 +71,16 @@ class DraftBatch:
     (a lookup's: the static step sends the block with its other inputs, and only an eager
     verifier needs the draft on the device: `on`).
 
-    tokens: [B, W] int64, row b's draft in its first num_draft[b] columns (the rest is padding
-    the verifier never accepts). num_draft: [B] int64 (a tree: its depth). probs: [B, W, V] float32 or None
-    (one-hot drafts). confidence: [B, W] float32 or None. tree: the parents of a tree draft
-    (B = 1 only: trees are verified one sequence at a time), whose nodes are `tokens[0]`.
-    gammas: the γ each row was asked for (host ints; sampling draws per row from them, so a
-    row's randomness never depends on its neighbours' drafts). counts: num_draft as host ints,
-    where the host knows it (None: on the device only, e.g. a head's chain that stopped early).
-    host: `tokens` on the host, where the host drafted them (a lookup's), else None.
+    tokens: [B, W] int64, row b's draft in its first num_draft[b] columns (a chain; the rest is
+    padding the verifier never accepts), or a tree's nodes. num_draft: [B] int64 (a tree: each
+    row's depth). probs: [B, W, V] float32 draft distributions the tokens were sampled from, or
+    None: one-hot drafts (model-free or greedy; still lossless). confidence: [B, W] float32 (the
+    drafter's top probability at each token) or None. tree: a tree's parents [B, W] int64 on
+    the tokens' device (see the module), or None for chains. gammas: the γ each row was asked
+    for (host ints; sampling draws per row from them, so a row's randomness never depends on its
+    neighbours' drafts). counts: num_draft as host ints, where the host knows it (None: on the
+    device only, e.g. a head's chain that stopped early). host: `tokens` on the host, where the
+    host drafted them (a lookup's), else None.
     """
 
     tokens: torch.Tensor
@@ -127,7 +88,7 @@ class DraftBatch:
     gammas: tuple[int, ...]
     probs: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
-    tree: tuple[int, ...] | None = None
+    tree: torch.Tensor | None = None
     counts: tuple[int, ...] | None = None
     host: torch.Tensor | None = None
 
@@ -141,12 +102,28 @@ class DraftBatch:
         return self.tokens.shape[0]
 
     def on(self, device: torch.device | str) -> "DraftBatch":
-        """This draft with its tokens and lengths on `device` (one copy; itself where they are)."""
+        """This draft with its tokens, lengths and tree on `device` (one copy; itself where they are)."""
         if self.tokens.device == torch.device(device):
             return self
-        width = self.width  # [B, W + 1]: tokens, then num_draft, in one copy
-        moved = torch.cat([self.tokens, self.num_draft[:, None]], 1).to(device, non_blocking=True)
-        return dataclasses.replace(self, tokens=moved[:, :width], num_draft=moved[:, width])
+        width = self.width  # [B, W + 1 (+ W)]: tokens, num_draft, a tree's parents, in one copy
+        parts = [self.tokens, self.num_draft[:, None]] + ([] if self.tree is None else [self.tree])
+        moved = torch.cat(parts, 1).to(device, non_blocking=True)
+        tree = None if self.tree is None else moved[:, width + 1 :]
+        return dataclasses.replace(self, tokens=moved[:, :width], num_draft=moved[:, width], tree=tree)
+
+    def parents(self) -> torch.Tensor:
+        """[B, W]: the tree's parents, or this batch's chains as trees."""
+        return self.tree if self.tree is not None else chain_parents(self.num_draft, self.width)
+
+    def cut(self, size: int) -> "DraftBatch":
+        """A tree batch's first `size` nodes of every row (parents come before their children, so
+        a prefix is a tree), its depths recomputed where the parents are: no read."""
+        if self.tree is None or self.width <= size:
+            return self
+        tree = self.tree[:, :size]
+        confidence = None if self.confidence is None else self.confidence[:, :size]
+        host = None if self.host is None else self.host[:, :size]
+        return DraftBatch(self.tokens[:, :size], tree_depth(tree), self.gammas, None, confidence, tree, host=host)
 
     @staticmethod
     def empty(rows: int, device: torch.device | str) -> "DraftBatch":
@@ -155,95 +132,85 @@ class DraftBatch:
                           host=torch.empty(rows, 0, dtype=torch.long))
 
     @staticmethod
-    def of_rows(rows: list[int], size: int, tokens: torch.Tensor, num_draft: torch.Tensor, gammas: list[int],
-                probs: torch.Tensor | None = None, confidence: torch.Tensor | None = None) -> "DraftBatch":
-        """Drafts of batch rows `rows` made together (tokens [A, W], num_draft [A], probs
-        [A, W, V], confidence [A, W], on the device) -> the batch of `size` rows, the others
-        without a draft: padded as `stack` pads, one copy a part (all rows: the tensors as they are)."""
-        if rows == list(range(size)):
-            return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence)
-        index = torch.tensor(rows).to(tokens.device, non_blocking=True)
-
-        def spread(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.new_zeros(size, *t.shape[1:]).index_copy_(0, index, t)
-
-        return DraftBatch(spread(tokens), spread(num_draft), tuple(gammas), spread(probs), spread(confidence))
+    def of_lists(gammas: list[int], tokens: list[list[int] | None],
+                 parents: list[list[int] | None] | None = None) -> "DraftBatch":
+        """Drafts made on the host, one list of tokens per row (None or empty: nothing), and
+        for a tree row its parents (None: a chain) -> the batch's host tensors, padded: a tree
+        batch where any row is a tree (its chains as trees), else chains. One small tensor a
+        part; `on` moves them where an eager verifier needs them."""
+        sizes = [len(row) if row else 0 for row in tokens]
+        width = max(sizes, default=0)
+        host = torch.zeros(len(tokens), width, dtype=torch.long)  # [B, W]
+        for b, row in enumerate(tokens):
+            if sizes[b]:
+                host[b, : sizes[b]] = torch.tensor(row, dtype=torch.long)
+        shapes = [None if parents is None or not sizes[b] else parents[b] for b in range(len(tokens))]
+        trees = [p for p, n in zip(shapes, sizes) if p is not None and list(p) != list(range(-1, n - 1))]
+        if not trees or width == 0:
+            return DraftBatch(host, torch.tensor(sizes), tuple(gammas), counts=tuple(sizes), host=host)
+        tree = torch.full((len(tokens), width), NO_NODE, dtype=torch.long)  # [B, W]
+        depths = []
+        for b, n in enumerate(sizes):
+            row = list(shapes[b]) if shapes[b] is not None else list(range(-1, n - 1))
+            tree[b, :n] = torch.tensor(row, dtype=torch.long)
+            depth = []  # host ints: the lists are the host's
+            for parent in row:
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+            depths.append(max(depth, default=0))
+        return DraftBatch(host, torch.tensor(depths), tuple(gammas), tree=tree, counts=tuple(depths), host=host)
 
     @staticmethod
-    def stack(drafts: list[DraftBlock | DraftTree | None], gammas: list[int], device: torch.device | str,
-              vocab: int | None = None) -> "DraftBatch":
-        """One draft per row (None: nothing) -> a padded batch. A tree only as the batch's one row."""
-        rows = len(drafts)
-        trees = [d for d in drafts if isinstance(d, DraftTree)]
-        if trees:
-            if rows != 1:
-                raise ValueError("tree drafts are verified one sequence at a time")
-            tree = trees[0]
-            return DraftBatch(tree.tokens.to(device)[None], torch.full((1,), tree.gamma, device=device),
-                              tuple(gammas), None, _row(tree.confidence, device), tree.parents)
-        uniform = _uniform(drafts, gammas)
-        if uniform is not None:
-            return uniform
-        sizes = [0 if d is None else d.gamma for d in drafts]
-        width = max(sizes, default=0)
-        if all(d is None or d.tokens.device.type == "cpu" for d in drafts):  # drafted on the host: kept there
-            host = torch.zeros(rows, width, dtype=torch.long)
-            for b, d in enumerate(drafts):
-                if d is not None and sizes[b]:
-                    host[b, : sizes[b]] = d.tokens
-            tokens, num_draft = host, torch.tensor(sizes)  # `on` moves them where an eager verifier needs them
-        else:
-            tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
-            for b, d in enumerate(drafts):
-                if d is not None and sizes[b]:
-                    tokens[b, : sizes[b]] = d.tokens
-            num_draft, host = torch.tensor(sizes, dtype=torch.long).to(device, non_blocking=True), None
-        counts = tuple(sizes)
-        for b, d in enumerate(drafts):
-            if isinstance(d, DraftBlock) and d.length is not None:
-                num_draft[b] = d.length  # a device copy: no read
-                counts = None
-        probs = confidence = None
-        if any(d is not None and d.probs is not None for d in drafts):
-            probs = torch.zeros(rows, width, vocab, device=device)
-            for b, d in enumerate(drafts):
-                if d is not None and d.probs is not None:
-                    probs[b, : sizes[b]] = d.probs
-        if any(d is not None and d.confidence is not None for d in drafts):
-            confidence = torch.zeros(rows, width, device=device)
-            for b, d in enumerate(drafts):
-                if d is not None and d.confidence is not None and sizes[b]:
-                    confidence[b, : sizes[b]] = d.confidence
-        return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence, counts=counts, host=host)
+    def of_rows(rows: list[int], size: int, tokens: torch.Tensor, num_draft: torch.Tensor, gammas: list[int],
+                probs: torch.Tensor | None = None, confidence: torch.Tensor | None = None,
+                tree: torch.Tensor | None = None) -> "DraftBatch":
+        """Drafts of batch rows `rows` made together (tokens [A, W], num_draft [A], probs
+        [A, W, V], confidence [A, W], a tree's parents [A, W], on the device) -> the batch of
+        `size` rows, the others without a draft (no tokens; a tree's: padding nodes), one copy
+        a part (all rows: the tensors as they are)."""
+        if rows == list(range(size)):
+            return DraftBatch(tokens, num_draft, tuple(gammas), probs, confidence, tree)
+        index = torch.tensor(rows).to(tokens.device, non_blocking=True)
 
+        def spread(t: torch.Tensor | None, fill: int = 0) -> torch.Tensor | None:
+            return None if t is None else t.new_full((size, *t.shape[1:]), fill).index_copy_(0, index, t)
 
-PARTS = ("probs", "confidence", "length")  # a DraftBlock's optional parts
+        return DraftBatch(spread(tokens), spread(num_draft), tuple(gammas), spread(probs), spread(confidence),
+                          spread(tree, NO_NODE))
 
+    def merged(self, rows: list[int], other: "DraftBatch") -> "DraftBatch":
+        """This batch (every row's, drafted on the host: a lookup's) with rows `rows` replaced by
+        `other`'s A rows, in order (drafted apart, on the device: a head's), on other's device:
+        the wider width, a tree where either is (chains as trees), probabilities where either has
+        them (the other rows one-hot on their tokens: what a verifier takes a draft without them
+        for), confidence where either has it (0 where a row has none). No read."""
+        device, width = other.tokens.device, max(self.width, other.width)
+        index = torch.tensor(rows).to(device, non_blocking=True)
 
-def _uniform(drafts: list, gammas: list[int]) -> DraftBatch | None:
-    """Rows that are all device chains of one width with the same parts (a head's graphed
-    chains, each γ long with its count): stacked, one launch a part, where padding takes two a
-    row; one row is viewed as a batch, no launch (a graphed chain's outputs live until its
-    next replay, after this step's verdict). None where the rows differ."""
-    first = drafts[0] if drafts else None
-    if not isinstance(first, DraftBlock) or first.gamma == 0 or first.tokens.device.type == "cpu":
-        return None
-    shape = [getattr(first, part) is None for part in PARTS]
-    if not all(isinstance(d, DraftBlock) and d.gamma == first.gamma and [getattr(d, part) is None for part in PARTS]
-               == shape for d in drafts):
-        return None
-    tokens, probs, confidence, length = (
-        None if getattr(first, part) is None else _batched([getattr(d, part) for d in drafts])
-        for part in ("tokens", *PARTS))
-    if length is None:  # every row drafted its γ
-        return DraftBatch(tokens, torch.full((len(drafts),), first.gamma, device=tokens.device), tuple(gammas),
-                          probs, confidence, counts=(first.gamma,) * len(drafts))
-    return DraftBatch(tokens, length, tuple(gammas), probs, confidence)
+        def joined(mine: torch.Tensor, theirs: torch.Tensor, fill=0) -> torch.Tensor:
+            mine = F.pad(mine, (0, 0) * (mine.dim() - 2) + (0, width - mine.shape[1]), value=fill)
+            mine = mine.to(device, theirs.dtype)  # a head's in its own precision
+            theirs = F.pad(theirs, (0, 0) * (theirs.dim() - 2) + (0, width - theirs.shape[1]), value=fill)
+            return mine.index_copy(0, index, theirs)
 
-
-def _batched(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0][None] if len(parts) == 1 else torch.stack(parts)
-
-
-def _row(t: torch.Tensor | None, device) -> torch.Tensor | None:
-    return None if t is None else t.to(device)[None]
+        tokens = joined(self.tokens, other.tokens)
+        num_draft = self.num_draft.to(device).index_copy(0, index, other.num_draft)
+        tree = None
+        if self.tree is not None or other.tree is not None:
+            tree = joined(self.parents(), other.parents(), NO_NODE)
+        confidence = None
+        if self.confidence is not None or other.confidence is not None:
+            confidence = joined(*(b.confidence if b.confidence is not None else b.tokens.new_zeros(b.tokens.shape,
+                                  dtype=torch.float32) for b in (self, other)))
+        probs = None
+        if self.probs is not None or other.probs is not None:
+            vocab = (other.probs if other.probs is not None else self.probs).shape[-1]
+            probs = joined(*(b.probs if b.probs is not None else F.one_hot(b.tokens, vocab).float()
+                             for b in (self, other)))
+        counts = None
+        if self.counts is not None and other.counts is not None:
+            counts = list(self.counts)
+            for b, count in zip(rows, other.counts):
+                counts[b] = count
+            counts = tuple(counts)
+        return DraftBatch(tokens, num_draft, self.gammas, probs, confidence, tree, counts,
+                          tokens if device.type == "cpu" else None)

@@ -32,7 +32,7 @@ class Rows:
     tokens: each row's committed tokens (host; a free row's is empty). rngs: each row's
     randomness. stop_below: the controller's early stop, (draft position) -> stop after it where
     the drafter's confidence is below this (0.0: never). trees: a tree draft may be returned
-    (one row, and a verifier that takes trees); else chains only. device: the runner's."""
+    (for any rows: the verifier and the runner take trees); else chains only. device: the runner's."""
 
     tokens: list[list[int]]
     rngs: list[RowRandom]

@@ -109,8 +109,10 @@ TREE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 6, 8)
 
 
 def feed(runner, ids: list[int], tree: tuple[int, ...] | None = None, hidden: tuple[int, ...] = ()):
-    """Append `ids` to row 0 of a runner (one sequence, a batch of one) -> its TargetOutput."""
-    return runner.forward(torch.tensor([ids]).to(runner.device), tree=tree, hidden=hidden)
+    """Append `ids` to row 0 of a runner (one sequence, a batch of one; a tree's parents as host
+    ints, handed over as the draft's [1, N] tensor on the runner's device) -> its TargetOutput."""
+    parents = None if tree is None else torch.tensor([list(tree)], dtype=torch.long).to(runner.device)
+    return runner.forward(torch.tensor([ids]).to(runner.device), tree=parents, hidden=hidden)
 
 
 def one_row(tokens: list[int], seed: int = 0, trees: bool = True):
@@ -124,16 +126,14 @@ def one_row(tokens: list[int], seed: int = 0, trees: bool = True):
 def assert_tree_rows_equal_paths(runner, context: list[int], tokens: list[int], parents=TREE_PARENTS) -> None:
     """A tree verify block after `context`: every row's logits bitwise equal to one-token
     forwards along that node's path (the exact precisions' promise for trees)."""
-    from specpipe.drafts import DraftTree
-
-    tree = DraftTree(torch.tensor(tokens[: len(parents)]), parents, torch.ones(len(parents)))
+    nodes = tokens[: len(parents)]
     runner.reset()
     feed(runner, context[:-1])
-    rows = feed(runner, [context[-1], *tree.tokens.tolist()], tree=tree.parents).logits[0]
+    rows = feed(runner, [context[-1], *nodes], tree=parents).logits[0]
     for node in range(len(parents) + 1):  # row 0: the last context token; row i: node i - 1
         path, at = [], node - 1
         while at >= 0:
-            path.insert(0, tree.tokens[at].item())
+            path.insert(0, nodes[at])
             at = parents[at]
         runner.crop(0, len(context) - 1)
         for token in [context[-1], *path]:

@@ -88,16 +88,20 @@ MUTATIONS = (
     # exactness that asserts drafts ran: plain decoding equals plain decoding, so the old form
     # (the tokens alone) passed a proposer that never drafts
     Mutation("the n-gram lookup never drafts from its index", "specpipe/proposers/ngram.py",
-             "return None if start is None else DraftBlock(torch.tensor(committed[start + n : start + n + gamma]))",
+             "return None if start is None else (committed[start + n : start + n + gamma], None)",
              "return None",
              ("tests/test_lossless.py::test_greedy_equals_plain -k 'ngram and greedy and native and 3-'",
               "tests/test_guard.py::test_a_guarded_run_equals_plain_greedy_token_for_token")),
     # the simulated-GPU EAGLE-3 tree compares tokens; its old form (drafts kept, equal lengths) passed
-    Mutation("a tree's next token from its deepest node's parent row", "specpipe/verifiers/greedy.py",
-             "return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[end])",
-             "return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[(end - 1).clamp_min(0)])",
+    Mutation("a tree's next token from its deepest node's parent row", "specpipe/verifiers/base.py",
+             "next_token = top.gather(1, end[:, None])[:, 0] if pick is None else pick(end)",
+             "next_token = top.gather(1, (end - 1).clamp_min(0)[:, None])[:, 0] if pick is None else pick(end)",
              ("tests/test_simulated_cuda.py::test_the_shipped_recipes_run_on_a_simulated_gpu_without_mixing_host_and_device"
               " -k fast",)),
+    Mutation("a tree row's padding nodes may be accepted", "specpipe/verifiers/base.py",
+             "whole = ~(self.lineage & ~(ok & self.real)[:, None, :]).any(2)",
+             "whole = ~(self.lineage & ~ok[:, None, :]).any(2)",
+             ("tests/test_step.py::test_a_padded_tree_batchs_verdict_is_the_hand_computed_one",)),
     Mutation("a draft model's cache is filled inside its drafts", "specpipe/proposers/model_drafter.py",
              "if gamma and len(rows.tokens[row]) - start > FEED:", "if False:",
              ("tests/test_step.py::test_a_proposers_cache_fill_is_timed_apart_from_its_drafts -k draft",)),

@@ -44,7 +44,7 @@ PROPOSERS = {
     "eagle-random": lambda t: EagleProposer(random_head(1), GREEDY),
     # suffix decoding first: rows finish and join the global tree while others still draft from it
     "eagle-suffix": lambda t: EagleProposer(random_head(1), GREEDY, lookup=as_lookup(1.0, 1)),
-    "eagle-tree": lambda t: EagleProposer(copy_head(), GREEDY, TreeShape(3, 8)),  # one row at a time
+    "eagle-tree": lambda t: EagleProposer(copy_head(), GREEDY, TreeShape(3, 8)),  # every row a tree
     "medusa-tree": lambda t: MedusaProposer(random_heads(1), GREEDY, [[0], [1], [0, 0], [0, 1], [0, 0, 0]]),
 }
 
@@ -95,11 +95,10 @@ def test_cost_controller_in_a_batch_stays_lossless():
     assert decode(pipe, requests(), 4) == alone
 
 
-def test_tree_proposers_and_the_hf_engine_run_one_sequence_at_a_time():
+def test_the_hf_engine_runs_one_sequence_at_a_time_and_trees_batch():
     target = tiny_target(seed=0, eos=EOS)
     tree = Pipeline(target, PROPOSERS["eagle-tree"](target), GreedyVerifier(), FixedGamma(3))
-    assert "tree" in tree.batch_refusal(tree.proposer)
-    assert Decoder(tree, 4).slots == 1
+    assert tree.batch_refusal(tree.proposer) is None and Decoder(tree, 4).slots == 4
     hf = Pipeline(target, NgramProposer(4, 1), GreedyVerifier(), FixedGamma(3), engine="hf")
     assert "hf" in hf.batch_refusal(hf.proposer)
     alone = [hf.run(r.prompt, max_new_tokens=r.max_new_tokens).token_ids for r in requests()]

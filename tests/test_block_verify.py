@@ -375,7 +375,7 @@ def sampling_check(overrides: list[str]):
 
 def test_trees_are_refused_with_the_reason():
     """A tree draft is refused by the verifier and, before anything loads, by the checks."""
-    draft = DraftBatch(torch.tensor([[3, 4, 5]]), torch.tensor([2]), (2,), tree=(-1, -1, 0))
+    draft = DraftBatch(torch.tensor([[3, 4, 5]]), torch.tensor([2]), (2,), tree=torch.tensor([[-1, -1, 0]]))
     with pytest.raises(SpecpipeError, match="verifier=block verifies chains only"):
         BlockVerifier(SAMPLING[1.0]).verify(draft, torch.zeros(1, 4, V), [RowRandom(0)])
     from pathlib import Path

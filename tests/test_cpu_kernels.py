@@ -127,7 +127,7 @@ def test_fused_forward_is_transformers_and_its_blocks_are_one_token_steps(family
         assert torch.equal(block, singles[:, :k]), k
     # a tree: row 0, two children of it, a grandchild under the first: the path 0 -> 1 -> 3 is the chain
     tree_ids = torch.tensor([[ids[0, 4], ids[0, 5], 7, ids[0, 6]]])
-    rows = lm.forward(tree_ids, [4], cache, tree=(-1, -1, 0))[0]
+    rows = lm.forward(tree_ids, [4], cache, tree=torch.tensor([[-1, -1, 0]]))[0]  # the draft's parents [1, N]
     assert torch.equal(rows[0, [0, 1, 3]], singles[0, :3])
     # two batch rows at other lengths, each as it is alone
     both = lm.new_cache(2, 128)

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specpipe.controllers.fixed import FixedGamma
-from specpipe.drafts import DraftBlock
+from specpipe.drafts import DraftBatch
 from specpipe.models.loader import LoadedModel
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab, token_texts
@@ -185,14 +185,15 @@ def test_sampling_drafts_only_shared_tokens_with_their_probabilities(pair, name)
 
     prompt = target.tokenizer.encode("the quick")
     proposer.prefill(0, prompt, None)
-    draft: DraftBlock = proposer.propose_row(0, one_row(prompt), 4)
-    assert draft.probs.shape == (draft.gamma, pipe.runner.vocab_size)
+    batch: DraftBatch = proposer.propose(one_row(prompt), [4])
+    tokens, probs, gamma = batch.tokens[0], batch.probs[0], batch.width  # the one row's draft
+    assert probs.shape == (gamma, pipe.runner.vocab_size) and batch.num_draft.tolist() == [gamma]
     shared = set(proposer.shared.target_ids.tolist())
-    assert set(draft.tokens.tolist()) <= shared
+    assert set(tokens.tolist()) <= shared
     outside = torch.ones(pipe.runner.vocab_size, dtype=torch.bool)
     outside[proposer.shared.target_ids] = False
-    assert float(draft.probs[:, outside].sum()) == 0.0  # no mass outside the shared vocabulary
-    assert torch.allclose(draft.probs.sum(-1), torch.ones(draft.gamma))
-    assert (draft.probs > 0).sum(-1).max() <= 20  # top_k applied on the draft's side too
+    assert float(probs[:, outside].sum()) == 0.0  # no mass outside the shared vocabulary
+    assert torch.allclose(probs.sum(-1), torch.ones(gamma))
+    assert (probs > 0).sum(-1).max() <= 20  # top_k applied on the draft's side too
     for seed in range(5):  # and the whole loop runs: sampled output of the requested length
         assert len(pipe.run("the quick", max_new_tokens=12, seed=seed).token_ids) >= 1

@@ -180,7 +180,14 @@ def _rerank(scores, tokens, parents, keep):
         while up >= 0:
             depth, up = depth + 1, parents[up]
         depths.append(depth)
-    return rerank(torch.tensor(scores), torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), keep)
+    return Tree(*rerank(torch.tensor(scores), torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), keep))
+
+
+class Tree:
+    """A search's kept nodes (tokens, parents, confidence on the device), its parents read as a tuple."""
+
+    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor, confidence: torch.Tensor):
+        self.tokens, self.parents, self.confidence = tokens, tuple(parents.tolist()), confidence
 
 
 def test_rerank_keeps_the_best_nodes_as_a_closed_tree():
@@ -208,7 +215,7 @@ def test_the_device_search_scores_each_node_as_its_path_fed_alone(shape, depth):
     state = proposer.rows[0]
     root = proposer._feed_pending([0])  # as a step does first
     keys, values = (t[:1, :, : state.committed].clone() for t in (proposer.cache.keys, proposer.cache.values))
-    tree = proposer._tree(0, root, depth)
+    tree = Tree(*proposer._tree(0, root, depth))
     root = root[0]
     assert all(parent < node for node, parent in enumerate(tree.parents))
     assert len(tree.parents) == min(shape.nodes, shape.top_k + (depth - 1) * shape.top_k ** 2)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import reference_probs
-from specpipe.drafts import DraftBatch, DraftBlock
+from specpipe.drafts import DraftBatch
 from specpipe.sampling import RowRandom, SamplingParams
 from specpipe.verifiers import rejection
 from specpipe.verifiers.rejection import RejectionVerifier
@@ -205,7 +205,7 @@ def test_a_row_alone_is_the_row_in_a_batch():
     ids = verify_many(verifier, target_logits.expand(64, -1, -1), draft_probs.expand(64, -1, -1), seed=5)
     tokens = torch.multinomial(draft_probs.expand(64, -1, -1).reshape(-1, V), 1,
                                generator=torch.Generator().manual_seed(5)).reshape(64, 2)
-    alone = [verifier.verify_row(DraftBlock(tokens[i], draft_probs), target_logits, RowRandom(5, i)).emitted
-             for i in range(64)]
+    alone = [verifier.verify_row(DraftBatch(tokens[i][None], torch.tensor([2]), (2,), draft_probs[None]),
+                                 target_logits, RowRandom(5, i)).emitted for i in range(64)]
     assert [[t for t in row if t >= 0] for row in ids.tolist()] == alone
     assert len({tuple(a) for a in alone}) > 4

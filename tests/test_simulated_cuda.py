@@ -192,21 +192,28 @@ def test_a_graphed_step_makes_few_launches_beside_its_graph():
     assert max(map(len, plain)) <= 4, plain
 
 
-def test_device_chains_of_one_width_stack_into_the_batch_they_pad_into():
-    """A head's chains on the device, each γ long with its count and confidence, stack into the
-    batch in one launch a part; what they stack into is what padding row by row gives (the
-    path rows of other widths take), counts and confidences included."""
+def test_device_chains_spread_into_the_batch_in_one_launch_a_part():
+    """A head's chains on the device, drafted together for every row, are the batch as they are
+    (no launch); drafted for some rows, they spread into the batch in one launch a part, the
+    other rows without a draft (the rows' index copied once). A lookup's host rows merged with them land on the device, the
+    head's rows in place and the lookup's as drafted, counts only where the host knows them all."""
     from cuda_sim import device_launches
-    from specpipe.drafts import DraftBatch, DraftBlock
+    from specpipe.drafts import DraftBatch
 
     with simulated_cuda() as refused:
-        rows = [DraftBlock(torch.tensor([5, 6, 7], device="cuda"), None, torch.tensor([0.9, 0.5, 0.2], device="cuda"),
-                           torch.tensor(count, device="cuda")) for count in (3, 1)]
+        tokens = torch.tensor([[5, 6, 7], [5, 6, 7]], device="cuda")
+        confidence = torch.tensor([[0.9, 0.5, 0.2]] * 2, device="cuda")
+        count = torch.tensor([3, 1], device="cuda")
         with device_launches() as launched:
-            stacked = DraftBatch.stack(rows, [3, 3], "cuda")
-        padded = DraftBatch.stack(rows + [None], [3, 3, 0], "cuda")  # a row without a draft: padded
-        assert on_device(stacked.tokens) and on_device(stacked.num_draft) and on_device(stacked.confidence)
-    assert refused == [] and len(launched) == 3, launched
-    assert torch.equal(stacked.tokens, padded.tokens[:2]) and torch.equal(stacked.num_draft, padded.num_draft[:2])
-    assert torch.equal(stacked.confidence, padded.confidence[:2]) and stacked.counts is None
-    assert stacked.num_draft.tolist() == [3, 1]
+            whole = DraftBatch.of_rows([0, 1], 2, tokens, count, [3, 3], None, confidence)
+        assert launched == [] and whole.tokens is tokens and whole.counts is None
+        with device_launches() as launched:
+            spread = DraftBatch.of_rows([0, 2], 3, tokens, count, [3, 0, 3], None, confidence)
+        assert on_device(spread.tokens) and on_device(spread.num_draft) and on_device(spread.confidence)
+        merged = DraftBatch.of_lists([3, 2, 3], [None, [8, 9], None]).merged([0, 2], whole)
+        assert on_device(merged.tokens) and on_device(merged.confidence) and merged.counts is None
+    assert refused == [] and launched == ["to"] + ["new_full", "index_copy_"] * 3, launched  # the index, then a part
+    assert spread.tokens.tolist() == [[5, 6, 7], [0, 0, 0], [5, 6, 7]] and spread.num_draft.tolist() == [3, 0, 1]
+    assert torch.equal(spread.confidence[1], torch.zeros(3)) and torch.equal(spread.confidence[2], confidence[1])
+    assert merged.tokens.tolist() == [[5, 6, 7], [8, 9, 0], [5, 6, 7]] and merged.num_draft.tolist() == [3, 2, 1]
+    assert merged.confidence.tolist()[1] == [0.0, 0.0, 0.0]

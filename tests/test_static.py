@@ -97,14 +97,14 @@ def test_static_batch_rows_are_independent_and_ragged(kernels, device):
 def test_fast_static_tree_rows_equal_their_paths(device):
     """A tree block (kernels=fast takes trees) through the static step: every row equals the
     eager one-token forwards along its path."""
-    from specpipe.drafts import ancestry_of
+    from specpipe.drafts import block_ancestry
 
     model, tokens = tiny_model(0), list(range(30, 30 + len(TREE_PARENTS)))
     runner, eager = static(model, device, "fast", block=len(TREE_PARENTS) + 1), make_runner(model, graphs="off")
     assert runner.trees
     feed(runner, PROMPT[:-1])
     rows = feed(runner, [PROMPT[-1], *tokens], tree=TREE_PARENTS).logits[0]
-    ancestry = ancestry_of(TREE_PARENTS)
+    ancestry = block_ancestry(torch.tensor([TREE_PARENTS]))[0]
     for node in range(len(TREE_PARENTS) + 1):  # row 0: the last prompt token; row i: node i - 1
         path = [tokens[i - 1] for i in range(1, node + 1) if ancestry[node, i]]
         eager.reset()
@@ -327,7 +327,7 @@ def recording(pipe: Pipeline) -> list:
     def recorded(rows, gammas):
         draft = propose(rows, gammas)
         log.append(([draft.tokens[b, :n].tolist() for b, n in enumerate(draft.num_draft.tolist())]
-                    if draft.tree is None else draft.tokens[0].tolist(), draft.tree))
+                    if draft.tree is None else draft.tokens.tolist(), None if draft.tree is None else draft.tree.tolist()))
         return draft
 
     pipe.proposer.propose = recorded
@@ -466,13 +466,11 @@ def test_a_graphed_sampled_eagle_chain_draws_what_the_eager_chain_draws(head, co
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])
 def test_an_eager_draft_wider_than_the_graphs_grows_the_head_slots_and_stays_exact(head, monkeypatch):
     """A tree deeper than the graphs take (depth ≥ 32) is searched eagerly over the same head
-    slots, every depth of it as on a GPU (the CPU's early stop is switched off here); near the
+    slots, every depth of it (as every search is: it reads nothing back to stop early); near the
     cache's end its rows pass them, and the slots grow (the row's graphs are captured again)
     instead of failing: the output is plain decoding's to the cache's end."""
-    from specpipe.proposers.eagle_tree import TreeSearch
     from test_eagle3 import target4
 
-    monkeypatch.setattr(TreeSearch, "settled", lambda self, best, nodes: torch.tensor(False))
 
     target, make = target4(), eagle_heads(TreeShape(8, 40))[head]  # slots: the cache's 128 + 32 · 8
     pipe = Pipeline(target, make(), GreedyVerifier(), FixedGamma(40, 1, 40),

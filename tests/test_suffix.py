@@ -12,7 +12,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.pipeline import Pipeline
 from specpipe.proposers.suffix import (NODE_BYTES, RequestCache, SuffixProposer, SuffixTree, build, grow,
                                       validate_options)
-from specpipe.drafts import DraftTree
+from specpipe.drafts import NO_NODE
 from specpipe.sampling import SamplingParams
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
@@ -21,6 +21,26 @@ from test_rejection import CHI2_CRITICAL_1E6_DF7
 
 GREEDY = SamplingParams(temperature=0.0)
 REPEATING = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
+
+
+
+class Drafted:
+    """One row's draft out of a step's batch, as host lists: its tokens, and its parents (None: a chain)."""
+
+    def __init__(self, tokens: list[int], parents: list[int] | None):
+        self.tokens, self.parents = tokens, parents
+
+
+def row_draft(suffix, row: int, rows, gamma: int) -> Drafted | None:
+    """Row `row`'s draft in a step where it alone drafts (γ `gamma`), or None where it drafted nothing."""
+    gammas = [0] * len(rows.tokens)
+    gammas[row] = gamma
+    batch = suffix.propose(rows, gammas)
+    if batch.tree is None:
+        count = int(batch.num_draft[row])
+        return Drafted(batch.tokens[row, :count].tolist(), None) if count else None
+    real = batch.tree[row] != NO_NODE
+    return Drafted(batch.tokens[row][real].tolist(), batch.tree[row][real].tolist()) if bool(real.any()) else None
 
 
 def proposer(**options):
@@ -94,11 +114,11 @@ def test_a_long_match_earns_a_long_draft():
     pipe = Pipeline(target, suffix, GreedyVerifier(), FixedGamma(16))
     prompt = list(range(2, 30)) + list(range(2, 12))  # the last 10 tokens repeat the start
     suffix.prefill(0, prompt, None)
-    draft = suffix.propose_row(0, one_row(prompt), 16)
-    assert draft.tokens.tolist() == list(range(12, 18))  # match 10 -> 0.5 × 10 + 1 = 6 tokens
+    draft = row_draft(suffix, 0, one_row(prompt), 16)
+    assert draft.tokens == list(range(12, 18))  # match 10 -> 0.5 × 10 + 1 = 6 tokens
     short = list(range(2, 30)) + [2, 3]
     suffix.prefill(0, short, None)
-    assert suffix.propose_row(0, one_row(short), 16).tokens.tolist() == [4, 5]  # match 2 -> 2 tokens
+    assert row_draft(suffix, 0, one_row(short), 16).tokens == [4, 5]  # match 2 -> 2 tokens
 
 
 def test_as_a_lookup_a_draft_is_taken_only_where_its_score_reaches_the_bar():
@@ -111,9 +131,9 @@ def test_as_a_lookup_a_draft_is_taken_only_where_its_score_reaches_the_bar():
     for suffix in (strict, loose):
         suffix.prefill(0, prompt, None)
     assert strict.lookup(prompt, 6, 0) is None  # scores 6 × 1/2 = 3 < γ = 6
-    assert loose.lookup(prompt, 6, 0).tokens.tolist() == list(range(12, 18))  # 3 >= 2.5
+    assert loose.lookup(prompt, 6, 0)[0] == list(range(12, 18))  # 3 >= 2.5
     assert loose.lookup(prompt, 4, 0) is None  # 4 tokens score 2 < 2.5
-    assert loose.propose_row(0, one_row(prompt), 4).tokens.tolist() == [12, 13, 14, 15]  # a proposer: any score
+    assert row_draft(loose, 0, one_row(prompt), 4).tokens == [12, 13, 14, 15]  # a proposer: any score
     longer = SuffixProposer(RequestCache(24, 1000, 50000), min_score=0.0, min_match=11)
     longer.prefill(0, prompt, None)
     assert longer.lookup(prompt, 6, 0) is None  # the text's end matches 10 tokens: fewer than min_match
@@ -121,7 +141,7 @@ def test_as_a_lookup_a_draft_is_taken_only_where_its_score_reaches_the_bar():
     strict.release(0, prompt + list(range(12, 30)))
     asked = [50, 51, *range(2, 12)]
     strict.prefill(1, asked, None)
-    assert strict.lookup(asked, 6, 1).tokens.tolist() == list(range(12, 18))  # each token certain: 6 = γ
+    assert strict.lookup(asked, 6, 1)[0] == list(range(12, 18))  # each token certain: 6 = γ
 
 
 def exhaustive(suffix, row: int, committed: list[int], gamma: int, branch: bool) -> tuple[list[int], list[int]]:
@@ -179,13 +199,13 @@ def test_the_search_drafts_what_trying_every_match_drafts(options, branch):
             noisy = torch.rand(1, generator=generator).item() < 0.2
             text.append(int(torch.randint(2, 9, (1,), generator=generator)) if noisy else int(motif[len(text) % len(motif)]))
             for gamma in (1, 4, 12):
-                draft = suffix.propose_row(0, one_row(text, trees=branch), gamma)
+                draft = row_draft(suffix, 0, one_row(text, trees=branch), gamma)
                 tokens, parents = exhaustive(suffix, 0, text, gamma, branch)
                 chain = None if draft is None else list(range(-1, len(draft.tokens) - 1))
-                got = ([], []) if draft is None else (draft.tokens.tolist(), list(getattr(draft, "parents", chain)))
+                got = ([], []) if draft is None else (draft.tokens, draft.parents or chain)
                 assert got == (tokens, parents), (request, len(text), gamma)
                 steps += bool(tokens)
-                trees += isinstance(draft, DraftTree)
+                trees += draft is not None and draft.parents is not None
         suffix.release(0, text)
     assert steps > 500 and (trees > 50) == branch, (steps, trees)  # most steps draft, many of them trees
 
@@ -213,8 +233,8 @@ def test_a_row_reads_the_global_tree_again_when_another_row_finishes():
         rows = Rows([list(t) for t in texts], [RowRandom(0), RowRandom(1)], lambda position: 0.0,
                     torch.device("cpu"), False)
         for row, text in enumerate(texts):
-            draft = suffix.propose_row(row, rows, 4)
-            got = [] if draft is None else draft.tokens.tolist()
+            draft = row_draft(suffix, row, rows, 4)
+            got = [] if draft is None else draft.tokens
             assert got == exhaustive(suffix, row, text, 4, False)[0], (step, row)
         if len(texts[1]) >= 14:  # row 1's request ends; the tree changes under row 0
             suffix.release(1, texts[1])
@@ -232,9 +252,9 @@ def test_a_finished_request_is_matched_at_once_by_a_row_mid_generation():
     suffix = proposer(max_depth=6)
     suffix.prefill(0, [2, 3, 4], None)
     suffix.prefill(1, [9], None)
-    assert suffix.propose_row(0, one_row([2, 3, 4]), 4) is None  # nothing anywhere yet
+    assert row_draft(suffix, 0, one_row([2, 3, 4]), 4) is None  # nothing anywhere yet
     suffix.release(1, [9, 5, 9, 5, 9, 5, 9, 3, 4, 5, 6, 7, 8])
-    assert suffix.propose_row(0, one_row([2, 3, 4, 5]), 4).tokens.tolist() == [6, 7, 8]
+    assert row_draft(suffix, 0, one_row([2, 3, 4, 5]), 4).tokens == [6, 7, 8]
     assert exhaustive(suffix, 0, [2, 3, 4, 5], 4, False)[0] == [6, 7, 8]
 
 

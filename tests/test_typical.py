@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpipe.drafts import DraftBatch, DraftBlock
+from specpipe.drafts import DraftBatch
 from specpipe.sampling import RowRandom, SamplingParams
 from specpipe.verifiers.typical import TypicalVerifier
 
@@ -35,7 +35,7 @@ def test_accepts_the_plausible_prefix_and_samples_the_next_token():
         [0.25, 0.25, 0.25, 0.25],
         [0.0, 0.0, 1.0, 0.0],  # would be the bonus row
     )
-    draft = DraftBlock(torch.tensor([2, 3, 3]))
+    draft = DraftBatch.of_lists([3], [[2, 3, 3]])
     verdict = v.verify_row(draft, target, RowRandom(0))
     assert verdict.n_accepted == 1 and verdict.accepted_tokens == (2,)
     # the next token is drawn from the target's row 1, one batched verify of 20k rows (each its
@@ -53,9 +53,9 @@ def test_accepts_the_plausible_prefix_and_samples_the_next_token():
 def test_all_accepted_takes_a_bonus_token_and_greedy_keeps_only_the_argmax():
     greedy = TypicalVerifier(SamplingParams(temperature=0.0))
     target = torch.tensor([[0.0, 5.0, 1.0], [4.0, 0.0, 3.9], [0.0, 0.0, 9.0]])
-    assert greedy.verify_row(DraftBlock(torch.tensor([1, 0])), target).emitted == [1, 0, 2]
+    assert greedy.verify_row(DraftBatch.of_lists([2], [[1, 0]]), target).emitted == [1, 0, 2]
     # 2 is nearly as likely as 0 at row 1, but greedy's distribution is one-hot: rejected
-    assert greedy.verify_row(DraftBlock(torch.tensor([1, 2])), target).emitted == [1, 0]
+    assert greedy.verify_row(DraftBatch.of_lists([2], [[1, 2]]), target).emitted == [1, 0]
     assert not greedy.lossless
 
 

@@ -64,16 +64,18 @@ class Parts:
         return max(gammas), gammas
 
     def view(self, rows: list[Row | None]) -> Rows:
-        """What the proposer sees of the rows this step (a tree only for one row, where the
-        verifier and the runner take trees)."""
-        trees = len(rows) == 1 and self.verifier.verifies_trees and self.runner.trees
+        """What the proposer sees of the rows this step (trees, for any number of rows, where the
+        verifier and the runner take them)."""
+        trees = self.verifier.verifies_trees and self.runner.trees
         return Rows([row.tokens if row else [] for row in rows], [row.rng if row else IDLE for row in rows],
                     self.controller.stop_below, self.runner.device, trees=trees)
 
     def propose(self, view: Rows, rows: list[Row | None], gammas: list[int]) -> DraftBatch:
-        """The proposer's draft; a tree (more nodes than γ, one row) cut to the room left."""
+        """The proposer's draft; a tree (more nodes than γ) cut to the room its rows have left."""
         draft = self.proposer.propose(view, gammas)
-        return trimmed(draft, self.budget.room(rows[0].tokens)) if draft.tree is not None else draft
+        if draft.tree is None:
+            return draft
+        return trimmed(draft, [self.budget.room(row.tokens) for row in rows if row is not None])
 
 
 def batch_refusal(runner: Runner, proposer: Proposer | None) -> str | None:

@@ -156,15 +156,17 @@ class Runner(ABC):
         position, hidden {key: [1, n, H]} of every position."""
 
     @abstractmethod
-    def forward(self, ids: "torch.Tensor | Split", *, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: "torch.Tensor | Split", *, tree: torch.Tensor | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         """ids [B, n] (on the device, or on the host where the host made them: a static step
         then sends them with its other inputs, in one copy; or a `Split` of both), appended to
         rows 0..B-1 -> logits [B, n, V], on the device.
 
-        tree: a tree block's parents (B = 1): block row i+1 is node i, it sees row 0, its
-        ancestors and itself, at position length + its depth, so every row is computed as in
-        a sequential forward along its own path. tail: run inside the forward's graph where the
+        tree: a tree block's parents [B, n - 1] int64, where the draft is (specpipe/drafts.py):
+        block row i+1 of row b is node i, it sees row 0, its ancestors and itself, at position
+        length + its depth, so every row is computed as in a sequential forward along its own
+        path; a padding node sees row 0 and itself. Its mask and positions are built from the
+        tensor where it is, never read back from a GPU. tail: run inside the forward's graph where the
         runner has one (static steps: `TargetOutput.tail`); others ignore it and return logits."""
 
     @abstractmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specpipe.drafts import ancestry_of, depths_of
+from specpipe.drafts import block_ancestry, block_depths
 from specpipe.engine.base import FINAL, Memory, Runner, Split, Tail, TargetOutput, joined, wide
 from specpipe.errors import SpecpipeError
 from specpipe.heads.logits import final_softcap, softcap
@@ -47,13 +47,13 @@ class HFRunner(Runner):
     def prefill(self, row: int, ids: list[int], *, hidden: tuple[int, ...] = ()) -> TargetOutput:
         return self._forward(ids, None, hidden, last_only=True)
 
-    def forward(self, ids: torch.Tensor | Split, *, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: torch.Tensor | Split, *, tree: torch.Tensor | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         self._block = ids.shape[1]
         return self._forward(joined(ids, "cpu")[0].tolist(), tree, hidden)  # the hf engine runs on the CPU: no sync
 
     @torch.inference_mode()
-    def _forward(self, ids: list[int], tree: tuple[int, ...] | None, hidden: tuple[int, ...],
+    def _forward(self, ids: list[int], tree: torch.Tensor | None, hidden: tuple[int, ...],
                  last_only: bool = False) -> TargetOutput:
         input_ids = torch.tensor([ids], dtype=torch.long)
         masks = {} if tree is None else self._tree_inputs(tree)
@@ -70,13 +70,14 @@ class HFRunner(Runner):
                                 f"norm, not layer {key}; use engine=native or another layer.")
         return wide(states[key + 1])
 
-    def _tree_inputs(self, parents: tuple[int, ...]) -> dict:
-        ancestry = ancestry_of(parents)
+    def _tree_inputs(self, parents: torch.Tensor) -> dict:
+        """A tree's mask and positions from its parents [1, N] (on the CPU, as this engine is)."""
+        ancestry = block_ancestry(parents)[0]  # [N + 1, N + 1]
         past, n = self.length, ancestry.shape[0]
         allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), ancestry], 1)  # [n, past + n]
         dtype = next(p.dtype for p in self.model.parameters() if p.is_floating_point())
         mask = torch.zeros(1, 1, n, past + n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        return {"attention_mask": mask, "position_ids": (past + torch.tensor(depths_of(parents)))[None]}
+        return {"attention_mask": mask, "position_ids": past + block_depths(parents)}
 
     @torch.inference_mode()
     def commit(self, kept: list[int], paths: list[tuple[int, ...]] | None = None) -> None:

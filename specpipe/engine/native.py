@@ -101,7 +101,7 @@ class NativeRunner(Runner):
         self.lengths[row] = start + len(ids)
         return TargetOutput(logits, states)
 
-    def forward(self, ids: torch.Tensor | Split, *, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: torch.Tensor | Split, *, tree: torch.Tensor | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         batch, n = ids.shape
         starts = self.lengths[:batch]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specpipe.drafts import depths_of
 
 
 class KVCache:
@@ -53,21 +52,34 @@ class KVCache:
         return self.rows(1, index)
 
 
-def _row_keys(starts: list[int], n: int, tree: tuple[int, ...] | None) -> list[list[tuple[int, int, bool]]]:
+def host_parents(tree: torch.Tensor | None) -> list[list[int]] | None:
+    """A tree's parents [B, N] as host ints, for the CPU's paths that lay rows out by them (the
+    exact row attention, the C kernel's row table): a CPU tensor's read is no device sync. A
+    GPU's tree never comes here (its rows attend through the mask)."""
+    if tree is None:
+        return None
+    if tree.device.type != "cpu":
+        raise ValueError("a tree's host layout is the CPU's: on a GPU its rows attend through the mask")
+    return tree.tolist()
+
+
+def _row_keys(starts: list[int], n: int, trees: list[list[int]] | None) -> list[list[tuple[int, int, bool]]]:
     """For each batch row, its block rows in the order they attend: (row, width, moved). Row
     `row` attends to slots 0..width-1, which must hold its prefix and its path (ancestors and
     itself) in path order, as a sequential cache would; moved: its own key is not at slot
-    width - 1 yet and is copied there first. A chain's rows are in place. A tree's are visited
-    depth first, so each row's ancestors already sit in the slots before its own. All host ints."""
+    width - 1 yet and is copied there first. A chain's rows are in place. A tree's (trees[b]:
+    row b's parents, padding nodes hanging off nothing) are visited depth first, so each row's
+    ancestors already sit in the slots before its own. All host ints."""
     out = []
-    for first in starts:
-        if tree is None:
+    for b, first in enumerate(starts):
+        if trees is None:
             out.append([(i, first + i + 1, False) for i in range(n)])
             continue
-        depth = depths_of(tree)  # ancestors, row 0 included, not itself
+        depth = [0]  # per block row: its ancestors, row 0 included, not itself
         children: list[list[int]] = [[] for _ in range(n)]
-        for node, parent in enumerate(tree):
-            children[parent + 1].append(node + 1)
+        for node, parent in enumerate(trees[b]):
+            depth.append(depth[max(parent, -1) + 1] + 1)
+            children[max(parent, -1) + 1].append(node + 1)  # a padding node: a child of row 0
         held = list(range(n))  # held[d]: the block row whose key is at slot first + d
         order, todo = [], [0]
         while todo:  # depth-first, preorder: slots first..first+depth-1 hold the row's ancestors
@@ -110,24 +122,28 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.
 
 
 def _mask(start: torch.Tensor, n: int, width: int, ancestry: torch.Tensor | None) -> torch.Tensor:
-    """[B, 1, n, width] bool: slot j is visible to block row i of row b."""
-    block = torch.ones(n, n, dtype=torch.bool, device=start.device).tril() if ancestry is None else ancestry.to(start.device)
+    """[B, 1, n, width] bool: slot j is visible to block row i of row b (ancestry [B, n, n]: a
+    tree's, per row; None: causal)."""
+    batch = start.shape[0]
+    block = (torch.ones(n, n, dtype=torch.bool, device=start.device).tril().expand(batch, n, n) if ancestry is None
+             else ancestry.to(start.device))
     column = torch.arange(width, device=start.device)[None, :] - start[:, None]  # [B, width]: slot - block start
     before = column < 0
     inside = (column >= 0) & (column < n)
-    in_block = block[:, column.clamp(0, n - 1)].permute(1, 0, 2)  # [B, n, width]
+    in_block = block.gather(2, column.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [B, n, width]
     return (before[:, None] | (inside[:, None] & in_block))[:, None]
 
 
 def key_positions(start: torch.Tensor, offsets: torch.Tensor, width: int) -> torch.Tensor:
     """[B, width]: the position of the key at each slot when a tree block sits at slots
     start[b]..: a slot before the block holds its own position, block slot start + i holds
-    start + offsets[i] (its depth), slots past the block their index (never visible)."""
-    n = offsets.shape[0]
+    start + offsets[b, i] (its depth; offsets [B, n]), slots past the block their index (never visible)."""
+    n = offsets.shape[-1]
     slot = torch.arange(width, device=start.device)[None]
     column = slot - start[:, None]  # [B, width]: slot - block start
     inside = (column >= 0) & (column < n)
-    return torch.where(inside, start[:, None] + offsets[column.clamp(0, n - 1)], slot)
+    depth = offsets.expand(start.shape[0], n).gather(1, column.clamp(0, n - 1))
+    return torch.where(inside, start[:, None] + depth, slot)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.drafts import depths_of
 from specpipe.engine.base import FINAL
 from specpipe.models import cpu_kernels
 from specpipe.models.linears import KernelLinear
@@ -66,9 +65,9 @@ class FusedStack:
 
     @torch.inference_mode()
     def __call__(self, x: torch.Tensor, starts: list[int], n: int, caches: list[torch.Tensor],
-                 tree: tuple[int, ...] | None, hidden: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                 tree: list[list[int]] | None, hidden: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """x [T = B·n, H] float32, the block's embeddings (overwritten); caches: `KVCache.layers`
-        of rows 0..B-1 -> (the final norm's output [T, H], {layer: [B, n, H]})."""
+        of rows 0..B-1; tree: each row's parents as host ints (a CPU tensor's, read for free) -> (the final norm's output [T, H], {layer: [B, n, H]})."""
         batch = len(starts)
         width, stride = caches[0].shape[2], caches[0].stride(0)
         if stride != 2 * self.kv_heads * width * self.head_dim or not caches[0][0].is_contiguous():
@@ -96,29 +95,26 @@ class FusedStack:
         return x, kept
 
 
-def _rows(starts: list[int], n: int, tree: tuple[int, ...] | None):
+def _rows(starts: list[int], n: int, trees: list[list[int]] | None):
     """The kernel's row table: int32 [4, T] (batch row, cache slot, rotary position, visible
-    prefix) and, for a tree, its paths as offsets [T + 1] and slots (None for a chain)."""
+    prefix) and, for a tree (trees[b]: row b's parents), its paths as offsets [T + 1] and slots
+    (None for a chain). A padding node (parent NO_NODE) hangs off row 0, as the mask has it."""
     batch = [b for b in range(len(starts)) for _ in range(n)]
     slots = [start + i for start in starts for i in range(n)]
-    if tree is None:
+    if trees is None:
         table = batch + slots + slots + [slot + 1 for slot in slots]
         return torch.tensor(table, dtype=torch.int32), None, None
-    depth = depths_of(tree)  # per block row: its ancestors, row 0 included
-    parent = [-1] + [p + 1 for p in tree]  # block row of each row's parent
-    lineage = []
-    for i in range(n):  # ancestors-or-self, root first
-        path = [i]
-        while parent[path[-1]] >= 0:
-            path.append(parent[path[-1]])
-        lineage.append(path[::-1])
-    positions = [start + depth[i] for start in starts for i in range(n)]
-    prefixes = [start for start in starts for _ in range(n)]
-    paths, offsets = [], [0]
-    for start in starts:
-        for i in range(n):
-            paths += [start + r for r in lineage[i]]
+    positions, paths, offsets = [], [], [0]
+    for start, tree in zip(starts, trees):
+        parent = [-1] + [max(p, -1) + 1 for p in tree]  # block row of each row's parent
+        for i in range(n):  # ancestors-or-self, root first
+            path = [i]
+            while parent[path[-1]] >= 0:
+                path.append(parent[path[-1]])
+            positions.append(start + len(path) - 1)  # its depth: its ancestors, row 0 included
+            paths += [start + r for r in path[::-1]]
             offsets.append(len(paths))
+    prefixes = [start for start in starts for _ in range(n)]
     table = batch + slots + positions + prefixes
     return (torch.tensor(table, dtype=torch.int32), torch.tensor(offsets, dtype=torch.int32),
             torch.tensor(paths, dtype=torch.int32))

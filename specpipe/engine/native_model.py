@@ -27,10 +27,10 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from specpipe.drafts import ancestry_of, depths_of
+from specpipe.drafts import block_ancestry, block_depths
 from specpipe.engine.base import FINAL, wide
 from specpipe.engine.native_attention import (KVCache, _attend_rows, _mask, _rope_tables, _rotate, _row_keys,
-                                              key_positions)
+                                              host_parents, key_positions)
 from specpipe.engine.native_experts import Experts
 from specpipe.engine.native_families import FAMILIES as LAYOUTS
 from specpipe.engine.native_families import (STATIC_ROPE, LayerWeights, architecture_of, norm_weight, read_layer,
@@ -170,24 +170,31 @@ class NativeLM:
         return softcap(logits, self.softcap)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, starts: list[int], cache: KVCache, tree: tuple[int, ...] | None = None,
+    def forward(self, ids: torch.Tensor, starts: list[int], cache: KVCache, tree: torch.Tensor | None = None,
                 hidden: tuple[int, ...] = (), last_only: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """ids [B, n] written at cache slots starts[b] + 0..n-1 (starts: host ints, so no width is
-        read back from the device); tree: a tree block's parents (None: causal), its rows at
-        position start + depth. -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
+        read back from the device); tree: a tree block's parents [B, n - 1] (drafts.py; None:
+        causal), each row at position start + its depth, its mask and positions built from them
+        on the device. -> (logits [B, n or 1, V] float32, {key: [B, n, H]})."""
         batch, n = ids.shape
-        if self.fused is not None:  # the whole stack in one kernel call (native_fused.py)
-            x, out = self.fused(self.embed(ids.reshape(-1)), starts, n, cache.layers, tree, hidden)
+        if self.fused is not None:  # the whole stack in one kernel call (native_fused.py): the CPU's
+            x, out = self.fused(self.embed(ids.reshape(-1)), starts, n, cache.layers, host_parents(tree), hidden)
             last = x.view(batch, n, -1)[:, -1].contiguous() if last_only else x
             return self.logits(last).view(batch, 1 if last_only else n, -1), out
         device = ids.device
         width = max(starts) + n  # slots any row may see
         start = torch.tensor(starts, dtype=torch.long).to(device, non_blocking=True)  # [B]
-        offsets = torch.tensor(list(range(n)) if tree is None else depths_of(tree), dtype=torch.long)
-        offsets = offsets.to(device, non_blocking=True)  # [n]: each block row's position past its row's start
-        positions = start[:, None] + offsets[None]
-        ancestry = None if tree is None else ancestry_of(tree).to(device, non_blocking=True)
-        row_keys = _row_keys(starts, n, tree) if self.exact and n <= EXACT_BLOCK else None
+        if tree is None:
+            offsets = torch.arange(n, device=device)[None]  # [1, n]: each block row's position past its row's start
+            ancestry = None
+        else:
+            offsets = block_depths(tree).to(device, non_blocking=True)  # [B, n]
+            ancestry = block_ancestry(tree).to(device, non_blocking=True)  # [B, n, n]
+        positions = start[:, None] + offsets
+        # the exact row attention lays a tree's rows out by host ints: read where the parents are
+        # on the CPU (free); a GPU's tree attends through the mask instead (no sync)
+        exact_rows = self.exact and n <= EXACT_BLOCK and (tree is None or tree.device.type == "cpu")
+        row_keys = _row_keys(starts, n, host_parents(tree)) if exact_rows else None
         mask = keys = None
         if row_keys is None:
             windowed = any(window is not None for window in self.windows)

@@ -48,7 +48,7 @@ from functools import cache, partial
 
 import torch
 
-from specpipe.drafts import ancestry_of, depths_of
+from specpipe.drafts import block_ancestry, block_depths
 from specpipe.engine.base import Split, Tail, TailInputs, TargetOutput
 from specpipe.engine.graphs import Graphs
 from specpipe.engine.native_attention import KVCache, _mask, key_positions
@@ -105,24 +105,25 @@ def spare_slots(capacity: int) -> int:
 
 class _Meta:
     """Views of one shape's inputs packed in one tensor: the rows' lengths [bucket], a tail's
-    counts [bucket], the block's ids [bucket, K], a tree's depths [K] and ancestry [K, K]."""
+    counts [bucket], the block's ids [bucket, K]."""
 
     def __init__(self, packed: torch.Tensor, bucket: int, block: int):
-        lengths, counts, ids, depths, seen = packed.split((bucket, bucket, bucket * block, block, block * block))
-        self.lengths, self.counts, self.depths = lengths, counts, depths
-        self.ids, self.seen = ids.view(bucket, block), seen.view(block, block)
+        lengths, counts, ids = packed.split((bucket, bucket, bucket * block))
+        self.lengths, self.counts, self.ids = lengths, counts, ids.view(bucket, block)
 
     @staticmethod
     def size(bucket: int, block: int) -> int:
-        return 2 * bucket + bucket * block + block + block * block
+        return 2 * bucket + bucket * block
 
 
 class _Buffers:
     """The persistent inputs (and, on CUDA, outputs) of one shape. Its inputs sit in one tensor
-    (`_Meta`), so a step writes what the host holds of them (the lengths, a tree's layout, and
-    the ids and counts where they were made on the host) into its pinned host copy and makes
-    ONE host-to-device copy; what is on the device already (ids from the last verdict or a
-    head's draft, a draft's counts) is copied in after it, on the device. On CUDA two pinned
+    (`_Meta`), so a step writes what the host holds of them (the lengths, and the ids and
+    counts where they were made on the host) into its pinned host copy and makes ONE
+    host-to-device copy; what is on the device already (ids from the last verdict or a head's
+    draft, a draft's counts) is copied in after it, on the device. A tree shape also keeps each
+    row's block depths [bucket, K] and ancestry [bucket, K, K] on the device, built there from
+    the draft's parents (`drafts.block_depths`, `block_ancestry`): no read. On CUDA two pinned
     copies alternate, so a fill waits for the copy two fills back, not the last: a draft
     model's steps, queued with no read between them, then keep the host a step ahead."""
 
@@ -138,14 +139,17 @@ class _Buffers:
         self.caches = [t[:bucket] for t in cache.layers]  # views: the cache's own storage
         # a tail's inputs (`TailInputs`), [bucket, *size] each; ones: a race's draws divide by them
         self.extras = [torch.ones((bucket, *size), device=device) for size in sizes]
+        if shape.tree:  # padding rows (past a row's block, or past B): their own slot, at their own position
+            self.depths = torch.arange(block, device=device).repeat(bucket, 1)  # [bucket, K]
+            self.seen = torch.eye(block, dtype=torch.bool, device=device).repeat(bucket, 1, 1)  # [bucket, K, K]
 
-    def fill(self, shape: Shape, ids: torch.Tensor | Split, lengths: list[int], tree: tuple[int, ...] | None,
+    def fill(self, shape: Shape, ids: torch.Tensor | Split, lengths: list[int], tree: torch.Tensor | None,
              counts: list[int] | torch.Tensor | None = None, inputs: TailInputs | None = None) -> None:
         """ids [B, n] (on the host, the device, or a `Split` of both), the cache rows' lengths, a
-        tree's parents, a tail's counts [B] and inputs (written into `extras`). Columns past n
-        and rows past B keep old ids: padding."""
+        tree's parents [B, n - 1] (where the draft is), a tail's counts [B] and inputs (written
+        into `extras`). Columns past n and rows past B keep old ids: padding."""
         batch, n = ids.shape
-        bucket, block = shape.bucket, shape.block
+        bucket = shape.bucket
         host, staged = self._hosts[self._turn]
         if self._copied is not None:
             self._copied[self._turn].synchronize()  # its copy two fills back (done long ago in a decode loop)
@@ -156,10 +160,6 @@ class _Buffers:
             staged.ids[:batch, :made_n] = made
         if isinstance(counts, list):
             staged.counts.copy_(torch.tensor(counts + [0] * (bucket - len(counts))))
-        if tree is not None:
-            staged.depths.copy_(torch.tensor(depths_of(tree) + list(range(n, block))))  # padding rows: own slots
-            staged.seen.copy_(torch.eye(block, dtype=torch.long))
-            staged.seen[:n, :n] = ancestry_of(tree)
         if self._copied is not None:
             self.packed.copy_(host, non_blocking=True)
             self._copied[self._turn].record()
@@ -170,6 +170,17 @@ class _Buffers:
             self.meta.counts[:batch].copy_(counts)
         if inputs is not None:  # none at a capture: the buffers keep their values
             inputs.fill(self.extras)
+        if shape.tree:
+            self._fill_tree(tree, batch, n)
+
+    def _fill_tree(self, tree: torch.Tensor | None, batch: int, n: int) -> None:
+        """A tree's rows laid out by its parents, on the device; the rest as padding rows."""
+        block = self.depths.shape[1]
+        self.depths.copy_(torch.arange(block, device=self.depths.device).expand_as(self.depths))
+        self.seen.copy_(torch.eye(block, dtype=torch.bool, device=self.seen.device).expand_as(self.seen))
+        if tree is not None and tree.shape[1] > 0:
+            self.depths[:batch, :n] = block_depths(tree).to(self.depths.device, non_blocking=True)
+            self.seen[:batch, :n, :n] = block_ancestry(tree).to(self.seen.device, non_blocking=True)
 
 
 class StaticStep:
@@ -215,7 +226,8 @@ class StaticStep:
         """Every shape a forward asking for `hidden` (and a chain's `tail`) runs as at `width`
         (None: the whole allocation), within the plan (what a GPU captures at the first such
         forward): exact, one; fast, every bucket up to the cache's rows by every block, and the
-        tree blocks of one sequence (no tail: a tree is verified from its logits)."""
+        tree blocks of one sequence (no tail: a tree is verified from its logits; a batch's tree
+        shape is captured at its first forward)."""
         width = self.cache.width if width is None else width
         if self.exact:
             return [Shape(self.cache.batch, self.block, False, hidden, tail, width)]
@@ -223,7 +235,7 @@ class StaticStep:
         return ([Shape(bucket, block, False, hidden, tail, width) for bucket in buckets for block in self.blocks()]
                 + [Shape(1, block, True, hidden, None, width) for block in self.blocks() if block > 1])
 
-    def shape(self, batch: int, n: int, tree: tuple[int, ...] | None, hidden: tuple[int, ...],
+    def shape(self, batch: int, n: int, tree: torch.Tensor | None, hidden: tuple[int, ...],
               tail: Tail | None = None, needed: int = 0) -> Shape | None:
         """The shape a forward of [batch, n] runs as, attending over the narrowest width that
         holds `needed` slots a row, or None: a block wider than planned (a prompt fed through
@@ -238,7 +250,7 @@ class StaticStep:
         return Shape(bucket_of(batch), min(bucket_of(n), self.block), tree is not None, tuple(hidden), name, width)
 
     @torch.inference_mode()
-    def forward(self, shape: Shape, ids: torch.Tensor | Split, lengths: list[int], tree: tuple[int, ...] | None,
+    def forward(self, shape: Shape, ids: torch.Tensor | Split, lengths: list[int], tree: torch.Tensor | None,
                 tail: Tail | None = None) -> TargetOutput:
         """ids [B, n] at the rows' `lengths` (host ints, every cache row's) -> logits [B, n, V]
         and {key: [B, n, H]}, as the eager forward returns them; where the shape runs `tail`,
@@ -283,7 +295,7 @@ class StaticStep:
         for shape in self.planned(hidden, name, width):
             if shape not in self.graphs:
                 buffers = self._buffers_of(shape, tail if shape.tail else None)
-                buffers.fill(shape, pad, lengths, () if shape.tree else None, [0] if shape.tail else None)
+                buffers.fill(shape, pad, lengths, None, [0] if shape.tail else None)
                 self.graphs.ensure(shape, partial(self._compute, shape, buffers))
         self._warm.add((hidden, name, width))
 
@@ -300,11 +312,11 @@ class StaticStep:
         ring = self.ring and not shape.tree
         keys = None  # each slot's key position (None: the slot's own, as in a chain)
         if shape.tree:
-            positions = starts + meta.depths  # [bucket, K]: start + depth
+            positions = starts + buffers.depths  # [bucket, K]: start + depth
             slots = starts + rows  # a tree's rows sit in block order
-            mask = _mask(starts[:, 0], block, width, meta.seen != 0)  # [bucket, 1, K, width]
+            mask = _mask(starts[:, 0], block, width, buffers.seen)  # [bucket, 1, K, width]
             if any(window is not None for window in lm.windows):
-                keys = key_positions(starts[:, 0], meta.depths, width)
+                keys = key_positions(starts[:, 0], buffers.depths, width)
             ids = meta.ids
         else:
             # [bucket, K]: the token each block row holds

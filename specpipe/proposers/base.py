@@ -6,10 +6,11 @@ A proposer guesses; it never decides γ (the controller does) and never decides 
 specpipe/engine/base.py) and receives from the step as a `TargetOutput`, never by hooks.
 
 One interface serves one sequence and many: row b of every call is batch row b of the target's
-KV cache (a single sequence is a batch of one). `propose` answers with one `DraftBatch` on the
-runner's device. A proposer that drafts row by row (a lookup over the row's text, a head with
-per-sequence state) subclasses `RowProposer` and writes `propose_row`; one that cannot take
-several rows in a step says why in `batch_refusal`, and a batch then runs one sequence at a time.
+KV cache (a single sequence is a batch of one). `propose` answers with one `DraftBatch`, chains
+or a tree, on the runner's device, or on the host where the host drafted it: a proposer that
+drafts row by row (a lookup over the row's text) builds the batch's host tensors from its rows'
+token lists (`DraftBatch.of_lists`). One that cannot take several rows in a step says why in
+`batch_refusal`, and a batch then runs one sequence at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from specpipe.drafts import DraftBatch, DraftBlock, DraftTree
+from specpipe.drafts import DraftBatch
 from specpipe.engine import Runner, TargetOutput
 from specpipe.types import Rows, RowVerdict, Verdict
 
@@ -66,20 +67,6 @@ class Proposer(ABC):
         """Bytes this proposer holds, by part (e.g. {"draft weights": ..., "draft KV cache": ...}).
         Default: nothing (model-free proposers)."""
         return {}
-
-
-class RowProposer(Proposer):
-    """A proposer that drafts each row on its own; `propose` stacks the rows' drafts."""
-
-    vocab_size: int | None = None  # the target's, where drafts carry distributions
-
-    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
-        drafts = [self.propose_row(b, rows, gamma) if gamma > 0 else None for b, gamma in enumerate(gammas)]
-        return DraftBatch.stack(drafts, gammas, rows.device, self.vocab_size)
-
-    @abstractmethod
-    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
-        """Up to `gamma` draft tokens following rows.tokens[row] (None or empty: nothing)."""
 
 
 def still_drafting(alive: torch.Tensor, confidence: torch.Tensor, threshold: float, device: torch.device) -> bool:

@@ -32,9 +32,9 @@ from __future__ import annotations
 import torch
 
 from specpipe.declaration import batch_refusal
-from specpipe.drafts import DraftBlock
+from specpipe.drafts import DraftBatch
 from specpipe.engine import Runner, TargetOutput, make_runner
-from specpipe.proposers.base import RowProposer
+from specpipe.proposers.base import Proposer
 from specpipe.proposers.model_drafter import Drafted
 from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import Rows
@@ -101,7 +101,7 @@ class SharedVocab:
                 f"the draft's {self.draft_size}, {self.size / self.target_size:.0%} of the target's {self.target_size})")
 
 
-class CrossDrafter(RowProposer):
+class CrossDrafter(Proposer):
     """Host-bound by nature (text goes through two tokenizers each step): one sequence at a time.
     `cached` mirrors the draft's cache in draft ids (as many as it holds)."""
 
@@ -175,7 +175,14 @@ class CrossDrafter(RowProposer):
                 self.cached += feed[:-1]
             self._synced = (len(rows.tokens[0]), feed[-1:] if len(feed) > 2 else feed)
 
-    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock:
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        """One sequence's draft (`batch_refusal`: a batch runs one at a time), row 0's."""
+        if not gammas or gammas[0] <= 0:
+            return DraftBatch.of_lists(gammas, [None] * len(gammas))
+        return self._draft(rows, gammas[0], tuple(gammas))
+
+    def _draft(self, rows: Rows, gamma: int, gammas: tuple[int, ...]) -> DraftBatch:
+        row = 0
         committed = rows.tokens[row]
         synced, self._synced = self._synced, None
         feed = synced[1] if synced is not None and synced[0] == len(committed) else self._sync(committed)
@@ -194,10 +201,14 @@ class CrossDrafter(RowProposer):
         tokens = torch.cat([token for token, _, _ in picks])  # [n] draft ids, on the device
         count, _ = drafted.counts()  # [1] how many count (the controller's early stop), on the device
         if self.sampling.greedy:
-            return self._translated(committed, tokens, count, gamma)
+            return DraftBatch.of_lists(gammas, [self._translated(committed, tokens, count, gamma)])
         self._pending = (tokens, count)  # read after the verdict: the target's ids need no host (below)
-        return DraftBlock(torch.cat([target for _, target, _ in picks]), torch.stack([p for _, _, p in picks]),
-                          length=None if drafted.count is None else count[0])
+        targets = torch.cat([target for _, target, _ in picks])[None]  # [1, n] target ids, on the device
+        probs = torch.stack([p for _, _, p in picks])[None]  # [1, n, V]
+        if drafted.count is None:  # every position counts: the host knows the length
+            n = targets.shape[1]
+            return DraftBatch(targets, torch.full((1,), n, device=targets.device), gammas, probs, counts=(n,))
+        return DraftBatch(targets, count[:1], gammas, probs)
 
     def _pick(self, logits: torch.Tensor, rows: Rows, row: int, position: int):
         """One draft token from logits [V_draft], on the device: (its draft id [1], its target id
@@ -212,13 +223,13 @@ class CrossDrafter(RowProposer):
         placed[self.target_ids] = shared.float()
         return self.draft_ids[pick], self.target_ids[pick], placed, shared.max().view(1)
 
-    def _translated(self, committed: list[int], tokens: torch.Tensor, count: torch.Tensor, gamma: int) -> DraftBlock:
+    def _translated(self, committed: list[int], tokens: torch.Tensor, count: torch.Tensor, gamma: int) -> list[int]:
         """Greedy: the drafted text in target tokens. Text goes through two tokenizers on the
         host, so the drafted ids and their count come back in ONE read (no table can do this
         exactly: the target splits the text by its own merges, across the draft's boundaries)."""
         *draft, n = torch.cat([tokens, count]).tolist()
         self._settle(draft, n)
-        return DraftBlock(torch.tensor(self._translate(committed, draft[:n])[:gamma], dtype=torch.long))
+        return self._translate(committed, draft[:n])[:gamma]
 
     def _settle(self, draft: list[int], n: int) -> None:
         """The draft's cache holds what was fed: all but the last counted token (on a GPU an

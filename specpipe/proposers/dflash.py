@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from specpipe.declaration import Declaration
-from specpipe.drafts import DraftBatch, DraftBlock
+from specpipe.drafts import DraftBatch
 from specpipe.engine import Runner, TargetOutput
 from specpipe.heads.dflash import ContextCache, DFlashDrafter
 from specpipe.heads.dflash_format import fit_summary, load_dflash
@@ -103,27 +103,26 @@ class DFlashProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
-        copied: dict[int, DraftBlock] = {}
+        found: list = [None] * len(gammas)  # a lookup's tokens per row (its drafts are chains)
         drafting = []
         for b, gamma in enumerate(gammas):
             if gamma == 0 or b not in self.rows:
                 continue
-            found = None if self.lookup is None else self.lookup.lookup(rows.tokens[b], gamma, b, trees=False)
-            if found is not None and found.gamma:
-                copied[b] = found  # the row's context waits for its next draft
+            copied = None if self.lookup is None else self.lookup.lookup(rows.tokens[b], gamma, b, trees=False)
+            if copied is not None and copied[0]:
+                found[b] = copied[0]  # the row's context waits for its next draft
             else:
                 drafting.append(b)
+        lookups = DraftBatch.of_lists(gammas, found) if any(found) or not drafting else None
         if not drafting:
-            return DraftBatch.stack([copied.get(b) for b in range(len(gammas))], gammas, rows.device,
-                                    self.target.vocab_size)
+            return lookups
         self._feed([b for b in drafting if self.rows[b].pending])
         counts = [min(gammas[b], self.drafter.shape.gamma_max) for b in drafting]
         tokens, probs, confidence = self._draft(drafting, counts, rows)
-        if copied:
-            blocks = {b: DraftBlock(tokens[i, :n], None if probs is None else probs[i, :n], confidence[i, :n])
-                      for i, (b, n) in enumerate(zip(drafting, counts))}
-            return DraftBatch.stack([copied.get(b, blocks.get(b)) for b in range(len(gammas))], gammas, rows.device,
-                                    self.target.vocab_size)
+        if lookups is not None:
+            num_draft = torch.tensor(counts).to(tokens.device, non_blocking=True)
+            return lookups.merged(drafting, DraftBatch(tokens, num_draft, tuple(counts), probs, confidence,
+                                                       counts=tuple(counts)))
         return self._batch(drafting, counts, tokens, probs, confidence, gammas)
 
     def commit(self, verdict: Verdict, host: list[RowVerdict], out: TargetOutput) -> None:

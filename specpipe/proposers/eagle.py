@@ -37,8 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.declaration import Declaration, batch_refusal, sglang_chain
-from specpipe.drafts import DraftBatch, DraftBlock, DraftTree
+from specpipe.declaration import Declaration, sglang_chain
+import torch.nn.functional as F
+
+from specpipe.drafts import NO_NODE, DraftBatch, tree_depth
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
 from specpipe.engine.static import MAX_BLOCK
@@ -46,7 +48,7 @@ from specpipe.heads.eagle import EagleHead, SlotCache
 from specpipe.proposers.draft_lm import DraftLM
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
-from specpipe.proposers.base import Proposer, RowProposer
+from specpipe.proposers.base import Proposer
 from specpipe.proposers.eagle_graph import CacheRows, HeadGraphs, Sampled, chain, feed_rows, tree
 from specpipe.proposers.eagle_tree import rerank
 from specpipe.proposers.lookup import lookup_warning, make_lookup
@@ -81,7 +83,7 @@ class EagleProposer(Proposer):
     def __init__(self, head: EagleHead, sampling: SamplingParams, tree: TreeShape | None = None,
                  quantize: str = "none", layers: tuple[int, ...] = (FINAL,),
                  draft_lm: Callable[[Runner], "DraftLM"] | None = None,
-                 lookup: RowProposer | None = None):
+                 lookup: Proposer | None = None):
         """layers: the target's hidden-state keys the head reads, in the order its `fuse` takes
         them; draft_lm: target -> the head's token scorer (default: the target's LM-head rows
         of the head's draft vocabulary, in the `quantize` precision); lookup: a model-free draft
@@ -142,34 +144,36 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
         """Every row's draft: a lookup's where it finds one (per row: host text matching), else
-        the head's, every such row's chain in one head forward a depth (a tree: one row)."""
-        drafts: list = [None] * len(gammas)
+        the head's, every such row's chain in one head forward a depth, or each row's tree."""
+        trees = rows.trees and self.tree is not None
+        found: list = [None] * len(gammas)  # a lookup's (tokens, parents or None) per row
         heads = []
         for row, gamma in enumerate(gammas):
             if gamma <= 0:
                 continue
             if self.lookup is not None:
-                trees = rows.trees and self.tree is not None
-                drafts[row] = self.lookup.lookup(rows.tokens[row], gamma, row, trees=trees)
-                if drafts[row] is not None:
+                found[row] = self.lookup.lookup(rows.tokens[row], gamma, row, trees=trees)
+                if found[row] is not None:
                     continue  # the head's pending rows wait for its next draft
             if self.rows[row].pending is not None:  # else a one-token prompt: no feature yet
                 heads.append(row)
-        if heads and self.tree is not None and rows.trees:
-            for row in heads:  # trees are verified one sequence at a time
-                drafts[row] = self._tree(row, self._feed_pending([row]), gammas[row])
-        elif heads:
-            root = self._feed_pending(heads)
+        looked = any(f is not None for f in found)
+        lookups = None
+        if looked or not heads:  # the lookups' rows as host tensors (the others empty)
+            lookups = DraftBatch.of_lists(gammas, [None if f is None else f[0] for f in found],
+                                          [None if f is None else f[1] for f in found])
+        if not heads:
+            return lookups
+        root = self._feed_pending(heads)
+        if trees:
+            drafted = self._trees(heads, root, [gammas[row] for row in heads])
+        else:
             tokens, probs, confidence, count = self._chain(heads, root, [gammas[row] for row in heads], rows)
-            if not any(drafts):  # no lookup drafted: the head's tensors are the batch's
-                return DraftBatch.of_rows(heads, len(gammas), tokens, count, gammas, probs, confidence)
-            for a, row in enumerate(heads):
-                drafts[row] = DraftBlock(tokens[a], None if probs is None else probs[a], confidence[a], count[a])
-        return DraftBatch.stack(drafts, gammas, rows.device, self.vocab_size)
-
-    @property
-    def batch_refusal(self) -> str | None:
-        return batch_refusal(tree=self.tree is not None)
+            drafted = DraftBatch(tokens, count, tuple(gammas[row] for row in heads), probs, confidence)
+        if not looked:  # no lookup drafted: the head's tensors are the batch's
+            return DraftBatch.of_rows(heads, len(gammas), drafted.tokens, drafted.num_draft, gammas, drafted.probs,
+                                      drafted.confidence, drafted.tree)
+        return lookups.merged(heads, drafted)
 
     def release(self, row: int, tokens: list[int]) -> None:
         if self.lookup is not None:  # a suffix lookup's global tree takes the finished output
@@ -272,21 +276,32 @@ class EagleProposer(Proposer):
                      torch.tensor(starts).to(device), gamma, [max(starts) + i + 1 for i in range(gamma - 1)],
                      stops, limits, sampled, draws, len(set(starts)) > 1, device.type == "cpu")
 
-    def _tree(self, row: int, root: torch.Tensor, depth: int) -> DraftTree:
-        """EAGLE-2's search for one row (`eagle_graph.tree`) from its root [1, H]; the tree's shape
-        is read back once, at the end. On the CPU, where a read costs no sync, the eager search
-        also stops at the depth whose children could no longer be kept."""
+    def _trees(self, heads: list[int], root: torch.Tensor, depths: list[int]) -> DraftBatch:
+        """EAGLE-2's search for each row of `heads` from its root (roots [A, H]) -> their trees
+        as a batch of A rows, each padded to the most nodes with padding nodes; the parents stay
+        on the device (their count is the host's: what each search made)."""
+        found = [self._tree(row, root[a : a + 1], depth) for a, (row, depth) in enumerate(zip(heads, depths))]
+        n = max(tokens.shape[0] for tokens, _, _ in found)
+        tokens = torch.stack([F.pad(t, (0, n - t.shape[0])) for t, _, _ in found])  # [A, N]
+        parents = torch.stack([F.pad(p, (0, n - p.shape[0]), value=NO_NODE) for _, p, _ in found])  # [A, N]
+        confidence = torch.stack([F.pad(c, (0, n - c.shape[0])) for _, _, c in found])  # [A, N]
+        return DraftBatch(tokens, tree_depth(parents), tuple(depths), None, confidence, parents)
+
+    def _tree(self, row: int, root: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """EAGLE-2's search for one row (`eagle_graph.tree`) from its root [1, H], every depth of
+        it (a step reads nothing back: stopping where no deeper node could be kept would need a
+        read; the nodes kept are the same) -> (tokens, parents, confidence) of the kept nodes."""
         k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
         start, device = self.rows[row].committed, root.device
         self.cache.ensure(row + 1, start + depth * k)
         if self.graphs is not None and self.graphs.takes(depth):
             return self._graphed_tree(row, root, start, k, depth)
-        settle = self.tree.nodes if device.type == "cpu" else None
         nodes = tree(self._feed, self.lm.top, self.cache, self._rows([row], device), root[0],
-                     torch.tensor(start).to(device), k, [start + d * k for d in range(1, depth)], settle)
+                     torch.tensor(start).to(device), k, [start + d * k for d in range(1, depth)])
         return rerank(*nodes, self.tree.nodes)
 
-    def _graphed_tree(self, row: int, root: torch.Tensor, start: int, k: int, depth: int) -> DraftTree:
+    def _graphed_tree(self, row: int, root: torch.Tensor, start: int, k: int,
+                      depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The search as one graph, every depth of it; the kept nodes ranked as the eager search's."""
         return rerank(*self.graphs.tree(row, root, start, k, depth, self._feed, self.lm.top), self.tree.nodes)
 

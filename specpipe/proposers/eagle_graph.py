@@ -8,7 +8,7 @@ through a mask [A, n, width] over the first `width` slots. The committed rows a 
 (1..γ+1 a row, or a prompt's backlog) are fed in one forward too, padded to the longest: a
 row's padding is written past its committed rows, where the chain's rows overwrite it.
 
-The bodies here take tensors only (no host read but the CPU's early stop, no shape that
+The bodies here take tensors only (no host read but the CPU's chain early stop, no shape that
 depends on a value), so the same function runs eagerly and inside `Graphs.run`. Eagerly the
 attended width is exactly what the longest row needs at each depth, and one row needs no mask
 (its width ends at its own slot), so the CPU computes what a row's own pass would. Where the
@@ -117,18 +117,15 @@ def chain(feed: Feed, top: Top, cache: SlotCache, rows: CacheRows, root: torch.T
 
 
 def tree(feed: Feed, top: Top, cache: SlotCache, rows: CacheRows, root: torch.Tensor, start: torch.Tensor, k: int,
-         widths: list[int], settle: int | None) -> tuple[torch.Tensor, ...]:
+         widths: list[int]) -> tuple[torch.Tensor, ...]:
     """EAGLE-2's search from one row's root [H] to depth len(widths) + 1 (`eagle_tree.TreeSearch`):
     each depth d feeds the k best nodes of the last one as one block at slots start + (d - 1)·k
     + [0, k) (start 0-d), attending over widths[d - 1] slots, and takes their k best children.
-    settle (the CPU's eager search): the nodes kept, to stop at the depth whose children could
-    no longer be kept. -> every node made (scores, tokens, parents, depths) [M], for `rerank`."""
+    -> every node made (scores, tokens, parents, depths) [M], for `rerank`."""
     values, ids = top(root, k)  # [k]
     search = TreeSearch(k, len(widths) + 1, root, values, ids)
     for d, width in enumerate(widths, 1):
         best = search.best()
-        if settle is not None and bool(search.settled(best, settle)):
-            break  # children score no more than their parent: none could rank among the nodes kept
         guesses, tokens = search.fed(best)
         mask = search.slot_mask(best, start, torch.arange(width, device=root.device))  # [1, k, width]
         slots = start + (d - 1) * k + torch.arange(k, device=root.device)  # [k]
@@ -256,7 +253,7 @@ class HeadGraphs:
         width = width_of(start + depth * k, self.cache.capacity)
         rows = CacheRows(inputs.index, row == 0)
         compute = lambda: tree(feed, top, self.cache, rows, inputs.root[0], inputs.start[0], k,  # noqa: E731
-                               [width] * (depth - 1), None)
+                               [width] * (depth - 1))
         return self.graphs.run(("tree", rows.first, k, depth, width), compute)
 
     def _inputs_of(self, index: list[int]) -> _Inputs:

@@ -4,15 +4,14 @@ The search grows a tree depth by depth: the `k` best nodes of the last depth (by
 log-probability) are fed to the head as one block of `k` rows, and each proposes its `k` best
 children. Every depth adds a fixed number of nodes, so the node arrays are preallocated, each
 depth's nodes are contiguous, and nothing here needs the host: the expanded nodes are a
-`topk`, their attention rows a boolean gather, the kept nodes a stable sort. The tree's shape
-is read back once, when `rerank` hands the runner and the verifier their host parents.
+`topk`, their attention rows a boolean gather, the kept nodes a stable sort. The kept tree's
+parents stay on the device too: the runner and the verifier build their masks and paths from
+them there (specpipe/drafts.py), so a tree step reads nothing back but its verdict.
 """
 
 from __future__ import annotations
 
 import torch
-
-from specpipe.drafts import DraftTree
 
 
 class TreeSearch:
@@ -49,12 +48,6 @@ class TreeSearch:
         """[k] indices into the last level of its k best nodes, the next to expand."""
         return self.scores[self.start : self.made].topk(self.k).indices
 
-    def settled(self, best: torch.Tensor, keep: int) -> torch.Tensor:
-        """0-d bool: `keep` nodes already outscore the best expandable one, and a child never
-        scores above its parent (log-probabilities are <= 0), so no deeper node could be kept."""
-        top = self.scores[self.start + best[0]]
-        return (self.scores[: self.made] > top).sum() >= keep
-
     def fed(self, best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The expanded nodes' head rows: (guesses [k, H] that predicted them, their tokens [k])."""
         return self.features[best], self.tokens[self.start + best]
@@ -85,7 +78,7 @@ class TreeSearch:
         self.features = guesses.repeat_interleave(self.k, 0)  # [k·k, H]
         self.sees = sees.repeat_interleave(self.k, 0)  # [k·k, rows]
 
-    def rerank(self, keep: int) -> DraftTree:
+    def rerank(self, keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The `keep` best nodes, parents before children (by depth, then score). A child scores
         at most its parent and is deeper, so ranking by (score, then depth) keeps the tree closed."""
         return rerank(self.scores[: self.made], self.tokens[: self.made], self.parents[: self.made],
@@ -93,10 +86,11 @@ class TreeSearch:
 
 
 def rerank(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-           keep: int) -> DraftTree:
-    """Nodes [M] (parents: node index, -1 the root) -> the DraftTree of the `keep` best by score
-    (ancestors first on ties), ordered by depth then score. Its parents are read back once: the
-    runner's attention mask and the verifier's walk take them on the host."""
+           keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Nodes [M] (parents: node index, -1 the root) -> the tree of the `keep` best by score
+    (ancestors first on ties), ordered by depth then score: its tokens, parents (node indices
+    into it, -1 the root) and confidence (each node's cumulative probability), [keep] each, on
+    the device: nothing is read back."""
     keep = min(keep, scores.numel())
     by_depth = torch.sort(depths, stable=True).indices
     ranked = by_depth[torch.sort(-scores[by_depth], stable=True).indices]  # (-score, depth, node)
@@ -107,4 +101,4 @@ def rerank(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, de
     index[order] = torch.arange(keep, device=order.device)
     above = parents[order]
     remapped = torch.where(above >= 0, index[above.clamp(min=0)], above)
-    return DraftTree(tokens[order], tuple(remapped.tolist()), scores[order].exp())
+    return tokens[order], remapped, scores[order].exp()

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.declaration import Declaration, batch_refusal
-from specpipe.drafts import DraftBatch, DraftTree
+from specpipe.declaration import Declaration
+from specpipe.drafts import DraftBatch
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.engine.graphs import Graphs
 from specpipe.errors import SpecpipeError
@@ -41,6 +41,7 @@ class MedusaProposer(Proposer):
         self.features: torch.Tensor | None = None  # [rows, H] each row's feature of its last committed token's predecessor
         self.ready: list[bool] = []  # [rows] whether that feature is there yet (not before a row's first step)
         self._sizes: dict[tuple[int, ...], torch.Tensor] = {}  # draft lengths on the device, read only
+        self._shapes: dict[int, tuple] = {}  # by γ: the tree's paths no deeper, as device index tensors
 
     def widest(self, gamma: int, trees: bool) -> int:
         return max(gamma, len(self.tree)) if self.tree is not None and trees else gamma
@@ -51,6 +52,7 @@ class MedusaProposer(Proposer):
             self.heads = self.heads.to(target.device)
         self.graphs = Graphs(target.device) if getattr(target, "graphed", False) else None
         self._sizes.clear()  # on the old target's device
+        self._shapes.clear()
 
     def reserve(self, rows: int) -> None:
         if len(self.ready) < rows:
@@ -75,7 +77,7 @@ class MedusaProposer(Proposer):
         else:  # [K, rows, V] every head and row, from the graph's memory: the index copies out what drafts
             logits = self.graphs.run(len(self.features), self._every_head)[:heads, index]
         if self.tree is not None and rows.trees:
-            return DraftBatch.stack([self._tree(logits[:, 0])], gammas, rows.device)
+            return self._trees(logits, ready, gammas)
         return self._chains(logits.transpose(0, 1), ready, gammas, rows)
 
     def _every_head(self) -> torch.Tensor:
@@ -127,19 +129,29 @@ class MedusaProposer(Proposer):
         sizes = [min(gammas[b], heads) if b in ready else 0 for b in range(count)]
         return DraftBatch(tokens, self._lengths(tuple(sizes)), tuple(gammas), probs, confidence, counts=tuple(sizes))
 
-    @property
-    def batch_refusal(self) -> str | None:
-        return batch_refusal(tree=self.tree is not None)
+    def _trees(self, logits: torch.Tensor, ready: list[int], gammas: list[int]) -> DraftBatch:
+        """The configured candidate paths no deeper than the heads run, for every ready row:
+        path [i, j] is head 1's i-th best token followed by head 2's j-th best. logits [K, m, V]
+        of the ready rows; the tree's shape is the same for every row (host ints, copied to the
+        device once a depth), the others padding nodes."""
+        ranks, depth_of, rank_of, parents, depth = self._shape(logits.shape[0], logits.device)
+        ranked = logits.topk(ranks, dim=-1).indices  # [K, m, ranks]
+        tokens = ranked[depth_of, :, rank_of].T.contiguous()  # [m, N]: node i's token in each ready row
+        count = len(ready)
+        return DraftBatch.of_rows(ready, len(gammas), tokens, depth.expand(count).contiguous(), gammas,
+                                  tree=parents.expand(count, -1).contiguous())
 
-    def _tree(self, logits: torch.Tensor) -> DraftTree:
-        """The configured candidate paths no deeper than γ: path [i, j] is head 1's i-th best
-        token followed by head 2's j-th best. logits [γ, V]; the ranks are host ints."""
-        choices = [c for c in self.tree if len(c) <= logits.shape[0]]
-        ranked = logits.topk(1 + max(max(c) for c in choices), dim=-1).indices  # [γ, k]
-        index = {tuple(c): i for i, c in enumerate(choices)}
-        tokens = torch.stack([ranked[len(c) - 1, c[-1]] for c in choices])
-        parents = tuple(index[tuple(c[:-1])] if len(c) > 1 else -1 for c in choices)
-        return DraftTree(tokens, parents)
+    def _shape(self, heads: int, device: torch.device) -> tuple:
+        """The tree's paths no deeper than `heads`: the ranks to take (host), each node's depth - 1,
+        rank and parent ([N] each) and the tree's depth (0-d), on the device, made once a depth."""
+        if heads not in self._shapes:
+            choices = [c for c in self.tree if len(c) <= heads]
+            index = {tuple(c): i for i, c in enumerate(choices)}
+            parents = [index[tuple(c[:-1])] if len(c) > 1 else -1 for c in choices]
+            table = torch.tensor([[len(c) - 1 for c in choices], [c[-1] for c in choices], parents]).to(device)
+            depth = torch.tensor(max(len(c) for c in choices)).to(device)
+            self._shapes[heads] = (1 + max(max(c) for c in choices), *table, depth)
+        return self._shapes[heads]
 
     def memory(self) -> dict[str, int]:
         return {"heads": module_bytes(self.heads)}  # the shared LM head is the target's

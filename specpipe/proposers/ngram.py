@@ -9,16 +9,15 @@ probabilities: verifiers treat it as one-hot, which stays lossless.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from specpipe.declaration import Declaration
-from specpipe.drafts import DraftBlock
+from specpipe.drafts import DraftBatch
 from specpipe.errors import SpecpipeError
-from specpipe.proposers.base import RowProposer
+from specpipe.proposers.base import Proposer
 from specpipe.types import Rows
 
 
-class NgramProposer(RowProposer):
+class NgramProposer(Proposer):
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
         if not 1 <= ngram_min <= ngram_max:
             raise SpecpipeError(
@@ -35,25 +34,28 @@ class NgramProposer(RowProposer):
     def release(self, row: int, tokens: list[int]) -> None:
         self.index.pop(row, None)
 
-    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | None:
-        return self.lookup(rows.tokens[row], gamma, row)
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        """Every row's lookup, on the host: the batch's host tensors."""
+        found = [self.lookup(rows.tokens[b], gamma, b) if gamma > 0 else None for b, gamma in enumerate(gammas)]
+        return DraftBatch.of_lists(gammas, [None if f is None else f[0] for f in found])
 
     def lookup(self, committed: list[int], gamma: int, row: int | None = None,
-               trees: bool = False) -> DraftBlock | None:
+               trees: bool = False) -> tuple[list[int], None] | None:
         """What followed the latest earlier occurrence of the text's last n tokens (n from
         ngram_max down), at most γ tokens; None where nothing matches. Host work only. With the
         `row` of a request this proposer was told of (`prefill`), from the row's index of its
         n-grams (each step adds its new tokens' n-grams: constant work however long the text),
-        else by scanning the text. Its drafts are chains (`trees` is a suffix lookup's)."""
+        else by scanning the text. -> (tokens, None): its drafts are chains (`trees` and the
+        parents are a suffix lookup's)."""
         index = self.index.get(row) if row is not None else None
         if index is not None:
             start, n = index.find(committed)
-            return None if start is None else DraftBlock(torch.tensor(committed[start + n : start + n + gamma]))
+            return None if start is None else (committed[start + n : start + n + gamma], None)
         tokens = np.asarray(committed, dtype=np.int64)  # [L]
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             start = _last_match(tokens, n)
             if start is not None:
-                return DraftBlock(torch.from_numpy(tokens[start + n : start + n + gamma].copy()))
+                return tokens[start + n : start + n + gamma].tolist(), None
         return None
 
 

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
-
 from specpipe.declaration import Declaration
-from specpipe.drafts import DraftBlock, DraftTree
+from specpipe.drafts import DraftBatch
 from specpipe.errors import SpecpipeError
-from specpipe.proposers.base import RowProposer
+from specpipe.proposers.base import Proposer
 from specpipe.proposers.suffix_tree import NODE_BYTES, NOTHING, RequestCache, Speculation, SuffixTree, grow
 from specpipe.types import Rows
 
@@ -43,7 +41,7 @@ class _Local:
     held_at: int = -1  # the global tree's version they were read at
 
 
-class SuffixProposer(RowProposer):
+class SuffixProposer(Proposer):
     def __init__(self, cache: RequestCache, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, tree: bool = True, min_score: float | None = None,
                  min_match: int = 1):
@@ -68,10 +66,16 @@ class SuffixProposer(RowProposer):
             start = max(local.prompt_len - local.tree.depth, 0)
             self.cache.add(tokens[start:], local.prompt_len - start)
 
-    def propose_row(self, row: int, rows: Rows, gamma: int) -> DraftBlock | DraftTree | None:
-        return self._use(self._speculate(row, rows.tokens[row], gamma, rows.trees))
+    def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
+        """Every row's draft, grown on the host: the batch's host tensors (a tree batch where a
+        row drafted a tree and the step takes trees)."""
+        found = [self._use(self._speculate(b, rows.tokens[b], gamma, rows.trees)) if gamma > 0 else None
+                 for b, gamma in enumerate(gammas)]
+        return DraftBatch.of_lists(gammas, [None if f is None else f[0] for f in found],
+                                   [None if f is None else f[1] for f in found])
 
-    def lookup(self, committed: list[int], gamma: int, row: int, trees: bool = False) -> DraftBlock | DraftTree | None:
+    def lookup(self, committed: list[int], gamma: int, row: int,
+               trees: bool = False) -> tuple[list[int], list[int] | None] | None:
         """The draft where its score (expected accepted tokens) reaches `min_score` (None: γ),
         else None: suffix decoding as the lookup a model speculator tries first, where only a
         draft expected to do at least as well as the model's is worth skipping it for."""
@@ -103,7 +107,7 @@ class SuffixProposer(RowProposer):
                     best = replace(speculation, shared=tree is self.cache.tree)
         return best
 
-    def _use(self, speculation: Speculation) -> DraftBlock | DraftTree | None:
+    def _use(self, speculation: Speculation) -> tuple[list[int], list[int] | None] | None:
         if speculation.shared:  # a draft from an earlier request keeps that request cached
             self.cache.touch(self.cache.tree.last[speculation.node])
         return _draft(speculation)
@@ -129,13 +133,13 @@ def as_lookup(min_score: float | None, min_match: int) -> SuffixProposer:
     return SuffixProposer(RequestCache(*DEFAULT_BOUNDS), min_score=min_score, min_match=min_match)
 
 
-def _draft(speculation: Speculation) -> DraftBlock | DraftTree | None:
+def _draft(speculation: Speculation) -> tuple[list[int], list[int] | None] | None:
+    """A speculation as (tokens, parents), parents None for a chain (no tree mask needed), or None."""
     if not speculation.tokens:
         return None
-    tokens = torch.tensor(speculation.tokens, dtype=torch.long)  # [N]
     if all(parent == i - 1 for i, parent in enumerate(speculation.parents)):
-        return DraftBlock(tokens)  # a chain needs no tree mask
-    return DraftTree(tokens, tuple(speculation.parents))
+        return list(speculation.tokens), None
+    return list(speculation.tokens), list(speculation.parents)
 
 
 def validate_options(options: dict) -> None:

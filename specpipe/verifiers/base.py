@@ -12,7 +12,9 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from specpipe.drafts import DraftBatch, DraftBlock, DraftTree, ancestry_of, depths_of
+import torch.nn.functional as F
+
+from specpipe.drafts import DraftBatch, lineage
 from specpipe.engine.base import Tail
 from specpipe.sampling import RowRandom
 from specpipe.types import PAD, RowVerdict, Verdict, packed_verdict
@@ -39,11 +41,9 @@ class Verifier(ABC):
         (`Verdict.packed`, [B, K + 2]), as `chain_tail`s leave it."""
         return packed_verdict(tail, draft.width + 1, draft.confidence)
 
-    def verify_row(self, draft: DraftBlock | DraftTree, target_logits: torch.Tensor,
-                   rng: RowRandom | None = None) -> RowVerdict:
-        """One sequence's draft against its logits [n, V], as a batch of one, on the host."""
-        batch = DraftBatch.stack([draft], [draft.gamma], target_logits.device, target_logits.shape[-1])
-        batch = batch.on(target_logits.device)
+    def verify_row(self, draft: DraftBatch, target_logits: torch.Tensor, rng: RowRandom | None = None) -> RowVerdict:
+        """One sequence's draft (a batch of one row) against its logits [n, V], on the host."""
+        batch = draft.on(target_logits.device)
         return self.verify(batch, target_logits[None], [rng or RowRandom(0)]).to_host()[0]
 
 
@@ -75,30 +75,44 @@ def block_ids(draft: DraftBatch) -> torch.Tensor:
 
 
 class TreeRows:
-    """A tree draft's structure as device tensors (the parents are host ints, so this is built
-    without reading anything back): for node i, its parent's block row, its depth, and its
-    ancestors-or-self."""
+    """A tree batch's structure on the device, from its parents [B, N] (nothing read back): for
+    each node, whether it is a real one, its parent's block row, its ancestors-or-self and its
+    depth (how many they are)."""
 
-    def __init__(self, parents: tuple[int, ...], device: torch.device):
-        self.size = len(parents)
-        self.parent_rows = torch.tensor([p + 1 for p in parents], dtype=torch.long).to(device)  # [N]
-        self.parents = torch.tensor(parents, dtype=torch.long).to(device)  # [N]
-        self.depths = torch.tensor(depths_of(parents)[1:], dtype=torch.long).to(device)  # [N]
-        self.lineage = ancestry_of(parents)[1:, 1:].to(device)  # [N, N]: node j is node i's ancestor or itself
-        self.depth = max(depths_of(parents))
+    def __init__(self, parents: torch.Tensor):
+        self.size = parents.shape[1]
+        self.parents = parents  # [B, N]
+        self.real = parents >= -1  # [B, N]: padding nodes (NO_NODE) are never accepted
+        self.parent_rows = (parents + 1).clamp_min(0)  # [B, N] (a padding node's: row 0, its verdict masked)
+        self.lineage = lineage(parents)  # [B, N, N]: node j is node i's ancestor or itself
+        self.depths = self.lineage.sum(-1)  # [B, N]
+
+    def deepest(self, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ok [B, N] -> (nodes accepted [B], the deepest node [B]) of the deepest real node whose
+        every ancestor-or-self is ok (any node, with 0 accepted, where none is)."""
+        whole = ~(self.lineage & ~(ok & self.real)[:, None, :]).any(2)  # [B, N]
+        return torch.where(whole, self.depths, 0).max(1)
 
     def path_rows(self, node: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """Block rows [N + 1] of the path to `node` (0-d), depth first, -1 after `count` rows."""
-        on_path = self.lineage[node] & (count > 0)
-        order = torch.where(on_path, self.depths, self.size + 1).argsort()  # path nodes first, by depth
-        rows = torch.where(torch.arange(self.size, device=order.device) < count, order + 1, PAD)
-        return torch.cat([rows, rows.new_full((1,), PAD)])
+        """Block rows [B, N + 1] of the path to each row's `node` [B], depth first, -1 after
+        `count` [B] rows."""
+        on_path = self.lineage.gather(1, node[:, None, None].expand(-1, 1, self.size))[:, 0] & (count > 0)[:, None]
+        order = torch.where(on_path, self.depths, self.size + 1).argsort(1)  # path nodes first, by depth
+        columns = torch.arange(self.size, device=order.device)
+        rows = torch.where(columns[None] < count[:, None], order + 1, PAD)
+        return F.pad(rows, (0, 1), value=PAD)
 
 
-def tree_verdict(draft: DraftBatch, tree: TreeRows, path: torch.Tensor, count: torch.Tensor,
-                 next_token: torch.Tensor) -> Verdict:
-    """A one-row tree's verdict: path [N + 1] block rows, count 0-d accepted nodes."""
+def tree_verdict(draft: DraftBatch, tree: TreeRows, ok: torch.Tensor, top: torch.Tensor | None = None,
+                 pick=None) -> Verdict:
+    """A tree batch's verdict: each row keeps the path to its deepest real node whose whole
+    lineage is ok [B, N], then its next token: top [B, N + 1]'s at the block row after the path,
+    or pick(end rows [B]) -> [B]."""
+    count, node = tree.deepest(ok)
+    end = torch.where(count > 0, node + 1, 0)  # [B] the block row that predicts the next token
+    next_token = top.gather(1, end[:, None])[:, 0] if pick is None else pick(end)
+    path = tree.path_rows(node, count)  # [B, N + 1]
     nodes = (path - 1).clamp_min(0)
-    ids = torch.where(path >= 0, torch.cat([draft.tokens[0], draft.tokens.new_zeros(1)])[nodes], PAD)
-    ids = ids.scatter(0, count[None], next_token[None])
-    return Verdict(ids[None], count[None], draft.num_draft, path[None], None)
+    ids = torch.where(path >= 0, F.pad(draft.tokens, (0, 1)).gather(1, nodes), PAD)
+    ids = ids.scatter(1, count[:, None], next_token[:, None])
+    return Verdict(ids, count, draft.num_draft, path, None)

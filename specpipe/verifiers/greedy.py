@@ -20,7 +20,7 @@ class GreedyVerifier(Verifier):
         """A chain's verdict is `chain_tail`, the function a static step runs inside its graph,
         here over the exact block (no padding): one body for both."""
         if draft.tree is not None:
-            return _tree(draft, target_logits.argmax(-1)[0])  # [N + 1]: one argmax per block row
+            return _tree(draft, target_logits.argmax(-1))  # [B, N + 1]: one argmax per block row
         return self.verdict_of(chain_tail(target_logits, block_ids(draft), draft.num_draft), draft)
 
     def tail(self, draft: DraftBatch, rngs=None) -> Tail | None:
@@ -50,15 +50,11 @@ def chain_tail(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) ->
 
 
 def _tree(draft: DraftBatch, top: torch.Tensor) -> Verdict:
-    """top [N + 1]. A node is right when its token is its parent row's argmax; siblings differ,
-    so the nodes whose whole path is right form one path: keep its deepest node's."""
-    tree = TreeRows(draft.tree, top.device)
-    right = draft.tokens[0] == top[tree.parent_rows]  # [N]
-    whole = ~(tree.lineage & ~right[None]).any(1)  # [N] every node from the root to it is right
-    score = torch.where(whole, tree.depths, 0)
-    count, node = score.max(0)  # accepted nodes, and the deepest (any node when none: count = 0)
-    end = torch.where(count > 0, node + 1, 0)  # the block row that predicts the next token
-    return tree_verdict(draft, tree, tree.path_rows(node, count), count, top[end])
+    """top [B, N + 1]. A node is right when its token is its parent row's argmax; siblings
+    differ, so a row's nodes whose whole path is right form one path: keep its deepest node's."""
+    tree = TreeRows(draft.tree)
+    right = draft.tokens == top.gather(1, tree.parent_rows)  # [B, N]
+    return tree_verdict(draft, tree, right, top)
 
 
 def build(*, context) -> GreedyVerifier:

@@ -16,7 +16,7 @@ import torch
 from specpipe.drafts import DraftBatch
 from specpipe.errors import SpecpipeError
 from specpipe.sampling import RESAMPLE, RowRandom, SamplingParams, sample
-from specpipe.types import PAD, Verdict
+from specpipe.types import Verdict
 from specpipe.verifiers.base import TreeRows, Verifier, chain_verdict, drafted, leading, tree_verdict
 
 
@@ -37,7 +37,7 @@ class TypicalVerifier(Verifier):
     def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
         target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32 (a tree: one row per block row)
         if draft.tree is not None:
-            return self._tree(draft, target_probs[0], rngs[0])
+            return self._tree(draft, target_probs, rngs)
         width = draft.width
         token_p = target_probs[:, :width].gather(-1, draft.tokens[..., None])[..., 0]  # [B, W]
         num_accepted = leading((token_p > self.thresholds(target_probs[:, :width])) & drafted(draft))
@@ -46,23 +46,26 @@ class TypicalVerifier(Verifier):
         picks = torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])
         return chain_verdict(draft, num_accepted, picks)
 
-    def _tree(self, draft: DraftBatch, target_probs: torch.Tensor, rng: RowRandom) -> Verdict:
+    def _tree(self, draft: DraftBatch, target_probs: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
         """Descend from the last token, at each depth to the plausible child the target finds
-        most likely (Medusa), stopping where no child is plausible. target_probs [N + 1, V]."""
-        tree = TreeRows(draft.tree, target_probs.device)
-        node_p = target_probs[tree.parent_rows, draft.tokens[0]]  # [N] each node's token under its parent's row
-        plausible = node_p > self.thresholds(target_probs)[tree.parent_rows]  # [N]
-        at = torch.full((), -1, dtype=torch.long, device=target_probs.device)  # the node reached (-1: none)
-        count = torch.zeros((), dtype=torch.long, device=target_probs.device)
-        path = torch.full((tree.size + 1,), PAD, dtype=torch.long, device=target_probs.device)
-        for depth in range(tree.depth):
-            children = (tree.parents == at) & plausible
-            found = children.any() & (count == depth)  # still descending
-            best = torch.where(children, node_p, -1.0).argmax()
-            at = torch.where(found, best, at)
-            path[depth] = torch.where(found, best + 1, PAD)
-            count = count + found.long()
-        return tree_verdict(draft, tree, path, count, sample(target_probs[at + 1], rng(RESAMPLE, path.device)))
+        most likely (Medusa), stopping where no child is plausible: a node is chosen when it is
+        plausible and the likeliest of its plausible siblings (the first on ties), and each row
+        keeps the path to its deepest node chosen all the way down. target_probs [B, N + 1, V]."""
+        tree = TreeRows(draft.tree)
+        batch, n = draft.tokens.shape
+        vocab = target_probs.shape[-1]
+        flat = target_probs.reshape(batch, -1)  # [B, (N + 1)·V]
+        node_p = flat.gather(1, tree.parent_rows * vocab + draft.tokens)  # [B, N] each token under its parent's row
+        plausible = (node_p > self.thresholds(target_probs).gather(1, tree.parent_rows)) & tree.real  # [B, N]
+        siblings = (tree.parents[:, :, None] == tree.parents[:, None, :]) & plausible[:, None, :]  # [B, N, N]
+        best = torch.where(siblings, node_p[:, None, :], -1.0).argmax(2)  # [B, N] each node's likeliest sibling
+        chosen = plausible & (best == torch.arange(n, device=best.device))
+
+        def pick(end: torch.Tensor) -> torch.Tensor:
+            final = target_probs[torch.arange(batch, device=end.device), end]  # [B, V]
+            return torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])
+
+        return tree_verdict(draft, tree, chosen, pick=pick)
 
 
 def build(*, context, epsilon: float = 0.09, delta: float = 0.3) -> TypicalVerifier:
