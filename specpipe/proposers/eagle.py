@@ -16,8 +16,10 @@ goes through the same forwards (eagle_graph.py: one feed, then one forward a dep
 Tree mode is EAGLE-2's dynamic tree: expand the `top_k` best nodes of each depth by
 cumulative draft log-probability (each expansion is one head forward over top_k rows, with a
 tree mask on the head's cache), then rerank every node made and keep the best `nodes`.
-Since a child's score never exceeds its parent's, the kept set is a tree, and the expansion
-stops early once `nodes` nodes outscore the whole frontier (deeper nodes could not be kept).
+Since a child's score never exceeds its parent's, the kept set is a tree. Every drafting row
+is searched (one search a row, to its own γ), and the kept trees stay on the device, parents
+included: one tree batch, its rows padded to the most nodes (drafts.py). Every depth is
+expanded: stopping once `nodes` nodes outscore the frontier would need a read each depth.
 
 With `lookup` a step first tries a model-free draft and asks the head only where it finds
 none: `ngram` (prompt lookup, proposer=ngram's matcher) drafts what followed an earlier
