@@ -119,16 +119,15 @@ def engine_model(name: str) -> str:
     return str(path.resolve()) if path.exists() else name
 
 
-def batch_refusal(*, target_engine: str | None = None, tree: bool = False, translated: bool = False,
+def batch_refusal(*, target_engine: str | None = None, translated: bool = False,
                   draft_engine: str | None = None) -> str | None:
     """Why a batch runs one sequence at a time, or None (it batches): the one rule, which
     `specpipe check` applies to a config before anything loads and the decode loop to the built
     parts. target_engine / draft_engine: the engine a model runs on where it has no batch rows
-    (None: it has); tree: the proposer drafts trees; translated: its drafts are re-tokenised."""
+    (None: it has); translated: its drafts are re-tokenised. Trees batch: each row's
+    parents are its own (drafts.py)."""
     if target_engine is not None:
         return f"the target runs on the {target_engine} engine, which has no batch rows (engine=native has)"
-    if tree:
-        return "a tree draft's mask differs per row, which the batched forward does not take yet"
     if translated:
         return "a draft with another tokenizer re-tokenises each sequence's text on its own"
     if draft_engine is not None:

@@ -28,7 +28,7 @@ from specpipe.checks.result import refuse_if_any
 from specpipe.config import compose
 from specpipe.decode.syncs import capture_hazards, host_reads
 from specpipe.drafts import DraftBatch
-from specpipe.errors import SpecpipeError
+from specpipe.errors import Refusal, SpecpipeError
 from specpipe.sampling import RowRandom, SamplingParams
 from specpipe.verifiers import block
 from specpipe.verifiers.block import BlockVerifier
@@ -376,7 +376,7 @@ def sampling_check(overrides: list[str]):
 def test_trees_are_refused_with_the_reason():
     """A tree draft is refused by the verifier and, before anything loads, by the checks."""
     draft = DraftBatch(torch.tensor([[3, 4, 5]]), torch.tensor([2]), (2,), tree=torch.tensor([[-1, -1, 0]]))
-    with pytest.raises(SpecpipeError, match="verifier=block verifies chains only"):
+    with pytest.raises(SpecpipeError, match="verifier=block verifies one chain") as raised:
         BlockVerifier(SAMPLING[1.0]).verify(draft, torch.zeros(1, 4, V), [RowRandom(0)])
     from pathlib import Path
 
@@ -386,6 +386,7 @@ def test_trees_are_refused_with_the_reason():
     assert check.status == "refuse" and "one draft chain" in check.why
     with pytest.raises(SpecpipeError, match="verifier=block verifies one chain"):
         refuse_if_any([check])
+    assert str(raised.value) == str(Refusal(check.why, check.fix))  # one rule: the step says what the check says
     chain = sampling_check([f"recipe={recipe}", "verifier=block", "temperature=0.7"])
     assert chain.status == "ok" and "verifier=block honours temperature=0.7" in chain.why
     suffix = sampling_check(["model=smollm2-135m", "proposer=suffix", "verifier=block", "temperature=0.7"])

@@ -88,3 +88,17 @@ def test_a_twin_on_llamacpp_without_its_gguf_is_refused_in_the_same_words():
     message = raised(lambda: build(context=SimpleNamespace(engine="llamacpp")))
     assert message == reported(rows[0]) == str(twin_refusal(None))
     assert twin_refusal("twin.Q2_K.gguf") is None
+
+
+def test_greedy_at_a_temperature_is_refused_in_the_same_words():
+    from omegaconf import OmegaConf
+
+    from specpipe.checks.proposer import check_sampling
+    from specpipe.sampling import SamplingParams
+    from specpipe.verifiers.greedy import build, temperature_refusal
+
+    settings = SimpleNamespace(temperature=0.8, tree_option=False)
+    row = check_sampling(OmegaConf.create({"verifier": {"_target_": "specpipe.verifiers.greedy.build"}}), settings)
+    message = raised(lambda: build(context=SimpleNamespace(sampling=SamplingParams(temperature=0.8))))
+    assert message == reported(row) == str(temperature_refusal(0.8))
+    assert temperature_refusal(0.0) is None

@@ -11,6 +11,8 @@ from specpipe.components import call_target
 from specpipe.declaration import batch_refusal
 from specpipe.errors import SpecpipeError
 from specpipe.settings import Settings
+from specpipe.verifiers.greedy import temperature_refusal
+from specpipe.verifiers.rejection import CHAINS_ONLY, tree_refusal
 
 
 def check_proposer(s: Settings) -> Check:
@@ -33,27 +35,13 @@ def check_proposer(s: Settings) -> Check:
     return Check("proposer", "ok", f"{d.name}: " + "; ".join(parts))
 
 
-# the verifiers that take one chain, and why a tree cannot be verified by them
-CHAINS_ONLY = {
-    "rejection": "verifier=rejection verifies chains, and proposer.tree drafts a tree",
-    "block": "verifier=block verifies one chain, and proposer.tree drafts a tree: block verification keeps the "
-             "longest prefix of a single drafted chain, weighing each prefix by its joint target/draft probability "
-             "ratio and drawing the next token from a residual of that chain's draft distribution; a tree offers "
-             "several siblings at each depth, picked by top-k rather than sampled, so no single draft "
-             "distribution weighs them and the target's distribution would not be kept (the paper's guarantee is "
-             "for one draft chain; verifying several paths losslessly is another algorithm)",
-}
-
-
 def check_sampling(cfg: DictConfig, s: Settings) -> Check:
     """cfg: for the verifier it names."""
     name = kind_of(cfg.verifier)
-    if name == "greedy" and s.temperature > 0:
-        return Check("sampling", "refuse", f"verifier=greedy cannot honour temperature={s.temperature}",
-                     "use verifier=rejection, or temperature=0")
-    if name in CHAINS_ONLY and s.tree_option:
-        return Check("sampling", "refuse", CHAINS_ONLY[name],
-                     "use proposer.tree=null, or verifier=greedy / verifier=typical with the tree")
+    refusal = temperature_refusal(s.temperature) if name == "greedy" else None
+    refusal = refusal or (tree_refusal(name) if s.tree_option else None)
+    if refusal is not None:
+        return Check.refused("sampling", refusal)
     if name == "typical":
         return Check("sampling", "warn", "verifier=typical is LOSSY: with temperature > 0 the output is not "
                      "distributed as the target's (at temperature 0 it keeps the target's argmax tokens)",
@@ -143,12 +131,11 @@ def check_batch(s: Settings, translated: bool = False) -> Check:
     except SpecpipeError as err:
         return Check("batch", "refuse", str(err).rstrip("."), "fix batch_schedule=")
     kind, size = s.proposer, s.rows
-    reason = batch_refusal(target_engine="hf" if s.engine == "hf" else None, tree=s.tree_option,
-                           translated=translated, draft_engine="hf" if s.draft.engine == "hf" else None)
+    reason = batch_refusal(target_engine="hf" if s.engine == "hf" else None, translated=translated, draft_engine="hf" if s.draft.engine == "hf" else None)
     plan = f"; batch_schedule {schedule} (γ per batch size)" if schedule else ""
     if reason is not None:
         return Check("batch", "warn" if size > 1 else "ok", f"one sequence at a time: {reason}{plan}",
-                     "use engine=native (auto), and a chain (proposer.tree=null) to batch" if size > 1 else "")
+                     "use engine=native (auto) to batch" if size > 1 else "")
     return Check("batch", "ok", f"{kind} batches: {size} sequence(s) per forward, each with its own KV cache row "
                  f"and acceptance{plan}")
 

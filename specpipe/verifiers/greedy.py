@@ -10,7 +10,7 @@ import torch
 
 from specpipe.drafts import DraftBatch
 from specpipe.engine.base import Tail
-from specpipe.errors import SpecpipeError
+from specpipe.errors import Refusal, refuse
 from specpipe.types import PAD, Verdict
 from specpipe.verifiers.base import TreeRows, Verifier, block_ids, leading, tree_verdict
 
@@ -58,9 +58,13 @@ def _tree(draft: DraftBatch, top: torch.Tensor) -> Verdict:
 
 
 def build(*, context) -> GreedyVerifier:
-    if not context.sampling.greedy:
-        raise SpecpipeError(
-            f"verifier=greedy cannot honour temperature={context.sampling.temperature}: it keeps "
-            "only argmax tokens. Use verifier=rejection to sample losslessly, or temperature=0."
-        )
+    refuse(temperature_refusal(context.sampling.temperature))
     return GreedyVerifier()
+
+
+def temperature_refusal(temperature: float) -> Refusal | None:
+    """verifier=greedy at `temperature` (None: 0, what it honours)."""
+    if temperature <= 0:
+        return None
+    return Refusal(f"verifier=greedy cannot honour temperature={temperature}: it keeps only argmax tokens",
+                   "use verifier=rejection to sample losslessly, or temperature=0")

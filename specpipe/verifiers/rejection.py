@@ -20,7 +20,7 @@ import torch
 
 from specpipe.drafts import DraftBatch
 from specpipe.engine.base import Tail, TailInputs
-from specpipe.errors import SpecpipeError
+from specpipe.errors import Refusal, refuse
 from specpipe.sampling import ACCEPT, RESAMPLE, RowRandom, SamplingParams, race, race_draws
 from specpipe.types import PAD, Verdict
 from specpipe.verifiers.base import Verifier, block_ids, leading
@@ -133,10 +133,29 @@ def _uniforms_into(row: torch.Tensor, gamma: int, generator: torch.Generator) ->
         row.copy_(torch.rand(gamma, generator=generator, device=row.device)[: row.shape[0]])
 
 
+# the verifiers that take one chain, and why a tree cannot be verified by them
+CHAINS_ONLY = {
+    "rejection": "verifier=rejection verifies chains, and proposer.tree drafts a tree",
+    "block": "verifier=block verifies one chain, and proposer.tree drafts a tree: block verification keeps the "
+             "longest prefix of a single drafted chain, weighing each prefix by its joint target/draft probability "
+             "ratio and drawing the next token from a residual of that chain's draft distribution; a tree offers "
+             "several siblings at each depth, picked by top-k rather than sampled, so no single draft "
+             "distribution weighs them and the target's distribution would not be kept (the paper's guarantee is "
+             "for one draft chain; verifying several paths losslessly is another algorithm)",
+}
+
+
+def tree_refusal(name: str) -> Refusal | None:
+    """verifier=`name` given a tree draft (None: it verifies trees). `specpipe check` reports it
+    where a config asks for a tree; a step raises it should a tree reach the verifier anyway."""
+    if name not in CHAINS_ONLY:
+        return None
+    return Refusal(CHAINS_ONLY[name], "use proposer.tree=null, or verifier=greedy / verifier=typical with the tree")
+
+
 def _chains_only(draft: DraftBatch, name: str) -> None:
     if draft.tree is not None:
-        raise SpecpipeError(f"verifier={name} verifies chains only: set proposer.tree=null, or use "
-                            "verifier=greedy (temperature=0) or verifier=typical with a tree.")
+        refuse(tree_refusal(name))
 
 
 def draft_dist(tokens: torch.Tensor, probs: torch.Tensor | None, at: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
