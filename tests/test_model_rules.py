@@ -102,3 +102,14 @@ def test_greedy_at_a_temperature_is_refused_in_the_same_words():
     message = raised(lambda: build(context=SimpleNamespace(sampling=SamplingParams(temperature=0.8))))
     assert message == reported(row) == str(temperature_refusal(0.8))
     assert temperature_refusal(0.0) is None
+
+
+def test_a_gpu_eager_tree_is_reported_within_tolerance():
+    """A GPU's eager step verifies a tree through its mask in one call (no read of the parents):
+    check says tolerance there; the CPU reads the parents for free and keeps rows exact."""
+    from specpipe.checks.target import _guarantee
+
+    tree = _guarantee("bf16", "cuda", False, "exact", trees=True)
+    assert tree.why.startswith("tolerance (bf16, eager, tree drafts)") and "proposer.tree=null" in tree.fix
+    assert _guarantee("bf16", "cuda", False, "exact").why.startswith("bf16: every row of a verify block is bitwise")
+    assert "bitwise" in _guarantee("fp16", "cpu", False, "exact", trees=True).why
