@@ -159,7 +159,7 @@ def test_bad_trees_and_rejection_with_a_tree_are_refused():
         check_tree([[1], [0, 1]], num_heads=4)  # [0] missing
     with pytest.raises(SpecpipeError, match="at most 2 long"):
         check_tree([[0], [0, 0], [0, 0, 0]], num_heads=2)
-    with pytest.raises(SpecpipeError, match="chains only"):
+    with pytest.raises(SpecpipeError, match="verifier=rejection verifies chains, and proposer.tree drafts a tree"):
         RejectionVerifier(SamplingParams(temperature=1.0)).verify_row(hand_tree(), torch.zeros(6, 64))
 
 
