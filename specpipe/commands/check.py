@@ -6,7 +6,6 @@ Exits 2 when a check refuses the configuration, 0 otherwise.
 from __future__ import annotations
 
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.table import Table
 
 from specpipe.build import config_checks
