@@ -27,6 +27,7 @@ from specpipe.verifiers.rejection import RejectionVerifier
 from test_eagle import copy_head, random_head
 from test_medusa import random_heads
 from test_rejection import NeighbourLogits, chi_square
+from stepping import stepped
 
 GREEDY = SamplingParams()
 EOS = 1
@@ -157,7 +158,7 @@ def test_cost_controller_turns_speculation_off_where_the_batch_makes_it_dear():
     def step(batch: int, gamma: int, accepted: int) -> None:
         verify = 0.020 * (1 + 0.02 * gamma) if batch == 1 else 0.060 * (gamma + 1)
         verdicts = [RowVerdict(accepted, 0, gamma, (0,) * accepted)] * batch
-        controller.update(list(range(len(verdicts))), verdicts, StepTiming(0.001 * gamma, verify), batch)
+        stepped(controller, list(range(len(verdicts))), verdicts, StepTiming(0.001 * gamma, verify), batch)
 
     for _ in range(12):
         for gamma in (1, 2, 4):

@@ -11,13 +11,14 @@ from specpipe.controllers.fixed import FixedGamma
 from specpipe.controllers.heuristic import HeuristicGamma
 from specpipe.errors import SpecpipeError
 from specpipe.types import RowVerdict, StepTiming
+from stepping import stepped
 
 
 def step(controller, accepted: int, propose_s: float = 0.01, verify_s: float = 0.1, confidence=()):
     """Feed one verdict of the controller's own γ with `accepted` tokens kept."""
     gamma = controller.gamma()
     verdict = RowVerdict(min(accepted, gamma), 0, gamma, confidence=tuple(confidence))
-    controller.update([0], [verdict], StepTiming(propose_s * gamma, verify_s), 1)
+    stepped(controller, [0], [verdict], StepTiming(propose_s * gamma, verify_s), 1)
     return controller.gamma()
 
 
@@ -80,9 +81,9 @@ def test_cost_learns_no_cost_from_a_step_that_captured_a_graph():
     """A CUDA graph's capture (`setup_s`) makes one step of each new block size dear, once: its
     time is not a block's cost, so it is no sample (one would be the only sample of its size)."""
     c = CostModelGamma(4, gamma_min=0, gamma_max=8)
-    c.update([0], [RowVerdict(4, 0, 4)], StepTiming(0.0004, 2.1, setup_s=2.0), 1)  # the 5-token block's capture
+    stepped(c, [0], [RowVerdict(4, 0, 4)], StepTiming(0.0004, 2.1, setup_s=2.0), 1)  # the 5-token block's capture
     assert c.verify_at() == {} and c.propose_per_token() is None
-    c.update([0], [RowVerdict(4, 0, 4)], StepTiming(0.0004, 0.1), 1)
+    stepped(c, [0], [RowVerdict(4, 0, 4)], StepTiming(0.0004, 0.1), 1)
     assert c.verify_at() == {5: pytest.approx(0.1)}
 
 
@@ -98,7 +99,7 @@ def test_cost_forgets_stale_verify_costs_of_block_sizes_it_stopped_trying():
     def history(c: CostModelGamma) -> CostModelGamma:
         for gamma, verify_s, steps in ((5, 0.5, 10), (1, 0.1, 20), (2, 0.11, 20)):  # slow 6-token blocks, then short ones
             for _ in range(steps):
-                c.update([0], [RowVerdict(gamma, 0, gamma)], StepTiming(0.0001 * gamma, verify_s), 1)
+                stepped(c, [0], [RowVerdict(gamma, 0, gamma)], StepTiming(0.0001 * gamma, verify_s), 1)
         return c
 
     c = history(CostModelGamma(4, gamma_min=0, gamma_max=8, memory=32))
@@ -115,8 +116,8 @@ def test_the_guard_and_the_cost_model_read_one_record_of_the_steps():
     inner = CostModelGamma(3, gamma_min=0, gamma_max=6, probe_every=1000)
     guard = Guard(inner)
     assert guard.meter is inner.meter
-    guard.update([0], [RowVerdict(0, 0, 0)], StepTiming(0.0, 0.05), 1)  # a plain step
-    guard.update([0], [RowVerdict(2, 0, 3)], StepTiming(0.03, 0.1), 1)
+    stepped(guard, [0], [RowVerdict(0, 0, 0)], StepTiming(0.0, 0.05), 1)  # a plain step
+    stepped(guard, [0], [RowVerdict(2, 0, 3)], StepTiming(0.03, 0.1), 1)
     assert guard.meter.steps == 2
     assert guard.plain_cost(1) == pytest.approx(0.05) and inner.verify_at() == pytest.approx({1: 0.05, 4: 0.1})
     assert inner.propose_per_token() == pytest.approx(0.01)

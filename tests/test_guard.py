@@ -23,6 +23,7 @@ from specpipe.sampling import SamplingParams
 from specpipe.types import RowVerdict, StepTiming
 from specpipe.verifiers.greedy import GreedyVerifier
 from specpipe.verifiers.rejection import RejectionVerifier
+from stepping import stepped
 
 PLAIN_S = 0.010  # a plain step
 
@@ -35,7 +36,7 @@ def run(guard: Guard, steps: int, accepted, cost, slots=(0,)) -> list[list[int]]
         gamma = guard.gamma(len(slots))
         given = [guard.row_gamma(slot, gamma) for slot in slots]
         verdicts = [RowVerdict(min(accepted(slot, g), g), 0, g) for slot, g in zip(slots, given)]
-        guard.update(list(slots), verdicts, StepTiming(0.0, cost(1 + max(given))), len(slots))
+        stepped(guard, list(slots), verdicts, StepTiming(0.0, cost(1 + max(given))), len(slots))
         trace.append(given)
     return trace
 
@@ -71,8 +72,8 @@ def test_steps_that_drafted_nothing_are_not_judged_and_measure_the_plain_cost():
         gamma = guard.row_gamma(0, guard.gamma(1))
         drafted = gamma if step % 3 == 0 else 0
         slow = 1.5 if gamma > drafted == 0 else 1.0  # a miss costs its lookup on top of a plain step
-        guard.update([0], [RowVerdict(min(drafted, 1), 0, drafted)],
-                          StepTiming(0.0, slow * cheap(1 + drafted)), 1)
+        stepped(guard, [0], [RowVerdict(min(drafted, 1), 0, drafted)],
+                StepTiming(0.0, slow * cheap(1 + drafted)), 1)
         assert not guard.paused(0)  # judged with the misses, the request would yield 4 tokens in 4.2 plain steps
     assert guard.plain_cost(1) == pytest.approx(1.5 * PLAIN_S)  # the misses are the plain samples
 
@@ -86,7 +87,7 @@ def test_where_plain_steps_are_queued_ahead_a_plain_step_costs_its_own_time():
         guard.overlapped = overlapped
         guard.admit(0)
         for _ in range(3):
-            guard.update([0], [RowVerdict(0, 0, 0)], StepTiming(0.0, PLAIN_S, host_s=0.5 * PLAIN_S), 1)
+            stepped(guard, [0], [RowVerdict(0, 0, 0)], StepTiming(0.0, PLAIN_S, host_s=0.5 * PLAIN_S), 1)
         assert guard.plain_cost(1) == pytest.approx(plain_s)
 
 
@@ -100,8 +101,8 @@ def lookups(guard: Guard, steps: int, hit, host: float) -> list[int]:
         gamma = guard.row_gamma(0, guard.gamma(1))
         drafted = gamma if gamma and hit(step) else 0
         host_s = host * PLAIN_S if gamma else 0.0  # a held step is queued before the last is read
-        guard.update([0], [RowVerdict(min(drafted, 2), 0, drafted)],
-                          StepTiming(0.0, cheap(1 + drafted), host_s=host_s), 1)
+        stepped(guard, [0], [RowVerdict(min(drafted, 2), 0, drafted)],
+                StepTiming(0.0, cheap(1 + drafted), host_s=host_s), 1)
         trace.append((gamma, guard.holds([0], 1)))
     return trace
 
@@ -151,7 +152,7 @@ def test_a_step_that_captured_a_graph_is_not_judged_and_its_probe_is_repeated():
         gamma = guard.row_gamma(0, guard.gamma(1))
         captured = step in (0, 5)  # the first probe's shapes, a draft's first γ
         timing = StepTiming(0.0, cheap(1 + gamma) + (setup if captured else 0.0), setup_s=setup if captured else 0.0)
-        guard.update([0], [RowVerdict(min(2, gamma), 0, gamma)], timing, 1)
+        stepped(guard, [0], [RowVerdict(min(2, gamma), 0, gamma)], timing, 1)
         trace.append(gamma)
     assert trace[:2] == [0, 0]  # the first probe captured: probed again
     assert guard.plain_cost(1) == pytest.approx(PLAIN_S)
@@ -334,14 +335,14 @@ def test_a_draft_caches_fill_is_the_trials_price_not_each_steps():
         gamma = guard.row_gamma(0, guard.gamma(1))
         fill = 20 * PLAIN_S if gamma and first else 0.0  # a prompt's fill: 20 plain steps' worth
         first = first and not gamma
-        guard.update([0], [RowVerdict(min(2, gamma), 0, gamma)], StepTiming(0.0, cheap(1 + gamma), fill), 1)
+        stepped(guard, [0], [RowVerdict(min(2, gamma), 0, gamma)], StepTiming(0.0, cheap(1 + gamma), fill), 1)
     assert not guard.paused(0)  # 3 tokens a step at 1.2 plain steps: it pays, the fill apart
     bad = Guard(FixedGamma(4))
     bad.admit(0)
     run(bad, 3, lambda slot, g: 0, dear)  # paused by the loss rule after its first steps
     for _ in range(40):
         gamma = bad.row_gamma(0, bad.gamma(1))
-        bad.update([0], [RowVerdict(0, 0, gamma)], StepTiming(0.0, dear(1 + gamma), 20 * PLAIN_S if gamma else 0.0), 1)
+        stepped(bad, [0], [RowVerdict(0, 0, gamma)], StepTiming(0.0, dear(1 + gamma), 20 * PLAIN_S if gamma else 0.0), 1)
         if gamma:
             break
     assert bad.paused(0) and bad._rows[0].wait >= 20 / bad.explore  # the trial's fill sets its wait

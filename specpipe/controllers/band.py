@@ -23,7 +23,7 @@ class BandGamma(Controller):
         self.gamma_low, self.gamma_high = self.clamp(gamma_low), self.clamp(gamma_high)
         self._window: deque[tuple[int, int]] = deque(maxlen=window)  # (accepted, drafted)
 
-    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         for verdict in verdicts:  # each row's step, in turn
             self._learn(verdict)
 

@@ -3,12 +3,12 @@ batch)` after it (one call a step, every speculating row's verdict), `stop_below
 and per batch row `admit(slot)` and `row_gamma(slot, gamma)` (by default a row takes the batch's
 γ: the guard, controllers/guard.py, overrides them).
 
-`update` records the step's cost in the controller's `StepMeter` (controllers/meter.py), once,
-then the controller learns from it (`learn`, what each controller writes); a controller that
-wraps another shares its meter and calls the inner one's `learn`, so the steps are timed once
-whatever reads them. What a controller knows of the pipeline comes at construction (keyword
-arguments, from the build's context: `settings`): its `schedule`, and whether plain steps are
-queued ahead of the host (`overlapped`, the meter's), not written into it later.
+What the steps cost is kept in one `StepMeter` (controllers/meter.py): the decode step records
+each step in it (decode/step.py, step 7) before it calls `update`, and every controller reads
+it, the guard and the controller it wraps the same one, so the steps are timed once whatever
+reads them. What a controller knows of the pipeline comes at construction (keyword arguments,
+from the build's context: `settings`): its `schedule`, and whether plain steps are queued ahead
+of the host (`overlapped`, the meter's), not written into it later.
 
 γ logic lives here and only here, never inside a proposer. Every controller is bounded by
 `gamma_min` / `gamma_max`; only a controller that can tell speculation does not pay (the cost
@@ -73,14 +73,9 @@ class Controller:
         return self._gamma
 
     def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
-        """The step just taken: the verdicts of the rows that speculated in it (batch rows
-        `slots`), the step's shared timing and its batch size. Its cost goes to the meter (the
-        widest draft verified: the block every row's forward was), then the controller learns."""
-        self.meter.record(timing, batch, max((verdict.gamma for verdict in verdicts), default=0))
-        self.learn(slots, verdicts, timing, batch)
-
-    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
-        """Learn from the step `update` was given, its cost in the meter already (default: nothing)."""
+        """Learn from the step just taken: the verdicts of the rows that speculated in it (batch
+        rows `slots`), the step's shared timing and its batch size; its cost is in the meter
+        already (`record`). Default: nothing to learn."""
 
     def admit(self, slot: int) -> None:
         """A new request took batch row `slot` (default: nothing to forget)."""
@@ -102,6 +97,12 @@ class Controller:
         (0.0: it never stops early). A threshold, not a yes/no, so drafters on a GPU apply it as
         a mask without reading their confidence back."""
         return 0.0
+
+
+def record(meter: StepMeter, verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    """A step's cost into the meter, before any controller learns from it: the widest draft
+    verified is the block every row's forward was."""
+    meter.record(timing, batch, max((verdict.gamma for verdict in verdicts), default=0))
 
 
 def settings(context) -> dict:

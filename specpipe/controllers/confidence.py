@@ -23,7 +23,7 @@ class ConfidenceGamma(Controller):
     def stop_below(self, position: int) -> float:
         return self.threshold if position + 1 >= self.gamma_min else 0.0
 
-    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         for verdict in verdicts:  # each row's step, in turn
             self._learn(verdict)
 

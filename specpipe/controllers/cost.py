@@ -82,7 +82,7 @@ class CostModelGamma(Controller):
         """The best γ (or a probe) at the last step's batch size; at another, the best estimate there."""
         return self._next if batch == self._last_batch else self._pick(batch)
 
-    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         gamma = max(v.gamma for v in verdicts)  # the step's block was γ + 1 wide for every row (the meter has its cost)
         for verdict in verdicts:
             self._observe_acceptance(verdict, gamma if batch > 1 else None)

@@ -147,7 +147,7 @@ class Guard(Controller):
         row = self._rows.get(slot)
         return (row is not None and row.paused) or self._hold_batch
 
-    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         self._steps += 1
         self._rows = {slot: row for slot, row in self._rows.items() if slot in slots}  # finished requests' rows go
         if timing.setup_s and self._probe_plain:  # a probe that captured a graph measured nothing: again next step
@@ -177,8 +177,8 @@ class Guard(Controller):
         if batch > 1 and plain is not None:
             self._judge_batch(batch, verdicts, given, cost, timing.fill_s / plain)
         speculated = [v for v, g in zip(verdicts, given) if g > 0]
-        self.inner.learn([s for s, g in zip(slots, given) if g > 0] if speculated else slots,
-                         speculated or verdicts, timing, batch)  # the meter has the step already
+        self.inner.update([s for s, g in zip(slots, given) if g > 0] if speculated else slots,
+                          speculated or verdicts, timing, batch)  # the meter has the step already
 
     def _judge_batch(self, batch: int, verdicts: list[RowVerdict], given: list[int], cost: float,
                      filled: float) -> None:

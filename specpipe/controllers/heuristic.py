@@ -8,7 +8,7 @@ from specpipe.types import RowVerdict, StepTiming
 
 
 class HeuristicGamma(Controller):
-    def learn(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
+    def update(self, slots: list[int], verdicts: list[RowVerdict], timing: StepTiming, batch: int) -> None:
         for verdict in verdicts:  # each row's step, in turn
             self._learn(verdict)
 

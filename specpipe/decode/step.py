@@ -10,7 +10,7 @@ launch: everything queued on the device, nothing read
 settle: the host
   5. host = launched.copy.rows()                    the step's ONE device-to-host copy
   6. runner.commit / proposer.commit                each row keeps what it accepted (host ints for shapes)
-  7. controller.update, stop rules, stats
+  7. meter.record, controller.update, stop rules, stats
   8. text and events                                decode/loop.py, overlapped with the next step where it can
 A free slot below a busy one rides along as one padding token (rows[slot] is None).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specpipe.controllers.base import record
 from specpipe.decode.inputs import block, empty_draft
 from specpipe.decode.parts import IDLE, Parts
 from specpipe.decode.request import Row
@@ -99,8 +100,10 @@ def settle(parts: Parts, launched: Launched, now) -> tuple[list[Kept], StepTimin
     if parts.proposer is not None:
         parts.proposer.commit(launched.verdict, host, launched.out)
         slots = [slot for slot, row in launched.busy if row.speculative]
-        if slots:  # 7. (every row may have opted out of speculation)
-            parts.controller.update(slots, [host[slot] for slot in slots], timing, len(launched.busy))
+        if slots:  # 7. the step's cost to the meter, then the controller learns (every row may have opted out)
+            verdicts = [host[slot] for slot in slots]
+            record(parts.controller.meter, verdicts, timing, len(launched.busy))
+            parts.controller.update(slots, verdicts, timing, len(launched.busy))
     live = [(slot, row) for slot, row in launched.busy if not row.done]  # a row stopped before: dropped
     return [keep(slot, row, host[slot], timing, now()) for slot, row in live], timing
 
