@@ -1,6 +1,7 @@
 """Rules outside the engine (the target's early exit, adapters, its precision's kernel, a GPU's
-precisions; a twin on llama.cpp) are one function each in the module they concern: `specpipe
-check` reports its refusal and the code that loads the model raises it, in the same words."""
+precisions; a twin or layer features on llama.cpp) are one function each in the module they
+concern: `specpipe check` reports its refusal and the code that loads the model raises it, in
+the same words."""
 
 from __future__ import annotations
 
@@ -88,6 +89,22 @@ def test_a_twin_on_llamacpp_without_its_gguf_is_refused_in_the_same_words():
     message = raised(lambda: build(context=SimpleNamespace(engine="llamacpp")))
     assert message == reported(rows[0]) == str(twin_refusal(None))
     assert twin_refusal("twin.Q2_K.gguf") is None
+
+
+def test_layer_features_on_llamacpp_are_refused_in_the_same_words():
+    """EAGLE-3 reads several target layers; llama.cpp hands over the final norm's output only:
+    `check` refuses the proposer, and the runner, asked for a layer anyway, raises the same rule."""
+    from omegaconf import OmegaConf
+
+    from specpipe.checks.llamacpp import _proposer
+    from specpipe.engine.llamacpp import hidden_refusal
+
+    settings = SimpleNamespace(declaration=SimpleNamespace(hidden="layers", draft_model=None), proposer="eagle3",
+                               draft=SimpleNamespace(model=None, precision=None), tree_option=False, tree_auto=False)
+    rows = _proposer(OmegaConf.create({"proposer": {"name": "eagle3"}}), settings)
+    assert reported(rows[0]) == str(hidden_refusal(True, "proposer=eagle3"))
+    assert "final norm's output" in rows[0].why and "engine=native" in rows[0].fix
+    assert hidden_refusal(False) is None
 
 
 def test_greedy_at_a_temperature_is_refused_in_the_same_words():

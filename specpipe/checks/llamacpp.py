@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from specpipe.checks.identity import kind_of
 from specpipe.checks.result import Check
-from specpipe.engine.llamacpp import twin_refusal
+from specpipe.engine.llamacpp import hidden_refusal, twin_refusal
 from specpipe.errors import SpecpipeError
 from specpipe.settings import Settings
 
@@ -105,10 +105,9 @@ def _precision(s: Settings, gguf: Path | None) -> Check:
 
 def _proposer(cfg: DictConfig, s: Settings) -> list[Check]:
     d, kind = s.declaration, s.proposer
-    if d.hidden == "layers":
-        return [Check("proposer", "refuse", f"proposer={kind} reads hidden states of several target layers, and "
-                      "llama.cpp hands over only the final norm's output", "use proposer=eagle, medusa, ngram, "
-                      "suffix or draft, or engine=native")]
+    refusal = hidden_refusal(d.hidden == "layers", f"proposer={kind}")
+    if refusal is not None:
+        return [Check.refused("proposer", refusal)]
     checks = []
     refusal = twin_refusal(cfg.proposer.get("gguf")) if kind == "twin" else None
     if refusal is not None:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from specpipe.engine.base import FINAL, KERNELS, Memory, Runner, Split, Tail, TargetOutput, joined
-from specpipe.errors import Refusal, SpecpipeError
+from specpipe.errors import Refusal, SpecpipeError, refuse
 
 CELLS = 256  # llama.cpp pads a context to whole blocks of this many cells
 PROBE_TOKENS = 64  # the largest evaluation probe_exact measures (a batch's rows × tokens a row count)
@@ -46,6 +46,22 @@ def twin_refusal(gguf: str | None) -> Refusal | None:
     return Refusal("proposer=twin on engine=llamacpp drafts with a lower-bit GGUF of the target, and none was given",
                    "pass proposer.gguf=FILE.gguf (e.g. a Q2_K copy made with llama.cpp's quantize tool), or use "
                    "proposer=ngram or suffix")
+
+
+def hidden_refusal(reads_layers: bool, proposer: str = "this proposer") -> Refusal | None:
+    """A proposer that reads hidden states of several target layers (EAGLE-3, DFlash) here:
+    llama.cpp hands over one hidden state, the final norm's output (its embeddings output)."""
+    if not reads_layers:
+        return None
+    return Refusal(f"{proposer} reads hidden states of several target layers, and llama.cpp hands over only the "
+                   "final norm's output", "use proposer=eagle, medusa, ngram, suffix or draft, or engine=native")
+
+
+def tree_refusal() -> Refusal:
+    """A tree draft given to this runner (proposers draft their best path here: `trees = False`)."""
+    return Refusal("engine=llamacpp evaluates chains, not tree drafts: llama.cpp masks attention by sequence id, and "
+                   "a tree's accepted path would have to move between sequences",
+                   "drop proposer.tree, or use engine=native")
 
 
 def library():
@@ -189,9 +205,7 @@ class LlamaCppRunner(Runner):
         states = {}
         for key in hidden:
             if key != FINAL:
-                raise SpecpipeError(f"engine=llamacpp exposes the final norm's output only (llama.cpp's embeddings "
-                                    f"output), not layer {key}; use a head that reads the final hidden state "
-                                    "(EAGLE, Medusa), or engine=native.")
+                refuse(hidden_refusal(True))
             pointer = self.lib.llama_get_embeddings(self.ctx)
             states[key] = torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(count, self.hidden_size)).copy())
         return torch.from_numpy(logits.copy()), states
@@ -212,8 +226,7 @@ class LlamaCppRunner(Runner):
     def forward(self, ids: torch.Tensor | Split, *, tree: tuple[int, ...] | None = None,
                 hidden: tuple[int, ...] = (), tail: Tail | None = None) -> TargetOutput:
         if tree is not None:
-            raise SpecpipeError("engine=llamacpp evaluates chains, not tree drafts (llama.cpp masks attention by "
-                                "sequence id). Drop proposer.tree, or use engine=native.")
+            refuse(tree_refusal())
         batch, n = ids.shape
         if batch * n > self.chunk:
             raise SpecpipeError(f"engine=llamacpp evaluates at most {self.chunk} tokens a step; this step has "
@@ -229,7 +242,7 @@ class LlamaCppRunner(Runner):
 
     def commit(self, kept: list[int], paths: list[tuple[int, ...]] | None = None) -> None:
         if paths and any(paths):
-            raise SpecpipeError("engine=llamacpp cannot keep a tree's path; drop proposer.tree or use engine=native.")
+            refuse(tree_refusal())
         for row, keep in enumerate(kept):
             self.crop(row, self.lengths[row] - self._block + keep)
 
