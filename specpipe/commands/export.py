@@ -24,6 +24,7 @@ from specpipe.config import compose
 from specpipe.errors import SpecpipeError
 from specpipe.export import sglang, vllm
 from specpipe.export.plan import plan_of
+from specpipe.settings import resolve
 from specpipe.markup import esc
 from specpipe.outputs import atomic_write, save_or_keep, writable_output
 
@@ -48,9 +49,10 @@ def run(args: list[str]) -> int:
     # else misleads
     cfg = compose(overrides, "generate")
     # what `specpipe check` refuses, export refuses: a composition that cannot run is not exported
-    checks = config_checks(cfg, fetch=False)
+    settings = resolve(cfg, fetch=False)  # resolved once: the checks and the plan read the same choices
+    checks = config_checks(cfg, settings)
     refuse_if_any(checks)
-    result = engine.export(plan_of(cfg, checks), version)  # refuses (exit 2) what it cannot export, writing nothing
+    result = engine.export(plan_of(cfg, settings, checks), version)  # refuses (exit 2) what it cannot export, writing nothing
     out = own.get("out")
     path = Path(out or "speculative_config.json")
     if args[0] == "vllm" or out:  # sglang writes nothing without out=

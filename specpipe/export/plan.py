@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe.checks.identity import declared, kind_of, lora_paths
+from specpipe.checks.identity import kind_of
 from specpipe.components import module_of
 from specpipe.controllers.base import check_schedule
 from specpipe.declaration import Declaration
@@ -23,6 +23,7 @@ from specpipe.declaration import engine_model
 from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
 from specpipe.recipe import load_recipe
+from specpipe.settings import Settings, resolve
 
 
 @dataclass
@@ -71,23 +72,25 @@ class ExportPlan:
         return [] if mapping is None or not settings else mapping(settings, version)
 
 
-def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
-    """checks: the config's `config_checks` (run here, without fetching models, when None)."""
-    if checks is None:
-        from specpipe.build import config_checks
+def plan_of(cfg: DictConfig, settings: Settings | None = None, checks: list | None = None) -> ExportPlan:
+    """settings: the config resolved (here, without fetching models, when None); checks: its
+    `config_checks` (run here when None). The plan reads the settings' choices (the proposer's
+    declaration, the schedule, the sampling, the adapters), the components' own options from cfg."""
+    from specpipe.build import config_checks  # the build sits above the export's plan
 
-        checks = config_checks(cfg, fetch=False)
-    declaration = declared(cfg)
+    settings = settings or resolve(cfg, fetch=False)
+    checks = config_checks(cfg, settings) if checks is None else checks
+    declaration = settings.declaration
     gamma, lost = _fixed_gamma(cfg, declaration.name)
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
     options.pop("_target_", None)
-    plan = ExportPlan(engine_model(cfg.model.name), declaration, gamma, options, warnings=[lost] if lost else [],
-                      batch_schedule=check_schedule(cfg.get("batch_schedule")), model=str(cfg.model.name),
+    plan = ExportPlan(engine_model(settings.model), declaration, gamma, options, warnings=[lost] if lost else [],
+                      batch_schedule=check_schedule(settings.batch_schedule), model=settings.model,
                       verification=getattr(module_of(cfg.verifier.get("_target_")), "EXPORT", {}))
     if plan.batch_schedule.get(1):  # what runs at batch 1 is the schedule's γ
         plan.gamma = plan.batch_schedule[1]
-    if cfg.model.name in zoo.ZOO:
-        plan.warnings.append(f"{cfg.model.name} is exported as {plan.target}, the original checkpoint of the "
+    if settings.model in zoo.ZOO:
+        plan.warnings.append(f"{settings.model} is exported as {plan.target}, the original checkpoint of the "
                              "zoo's 4-bit GGUF: the engine serves the original weights.")
     plan.translated = any(check.translated for check in checks)
     if declaration.draft_model == "target":
@@ -101,7 +104,7 @@ def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
         plan.heads = str(Path(cfg.proposer.heads).resolve())
     if declaration.tree != "never":
         plan.tree = options.get("tree") or None
-    if lora_paths(cfg):
+    if settings.lora:
         plan.warnings.append("model.lora is not exported: merge the adapter into the target (peft "
                              "merge_and_unload, save_pretrained) and serve the merged folder.")
     if cfg.get("guard", True) and declaration.name != "none":
@@ -109,7 +112,7 @@ def plan_of(cfg: DictConfig, checks: list | None = None) -> ExportPlan:
                              "engines: there every request speculates at the exported γ, and a batch schedule that "
                              "switches speculation off at large batches is the nearest setting (guard=false "
                              "exports without this note).")
-    if cfg.temperature > 0:
+    if settings.temperature > 0:
         plan.warnings.append("temperature, top_k and top_p are per-request settings in serving engines: send "
                              "them with each request (their rejection sampling keeps the distribution).")
     return plan
