@@ -24,8 +24,9 @@ name), values must be scalars or lists of scalars (the two mappings, `batch_sche
 `proposer.tree`, are checked apart), a `_target_` outside `specpipe.` is refused, no value may
 hold an interpolation (`${...}`: Hydra would resolve it, e.g. read an environment variable), and
 every path the file supplies (artifacts, `target`, models, heads, anything path-shaped) must
-stay inside the file's folder unless it is a zoo name or a hub id. What remains becomes Hydra
-overrides placed before the user's own, so the user's settings win and Hydra checks the rest.
+stay inside the file's folder unless it is a zoo name or a hub id (those two rules: stranger.py).
+What remains becomes Hydra overrides placed before the user's own, so the user's settings win
+and Hydra checks the rest.
 The `measured` block is checked against measured.py's MEASURED, the one schema of the figures
 that check, generate and export read from it: a malformed one is refused by name like any other
 part of a recipe (never read letter by letter, nor as a GPU because it is not "cpu").
@@ -42,6 +43,7 @@ import yaml
 
 from specpipe.errors import SpecpipeError
 from specpipe.measured import check_measured
+from specpipe.stranger import confine, refuse_interpolation
 
 RECIPE_FILE = "specpipe.yaml"
 RECIPE_VERSION = 1
@@ -52,8 +54,6 @@ TOP_KEYS = {"gamma", "gamma_min", "gamma_max", "temperature", "top_k", "top_p", 
 _OPTION = re.compile(r"^(proposer|verifier|controller)\.[A-Za-z_][A-Za-z0-9_]*$")
 _CHOICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ARTIFACT = "artifact:"
-PATH_OPTIONS = {"proposer.model", "proposer.heads", "proposer.fallback_model"}  # options that name a model or a folder
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # org/name, or a bare name
 
 
 @dataclass
@@ -132,40 +132,6 @@ def check_strategy(mapping: dict, where: str, folder: Path | None = None, *, all
             value = confine(key, value, folder, where)
         out[key] = value
     return out
-
-
-def refuse_interpolation(key: str, value, where: str) -> None:
-    """`${...}` in a stranger's value would be resolved by Hydra (`${oc.env:SECRET}` reads the
-    environment): data from a file is never interpolated, so such a value is refused by name."""
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, str) and "${" in item:
-            raise SpecpipeError(f"{where}: {key}={item!r} holds an interpolation (`${{...}}`), which a recipe or "
-                                "strategy may not use: its values are data, never resolved. Write the value "
-                                "itself, or pass the setting on the command line.")
-
-
-def _path_like(key: str, value: str) -> bool:
-    return (key in PATH_OPTIONS or key == "target" or "/" in value or "\\" in value
-            or value.startswith((".", "~")) or value.endswith((".gguf", ".json", ".jsonl", ".safetensors")))
-
-
-def confine(key: str, value: str, folder: Path, where: str, fix: str = "") -> str:
-    """A path-shaped value of a stranger's file: a path inside `folder` (made absolute), a zoo
-    name or a hub id (unchanged); anything else (absolute, `~`, `..` out of the folder, a local
-    path outside it) is refused by name."""
-    from specpipe.models import zoo
-
-    if not _path_like(key, value) or value in zoo.ZOO:
-        return value
-    folder = folder.resolve()
-    inside = (folder / value).resolve() if not Path(value).expanduser().is_absolute() else None
-    if inside is not None and folder in (inside, *inside.parents) and inside.exists():
-        return str(inside)
-    if _HUB_ID.match(value) and ".." not in value and not Path(value).exists():
-        return value  # a hub id (nothing of that name here, where the loader would look first)
-    raise SpecpipeError(f"{where}: {key}={value!r} points outside the file's folder {folder}: a recipe or "
-                        "strategy may name only files inside its own folder, zoo models or hub ids. Copy the "
-                        f"file into {folder} (a recipe lists it under artifacts:){', ' + fix if fix else ''}.")
 
 
 def _check_tree(proposer, tree, where: str) -> None:
