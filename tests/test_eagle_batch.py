@@ -1,7 +1,8 @@
 """EAGLE and EAGLE-3 draft a batch's rows together: one head forward per draft depth over every
-drafting row (and at most one feed of the rows the last verdict kept), each row's greedy output
-plain greedy decoding's token for token, a sampled row's what its request samples alone, and
-the step still reads the host once. Eager and graphed targets run the same drafting body."""
+drafting row (and at most one feed of the rows the last verdict kept), chains and EAGLE-2's
+trees alike, each row's greedy output plain greedy decoding's token for token (a row's tree the
+one its search alone makes, node for node), a sampled row's what its request samples alone,
+and the step still reads the host once. Eager and graphed targets run the same drafting body."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from specpipe.decode.syncs import reads_per_step
 from specpipe.engine import FINAL, make_runner
 from specpipe.heads.eagle import EagleHead, HeadCache
 from specpipe.pipeline import Pipeline, Request, collect
-from specpipe.proposers.eagle import EagleProposer
+from specpipe.drafts import NO_NODE
+from specpipe.proposers.eagle import EagleProposer, TreeShape
 from specpipe.proposers.eagle3 import proposer_for
 from specpipe.proposers.lookup import make_lookup
 from specpipe.sampling import SamplingParams
@@ -52,20 +54,22 @@ def embed_head() -> EagleHead:
     return head
 
 
-def made(head: str, sampling=GREEDY, lookup=False):
+def made(head: str, sampling=GREEDY, lookup=False, tree: TreeShape | None = None):
     """(target, proposer): an EAGLE head that drafts well on a bigram target, or an EAGLE-3 head
-    (random, drafting from the even ids) on a random one."""
+    (random, drafting from the even ids) on a random one; chains, or EAGLE-2 trees of `tree`."""
     found = make_lookup(lookup, 1, 3, 1.0) if lookup else None
     if head == "eagle":
-        return bigram_target(), EagleProposer(embed_head(), sampling, lookup=found)
-    return target4(), proposer_for(eagle3_head(1, torch.arange(0, VOCAB, 2)), sampling, lookup=found)
+        return bigram_target(), EagleProposer(embed_head(), sampling, tree, lookup=found)
+    return target4(), proposer_for(eagle3_head(1, torch.arange(0, VOCAB, 2)), sampling, tree, lookup=found)
 
 
-def pipeline(head: str, controller=None, graphs: str = "off", sampling=GREEDY, lookup=False) -> Pipeline:
-    target, proposer = made(head, sampling, lookup)
+def pipeline(head: str, controller=None, graphs: str = "off", sampling=GREEDY, lookup=False,
+             tree: TreeShape | None = None) -> Pipeline:
+    target, proposer = made(head, sampling, lookup, tree)
     verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier(sampling)
+    kernels = "fast" if tree is not None and graphs == "on" else "exact"  # the static step's tree block
     return Pipeline(target, proposer, verifier, controller or FixedGamma(4), sampling=sampling,
-                    runner=make_runner(target.model, graphs=graphs))
+                    runner=make_runner(target.model, graphs=graphs, kernels=kernels))
 
 
 def counting_forwards(pipe: Pipeline) -> list[tuple[list[int], list[int]]]:
@@ -110,6 +114,109 @@ def test_a_batch_drafts_in_one_head_forward_per_depth(head, graphs):
         assert all(rows == 4 for rows in forwards), forwards
     assert all(len(forwards) <= 1 for forwards, _ in fills)  # prompts' backlogs: every lagging row in one forward
     assert fills[0][0] == [2]  # the two prompts longer than the head's FILL_MIN rows
+
+
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_a_batch_searches_its_trees_in_one_head_forward_per_depth(head):
+    """Four rows drafting EAGLE-2 trees of depth γ = 4: each step runs the head exactly γ times
+    (one feed of the kept rows, then one forward a further depth), each over every drafting row
+    (a block of k nodes a row), where a search row by row runs it γ - 1 times a row."""
+    pipe = pipeline(head, tree=TreeShape(top_k=3, nodes=8))
+    log = counting_forwards(pipe)
+    outs = pipe.generate_batch(PROMPTS, max_new_tokens=16)
+    assert [o.token_ids for o in outs] == [pipe.run(p, max_new_tokens=16, speculative=False).token_ids
+                                           for p in PROMPTS]
+    batched = [(forwards, gammas) for forwards, gammas in log[1::2] if sum(g > 0 for g in gammas) == 4]
+    assert len(batched) >= 3 and sum(o.stats.drafted for o in outs) > 0
+    for forwards, gammas in batched:
+        assert len(forwards) == max(gammas) and all(rows == 4 for rows in forwards), (forwards, gammas)
+
+
+def checking_trees(proposer: EagleProposer) -> list[list[int]]:
+    """From now on, each batched tree search of several rows is checked against each row's
+    search alone (a batch of one, from the same root, to the row's own depth): the same tokens,
+    the same parents, in the same order, and the same confidence; the rest of the row padding.
+    -> each checked search's depths."""
+    trees, checked = proposer._trees, []
+
+    def compared(heads, root, depths):
+        batch = trees(heads, root, depths)
+        if len(heads) == 1:
+            return batch
+        for a, (row, depth) in enumerate(zip(heads, depths)):
+            alone = trees([row], root[a : a + 1], [depth])  # [1, n]
+            n = alone.width
+            assert batch.tree[a, :n].tolist() == alone.tree[0].tolist(), (row, depths)
+            assert batch.tokens[a, :n].tolist() == alone.tokens[0].tolist(), (row, depths)
+            torch.testing.assert_close(batch.confidence[a, :n], alone.confidence[0], rtol=1e-5, atol=1e-9)
+            assert (batch.tree[a, n:] == NO_NODE).all() and (batch.confidence[a, n:] == 0).all()
+        checked.append(list(depths))
+        return batch
+
+    proposer._trees = compared
+    return checked
+
+
+def served(pipe: Pipeline, prompts: list, budgets: list[int]) -> list[list[int]]:
+    """The prompts decoded together, each to its own budget (so rows near their ends draft
+    shallower trees than the others): each one's tokens."""
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for event in pipe.serve([Request(p, n) for p, n in zip(prompts, budgets)], concurrency=len(prompts)):
+        tokens[event.index].extend(event.tokens)
+    return tokens
+
+
+TREE_BUDGETS = [24, 9, 30, 13]
+
+
+@pytest.mark.parametrize("graphs", ["off", "on"])
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_each_rows_tree_is_the_one_its_search_alone_makes(head, graphs):
+    """Rows of different lengths and budgets searched together, some to a shallower depth than
+    the others: every row's tree is the one a search of that row alone makes, node for node,
+    and every row's output is plain greedy's."""
+    pipe = pipeline(head, graphs=graphs, tree=TreeShape(top_k=3, nodes=10))
+    plain = [pipe.run(p, max_new_tokens=n, speculative=False).token_ids for p, n in zip(PROMPTS, TREE_BUDGETS)]
+    checked = checking_trees(pipe.proposer)
+    assert served(pipe, PROMPTS, TREE_BUDGETS) == plain
+    assert len(checked) > 3 and any(len(set(depths)) > 1 for depths in checked), checked
+
+
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_eager_and_graphed_searches_draft_the_same_trees(head):
+    """The eager search (all rows in one forward a depth) and the graphed one (graphs computed
+    eagerly on the CPU, one a row) draft the same trees, step for step."""
+    drafts = []
+    for graphs in ("off", "on"):
+        pipe = pipeline(head, graphs=graphs, tree=TreeShape(top_k=2, nodes=7))
+        propose, log = pipe.proposer.propose, []
+
+        def recorded(rows, gammas, propose=propose, log=log):
+            draft = propose(rows, gammas)
+            log.append((draft.tokens.tolist(), draft.parents().tolist(), draft.num_draft.tolist()))
+            return draft
+
+        pipe.proposer.propose = recorded
+        served(pipe, PROMPTS, TREE_BUDGETS)
+        drafts.append(log)
+    assert drafts[0] == drafts[1] and len(drafts[0]) > 3
+
+
+@pytest.mark.slow  # the real SmolLM2 (zoo) and its shipped EAGLE head
+def test_real_rows_trees_are_the_ones_their_searches_alone_make():
+    """The shipped EAGLE head on SmolLM2 as an EAGLE-2 tree: four dev prompts searched together,
+    each row's tree the one its search alone makes, node for node."""
+    from pathlib import Path
+
+    from specpipe.config import compose
+    from specpipe.prompts import load_prompts
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m" / "eagle.yaml"
+    pipe = Pipeline.from_config(compose([f"recipe={recipe}", "proposer.tree={top_k: 3, nodes: 8}",
+                                         "proposer.lookup=false", "controller=fixed", "gamma=4", "guard=false"]))
+    checked = checking_trees(pipe.proposer)
+    served(pipe, [pipe.encode(p["messages"]) for p in load_prompts("dev")[:4]], [20, 9, 16, 12])
+    assert len(checked) > 3 and any(len(set(depths)) > 1 for depths in checked), checked
 
 
 @pytest.mark.parametrize("lookup", [False, "ngram"])

@@ -13,13 +13,13 @@ further draft token feeds the previous guess back as a feature. Every drafting r
 goes through the same forwards (eagle_graph.py: one feed, then one forward a depth, over a
 `SlotCache` of every row), eagerly or as CUDA graphs where the target's steps are graphed.
 
-Tree mode is EAGLE-2's dynamic tree: expand the `top_k` best nodes of each depth by
-cumulative draft log-probability (each expansion is one head forward over top_k rows, with a
-tree mask on the head's cache), then rerank every node made and keep the best `nodes`.
-Since a child's score never exceeds its parent's, the kept set is a tree. Every drafting row
-is searched (one search a row, to its own γ), and the kept trees stay on the device, parents
-included: one tree batch, its rows padded to the most nodes (drafts.py). Every depth is
-expanded: stopping once `nodes` nodes outscore the frontier would need a read each depth.
+Tree mode is EAGLE-2's dynamic tree (eagle_tree.py): expand the `top_k` best nodes of each
+depth by cumulative draft log-probability, then rerank every node made and keep the best
+`nodes` (a child never outscores its parent: the kept set is a tree). Every drafting row is
+searched at once, to the deepest γ, each depth one head forward over the top_k nodes of every
+row (graphed: one graph a row), and each row's tree is cut at its own γ; the kept trees stay
+on the device, parents included: one tree batch, its rows padded to the most nodes (drafts.py).
+Every depth is expanded: stopping once `nodes` nodes outscore the frontier would need a read.
 
 With `lookup` a step first tries a model-free draft and asks the head only where it finds
 none: `ngram` (prompt lookup, proposer=ngram's matcher) drafts what followed an earlier
@@ -35,14 +35,11 @@ in `pending` and are fed, in order, at its next draft, so its cache stays exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from specpipe.declaration import Declaration, sglang_chain
-import torch.nn.functional as F
-
-from specpipe.drafts import NO_NODE, DraftBatch, tree_depth
+from specpipe.drafts import DraftBatch, tree_depth
 from specpipe.engine import FINAL, Runner, TargetOutput
 from specpipe.errors import SpecpipeError
 from specpipe.engine.static import MAX_BLOCK
@@ -51,24 +48,13 @@ from specpipe.proposers.draft_lm import DraftLM
 from specpipe.heads.io import load_eagle
 from specpipe.models.quantize import check_mode, resolve_precision, module_bytes, quantize_model
 from specpipe.proposers.base import Proposer
-from specpipe.proposers.eagle_graph import CacheRows, HeadGraphs, Sampled, chain, feed_rows, tree
-from specpipe.proposers.eagle_tree import rerank
+from specpipe.proposers.eagle_graph import CacheRows, HeadGraphs, Sampled, chain, feed_rows
+from specpipe.proposers.eagle_tree import TreeShape, kept, search
 from specpipe.proposers.lookup import lookup_warning, make_lookup
 from specpipe.sampling import DRAFT, SamplingParams, race_draws
 from specpipe.types import Rows, RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    top_k: int = 4  # children per expanded node, and nodes expanded per depth
-    nodes: int = 16  # nodes kept after reranking: the size of the verify block (+1)
-
-    def __post_init__(self):
-        if self.top_k < 1 or self.nodes < 1:
-            raise SpecpipeError(f"proposer.tree needs top_k >= 1 and nodes >= 1 (got top_k={self.top_k}, "
-                                f"nodes={self.nodes}), e.g. proposer.tree={{top_k: 4, nodes: 16}}.")
 
 
 class _HeadRow:
@@ -146,7 +132,7 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def propose(self, rows: Rows, gammas: list[int]) -> DraftBatch:
         """Every row's draft: a lookup's where it finds one (per row: host text matching), else
-        the head's, every such row's chain in one head forward a depth, or each row's tree."""
+        the head's, every such row's chain or tree in one head forward a depth."""
         trees = rows.trees and self.tree is not None
         found: list = [None] * len(gammas)  # a lookup's (tokens, parents or None) per row
         heads = []
@@ -279,33 +265,33 @@ class EagleProposer(Proposer):
                      stops, limits, sampled, draws, len(set(starts)) > 1, device.type == "cpu")
 
     def _trees(self, heads: list[int], root: torch.Tensor, depths: list[int]) -> DraftBatch:
-        """EAGLE-2's search for each row of `heads` from its root (roots [A, H]) -> their trees
-        as a batch of A rows, each padded to the most nodes with padding nodes; the parents stay
-        on the device (their count is the host's: what each search made)."""
-        found = [self._tree(row, root[a : a + 1], depth) for a, (row, depth) in enumerate(zip(heads, depths))]
-        n = max(tokens.shape[0] for tokens, _, _ in found)
-        tokens = torch.stack([F.pad(t, (0, n - t.shape[0])) for t, _, _ in found])  # [A, N]
-        parents = torch.stack([F.pad(p, (0, n - p.shape[0]), value=NO_NODE) for _, p, _ in found])  # [A, N]
-        confidence = torch.stack([F.pad(c, (0, n - c.shape[0])) for _, _, c in found])  # [A, N]
+        """EAGLE-2's search of rows `heads` from their roots [A, H], all together to the deepest
+        γ (`eagle_tree.search`: one head forward a depth; stopping early would need a read), each
+        row's tree cut at its own (`kept`) -> a batch of A trees on the device, padded with NO_NODE."""
+        k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
+        depth, starts, device = max(depths), [self.rows[row].committed for row in heads], root.device
+        self.cache.ensure(max(heads) + 1, max(starts) + depth * k)
+        if self.graphs is not None and self.graphs.takes(depth):
+            nodes = self._graphed_tree(heads, root, starts, k, depth)
+        else:
+            nodes = search(self._feed, self.lm.top, self.cache, self._rows(heads, device), root,
+                           torch.tensor(starts).to(device), k, [max(starts) + d * k for d in range(1, depth)])
+        tokens, parents, confidence = kept(*nodes, k, depths, self.tree.nodes)  # [A, N]
         return DraftBatch(tokens, tree_depth(parents), tuple(depths), None, confidence, parents)
 
-    def _tree(self, row: int, root: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """EAGLE-2's search for one row (`eagle_graph.tree`) from its root [1, H], every depth of
-        it (a step reads nothing back: stopping where no deeper node could be kept would need a
-        read; the nodes kept are the same) -> (tokens, parents, confidence) of the kept nodes."""
-        k = min(self.tree.top_k, self.lm.size)  # never more children than draftable tokens
-        start, device = self.rows[row].committed, root.device
-        self.cache.ensure(row + 1, start + depth * k)
-        if self.graphs is not None and self.graphs.takes(depth):
-            return self._graphed_tree(row, root, start, k, depth)
-        nodes = tree(self._feed, self.lm.top, self.cache, self._rows([row], device), root[0],
-                     torch.tensor(start).to(device), k, [start + d * k for d in range(1, depth)])
-        return rerank(*nodes, self.tree.nodes)
+    def _tree(self, row: int, root: torch.Tensor, depth: int) -> tuple[torch.Tensor, ...]:
+        """Row `row`'s tree searched alone from its root [1, H] -> (tokens, parents, confidence) [N]."""
+        drafted = self._trees([row], root, [depth])
+        return drafted.tokens[0], drafted.tree[0], drafted.confidence[0]
 
-    def _graphed_tree(self, row: int, root: torch.Tensor, start: int, k: int,
-                      depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The search as one graph, every depth of it; the kept nodes ranked as the eager search's."""
-        return rerank(*self.graphs.tree(row, root, start, k, depth, self._feed, self.lm.top), self.tree.nodes)
+    def _graphed_tree(self, heads: list[int], root: torch.Tensor, starts: list[int], k: int,
+                      depth: int) -> tuple[torch.Tensor, ...]:
+        """The search as graphs (`HeadGraphs.tree`: one a row), every row to the deepest γ ->
+        the nodes as the eager search's (scores, tokens, parents [A, M], depths [M])."""
+        found = [[t.clone() for t in self.graphs.tree(row, root[a : a + 1], start, k, depth, self._feed,
+                                                      self.lm.top)]  # copied before the next replay
+                 for a, (row, start) in enumerate(zip(heads, starts))]
+        return (*(torch.stack(part) for part in list(zip(*found))[:3]), found[0][3])
 
 
 def validate_options(options: dict) -> None:
