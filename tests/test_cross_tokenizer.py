@@ -197,3 +197,91 @@ def test_sampling_drafts_only_shared_tokens_with_their_probabilities(pair, name)
     assert (probs > 0).sum(-1).max() <= 20  # top_k applied on the draft's side too
     for seed in range(5):  # and the whole loop runs: sampled output of the requested length
         assert len(pipe.run("the quick", max_new_tokens=12, seed=seed).token_ids) >= 1
+
+
+@pytest.mark.parametrize("name", ["permuted", "foreign"])
+def test_greedy_equals_plain_with_the_text_translated(pair, name):
+    """`translate="text"` (universal assisted generation): the draft's text re-encoded in target
+    tokens, still the target's own greedy output."""
+    target, drafts = pair
+    model, tokenizer = drafts[name]
+    plain = Pipeline(target, None, GreedyVerifier(), None)
+    pipe = Pipeline(target, CrossDrafter(model, GREEDY, target.tokenizer, tokenizer, translate="text"),
+                    GreedyVerifier(), FixedGamma(3))
+    drafted = 0
+    for prompt in PROMPTS:
+        got = pipe.run(prompt, max_new_tokens=30)
+        assert got.token_ids == plain.run(prompt, max_new_tokens=30, speculative=False).token_ids, prompt
+        drafted += got.stats.drafted
+    assert drafted > 0
+
+
+def test_an_unknown_translation_is_refused(pair):
+    from specpipe.errors import SpecpipeError
+
+    target, drafts = pair
+    model, tokenizer = drafts["foreign"]
+    with pytest.raises(SpecpipeError, match="proposer.translate='bytes'"):
+        CrossDrafter(model, GREEDY, target.tokenizer, tokenizer, translate="bytes")
+
+
+@pytest.mark.parametrize("translate", ["shared", "text"])
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.8, top_k=20)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["permuted", "foreign"])
+def test_the_drafts_cache_holds_what_it_says(pair, name, sampling, translate, monkeypatch):
+    """After every verdict `cached` is exactly the draft ids the draft's cache was fed and kept:
+    with the shared table, learnt from the verdict's accepted target ids alone (no read of the
+    drafted ids), so a wrong inverse would feed the draft a context it never saw."""
+    target, drafts = pair
+    model, tokenizer = drafts[name]
+    proposer = CrossDrafter(model, sampling, target.tokenizer, tokenizer, translate=translate)
+    runner, held, checked = proposer.runner, [], []
+    prefill, forward, crop, reset, commit = runner.prefill, runner.forward, runner.crop, runner.reset, proposer.commit
+
+    def fed_prefill(row, ids, **options):
+        held.extend(ids)
+        return prefill(row, ids, **options)
+
+    def fed_forward(ids, **options):
+        held.extend(ids.reshape(-1).tolist())  # every forward here is kept (`commit([1])`)
+        return forward(ids, **options)
+
+    def cropped(row, length):
+        del held[length:]
+        return crop(row, length)
+
+    def emptied(row=None):
+        held.clear()
+        return reset(row)
+
+    def committed(verdict, host, out):
+        commit(verdict, host, out)
+        assert proposer.cached == held and runner.lengths[0] == len(held)
+        checked.append(host[0].n_accepted)
+
+    for attr, fn in [("prefill", fed_prefill), ("forward", fed_forward), ("crop", cropped), ("reset", emptied)]:
+        monkeypatch.setattr(runner, attr, fn)
+    monkeypatch.setattr(proposer, "commit", committed)
+    verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier(sampling)
+    pipe = Pipeline(target, proposer, verifier, FixedGamma(4), sampling)
+    for prompt in PROMPTS:
+        pipe.run(prompt, max_new_tokens=24)
+    assert len(checked) > 8  # many verdicts
+    assert sum(checked) > 0 or name == "foreign"  # the target's own guesses are kept (the random draft's may not be)
+
+
+def test_a_text_the_draft_spells_twice_is_one_shared_token():
+    """SentencePiece spells a space both "▁" and, as a byte fallback, "<0x20>": the shared
+    vocabulary keeps one draft id for it (the spelling of running text), so a drafted target id
+    has one probability entry and one draft id."""
+    from tokenizers import models as m
+
+    def word_level(vocab):
+        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(m.WordLevel(vocab=vocab, unk_token="fox")),
+                                       eos_token="<eos>")
+
+    draft = word_level({"<eos>": 0, "<0x20>": 1, "\u2581": 2, "\u2581the": 3, "fox": 4})
+    target = word_level({"<eos>": 0, "\u2581": 1, "fox": 2, "\u2581the": 3})
+    shared = SharedVocab(target, draft)
+    assert shared.to_draft == {0: 0, 1: 2, 2: 4, 3: 3}
+    assert shared.draft_ids.tolist() == [0, 2, 3, 4] and shared.target_ids.tolist() == [0, 1, 3, 2]

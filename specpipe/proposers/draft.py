@@ -1,8 +1,8 @@
 """`proposer=draft`: an independent, smaller model drafting for the target.
 
 A draft that shares the target's tokenizer drafts in its ids (`ModelDrafter`); one with another
-tokenizer drafts through its text (`CrossDrafter`: re-tokenised for greedy decoding, the shared
-vocabulary for sampling), and `specpipe check` reports the overlap and which way applies.
+tokenizer drafts among the tokens whose text both vocabularies have (`CrossDrafter`; greedy, with
+`translate=text`, through its text re-tokenised instead), and `specpipe check` reports the overlap.
 """
 
 from __future__ import annotations
@@ -14,20 +14,22 @@ from specpipe.errors import SpecpipeError
 from specpipe.models import zoo
 from specpipe.models.loader import load_tokenizer, resolve
 from specpipe.models.quantize import check_mode, resolve_precision
-from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab
+from specpipe.proposers.cross_tokenizer import CrossDrafter, SharedVocab, check_translate
 from specpipe.proposers.model_drafter import ModelDrafter
 
 
-def build(*, context, model: str, quantize: str = "int8",
-          fallback_model: str | None = None) -> ModelDrafter | CrossDrafter:
+def build(*, context, model: str, quantize: str = "int8", fallback_model: str | None = None,
+          translate: str = "shared") -> ModelDrafter | CrossDrafter:
     """Load the draft model named `model` (zoo name, GGUF, directory or hub id). fallback_model is
-    read by the exports only: what an engine without cross-tokenizer drafts serves instead."""
+    read by the exports only: what an engine without cross-tokenizer drafts serves instead.
+    translate: how a greedy draft with another tokenizer reaches target ids (`CrossDrafter`)."""
     quantize = resolve_precision(check_mode(quantize, "proposer.quantize"), context.device, draft=True)
+    check_translate(translate)  # a wrong name is refused whichever tokenizer the draft turns out to have
     source = resolve(model)
     tokenizer = load_tokenizer(source)
     weights = context.weights(source)  # engine=llamacpp: the GGUF itself
     if same_tokenizer_problems(context.tokenizer, tokenizer):
-        return CrossDrafter.on(context, weights, tokenizer, quantize)
+        return CrossDrafter.on(context, weights, tokenizer, quantize, translate)
     return ModelDrafter.on(context, weights, quantize)
 
 
@@ -40,9 +42,10 @@ def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, tempe
     if shared.size == 0:
         return Check("tokenizer", "refuse", f"the draft '{draft}' shares no token text with '{target}'",
                      "pick a draft whose tokenizer has tokens in common with the target's")
-    how = ("greedy: the draft's text is re-tokenised into target tokens (universal assisted generation)"
-           if temperature == 0 else "sampling: the draft samples among the shared tokens only (token-level "
-           "intersection; rejection sampling keeps the target's distribution)")
+    how = ("greedy: the draft picks among the shared tokens only (token-level intersection; with "
+           "proposer.translate=text its text is re-tokenised into target tokens instead: universal assisted "
+           "generation)" if temperature == 0 else "sampling: the draft samples among the shared tokens only "
+           "(token-level intersection; rejection sampling keeps the target's distribution)")
     return Check("tokenizer", "ok", f"the draft '{draft}' has another tokenizer than '{target}': {shared.describe()}; "
                  f"{how}", translated=True)
 
