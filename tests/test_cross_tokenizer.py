@@ -83,9 +83,10 @@ def pair():
 
 
 def drafter(pair, name, sampling=GREEDY) -> CrossDrafter:
+    """The shared tokens' drafter (the text's has tests of its own; `auto` takes it on the CPU)."""
     target, drafts = pair
     model, tokenizer = drafts[name]
-    return CrossDrafter(model, sampling, target.tokenizer, tokenizer)
+    return CrossDrafter(model, sampling, target.tokenizer, tokenizer, translate="shared")
 
 
 PROMPTS = ["the quick brown", "def add(a, b):", "a target model verifies", "fox"]

@@ -60,7 +60,9 @@ def test_a_cross_tokenizer_step_reads_the_host_once(pair, device, sampling, cont
     verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier(sampling)
     with simulated_cuda() if device == "cuda" else contextlib.nullcontext([]) as refused:
         unit = one_read()
-        pipe = Pipeline(target, CrossDrafter(model, sampling, target.tokenizer, tokenizer, device=device), verifier,
+        translate = "shared" if device == "cpu" else "auto"  # auto: shared on a GPU, text on the CPU (a free read)
+        pipe = Pipeline(target, CrossDrafter(model, sampling, target.tokenizer, tokenizer, device=device,
+                                             translate=translate), verifier,
                         CONTROLLERS[controller](), sampling, runner=make_runner(target.model, device=device))
         runs = [counted(pipe, prompt) for prompt in PROMPTS]
         plain = [pipe.run(prompt, max_new_tokens=TOKENS, speculative=False).token_ids for prompt in PROMPTS]
@@ -85,3 +87,17 @@ def test_translating_the_text_reads_the_drafted_ids_once_more(pair):  # noqa: F8
     assert max(reads) == 2 and sum(drafted for _, _, drafted in runs) > 0, reads
     assert [tokens for _, tokens, _ in runs] == [pipe.run(p, max_new_tokens=TOKENS, speculative=False).token_ids
                                                 for p in PROMPTS]
+
+
+def test_auto_translates_the_text_on_the_cpu_and_keeps_the_shared_tokens_on_a_gpu(pair):  # noqa: F811
+    """`translate="auto"`: the second read is free on the CPU, where the text reaches more target
+    tokens; on a (simulated) GPU a read is a sync, so the shared tokens' table."""
+    from specpipe.proposers.cross_tokenizer import translation
+
+    target, drafts = pair
+    model, tokenizer = drafts["permuted"]
+    assert CrossDrafter(model, GREEDY, target.tokenizer, tokenizer).text  # the default, on the CPU
+    assert not CrossDrafter(model, SAMPLED, target.tokenizer, tokenizer).text  # sampling: always shared
+    assert translation("auto", torch.device("cpu")) == "text"
+    assert translation("auto", torch.device("cuda")) == "shared"
+    assert translation("shared", torch.device("cpu")) == "shared"

@@ -29,6 +29,10 @@ target tokens. It reaches target tokens the draft's vocabulary lacks (Qwen2.5's 
 but the drafted ids are read before the target's forward (a second read a step): their text
 must go through both tokenizers on the host, which no table of ids does exactly (the target's
 merges cross the draft's token boundaries). docs/proposers.md has the two measured side by side.
+
+`translate="auto"` (the default) takes `text` where the draft runs on the CPU, whose reads wait
+for no device (a CPU step reads each draft position already: `still_drafting`), and `shared`
+on a GPU, where a read is a sync that stalls the queue.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from specpipe.sampling import DRAFT, SamplingParams, sample
 from specpipe.types import Rows
 from specpipe.types import RowVerdict, Verdict
 
-TRANSLATIONS = ("shared", "text")  # how a greedy draft reaches target ids (`CrossDrafter`)
+TRANSLATIONS = ("auto", "shared", "text")  # how a greedy draft reaches target ids (`CrossDrafter`)
 LOOKBEHIND = 4  # committed target tokens re-encoded with a draft's text, so its first token splits as in running text
 
 
@@ -54,6 +58,14 @@ def check_translate(translate: str) -> str:
     if translate not in TRANSLATIONS:
         raise SpecpipeError(f"proposer.translate={translate!r}: pick one of {', '.join(TRANSLATIONS)}")
     return translate
+
+
+def translation(translate: str, device: torch.device) -> str:
+    """The translation a greedy draft on `device` takes: "auto" is "text" on the CPU (its reads
+    are free, and the text reaches target tokens the draft's vocabulary lacks), "shared" elsewhere."""
+    if check_translate(translate) != "auto":
+        return translate
+    return "text" if torch.device(device).type == "cpu" else "shared"
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -132,12 +144,13 @@ class SharedVocab:
 class CrossDrafter(Proposer):
     """Host-bound by nature (text goes through two tokenizers each step): one sequence at a time.
     `cached` mirrors the draft's cache in draft ids (as many as it holds). translate: how a
-    greedy draft reaches target ids, "shared" (the shared tokens' table, on the device) or "text"
-    (its text re-encoded on the host); a sampled draft is always "shared"."""
+    greedy draft reaches target ids, "shared" (the shared tokens' table, on the device), "text"
+    (its text re-encoded on the host) or "auto" (text on the CPU, shared on a GPU); a sampled
+    draft is always "shared"."""
 
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, target_tokenizer, draft_tokenizer, *,
                  engine: str = "auto", precision: str = "none", cache_len: int | None = None, device: str = "cpu",
-                 translate: str = "shared"):
+                 translate: str = "auto"):
         self.runner = make_runner(model, engine=engine, precision=precision, cache_len=cache_len, device=device,
                                   graphs="off")
         self.sampling = sampling
@@ -149,12 +162,12 @@ class CrossDrafter(Proposer):
         self._synced: tuple[int, list[int]] | None = None  # this step's fill: (committed length, ids left to feed)
         self._behind = True  # plain steps (or a new prompt) committed text the draft has not seen
         self._fed = 0  # drafted tokens this step's draft fed into the draft's cache
-        self.text = check_translate(translate) == "text" and sampling.greedy  # universal assisted generation
+        self.text = translation(translate, self.runner.device) == "text" and sampling.greedy  # UAG
         self.target_vocab = len(target_tokenizer)  # the target's logits width, set by bind
 
     @classmethod
     def on(cls, context, model: torch.nn.Module, draft_tokenizer, precision: str,
-           translate: str = "shared") -> "CrossDrafter":
+           translate: str = "auto") -> "CrossDrafter":
         return cls(model, context.sampling, context.tokenizer, draft_tokenizer, engine=context.engine,
                    precision=precision, cache_len=context.cache_len, device=context.device, translate=translate)
 

@@ -2,7 +2,8 @@
 
 A draft that shares the target's tokenizer drafts in its ids (`ModelDrafter`); one with another
 tokenizer drafts among the tokens whose text both vocabularies have (`CrossDrafter`; greedy, with
-`translate=text`, through its text re-tokenised instead), and `specpipe check` reports the overlap.
+`translate=text`, the default's choice on the CPU, through its text re-tokenised instead), and
+`specpipe check` reports the overlap.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specpipe.proposers.model_drafter import ModelDrafter
 
 
 def build(*, context, model: str, quantize: str = "int8", fallback_model: str | None = None,
-          translate: str = "shared") -> ModelDrafter | CrossDrafter:
+          translate: str = "auto") -> ModelDrafter | CrossDrafter:
     """Load the draft model named `model` (zoo name, GGUF, directory or hub id). fallback_model is
     read by the exports only: what an engine without cross-tokenizer drafts serves instead.
     translate: how a greedy draft with another tokenizer reaches target ids (`CrossDrafter`)."""
@@ -42,9 +43,9 @@ def vocabulary(target_tokenizer, draft_tokenizer, target: str, draft: str, tempe
     if shared.size == 0:
         return Check("tokenizer", "refuse", f"the draft '{draft}' shares no token text with '{target}'",
                      "pick a draft whose tokenizer has tokens in common with the target's")
-    how = ("greedy: the draft picks among the shared tokens only (token-level intersection; with "
-           "proposer.translate=text its text is re-tokenised into target tokens instead: universal assisted "
-           "generation)" if temperature == 0 else "sampling: the draft samples among the shared tokens only "
+    how = ("greedy: the draft picks among the shared tokens only (token-level intersection), or with "
+           "proposer.translate=text (auto's choice on the CPU) its text is re-tokenised into target tokens: "
+           "universal assisted generation" if temperature == 0 else "sampling: the draft samples among the shared tokens only "
            "(token-level intersection; rejection sampling keeps the target's distribution)")
     return Check("tokenizer", "ok", f"the draft '{draft}' has another tokenizer than '{target}': {shared.describe()}; "
                  f"{how}", translated=True)
