@@ -123,7 +123,9 @@ class Pipeline:
         stop: list[str] = (),
         speculative: bool = True,
     ) -> Iterator[StepEvent]:
-        """Stream one generation (a batch of one); `speculative=False` decodes with the plain target."""
+        """Stream one generation (a batch of one); `speculative=False` decodes with the plain target.
+        seed: the request's own (a batch of one has no rows to share a stream with, and it costs
+        no launch more), so it samples what `Request(prompt, seed=seed)` samples in any batch."""
         request = Request(prompt, max_new_tokens, seed, tuple(stop))
         for event in Decoder(self, 1, speculative).run([request]):
             yield StepEvent(event.tokens, event.text, event.gamma, event.stats, event.finish_reason, event.held)
@@ -148,19 +150,27 @@ class Pipeline:
         """Why this pipeline decodes a batch one sequence at a time, or None (it batches)."""
         return batch_refusal(self.runner, proposer)
 
-    def serve(self, requests, *, concurrency: int = 8, speculative: bool = True) -> Iterator[RequestEvent]:
+    def serve(self, requests, *, concurrency: int = 8, speculative: bool = True,
+              seed: int = 0) -> Iterator[RequestEvent]:
         """Stream a sequence of `Request`s through continuous batching, `concurrency` at a time:
-        the `RequestEvent`s of every request, in step order (specpipe/decode/loop.py)."""
-        return Decoder(self, concurrency, speculative).run(requests)
+        the `RequestEvent`s of every request, in step order (specpipe/decode/loop.py). seed: the
+        run's stream, shared by the requests without a seed of their own (`Request.seed`)."""
+        return Decoder(self, concurrency, speculative, seed).run(requests)
 
     def generate_batch(self, prompts: list, *, max_new_tokens: int = 128, seed: int = 0, stop: list[str] = (),
-                       speculative: bool | list[bool] = True, concurrency: int | None = None) -> list[Generation]:
-        """Decode several prompts together (all at once unless `concurrency` is smaller); each is
-        seeded with `seed`, so each row is what `run(prompt, seed=seed)` returns. `speculative`
-        may be one flag per prompt: those set False decode plainly beside the others."""
+                       speculative: bool | list[bool] = True, concurrency: int | None = None,
+                       seeds: list[int | None] | None = None) -> list[Generation]:
+        """Decode several prompts together (all at once unless `concurrency` is smaller). seed: the
+        run's, for the stream the prompts share (one draw launch per purpose for the batch, as
+        vLLM's; a row's samples then depend on its neighbours); seeds: one per prompt, where a
+        prompt needs samples of its own (None: the shared stream): a prompt seeded s is what
+        `run(prompt, seed=s)` returns. `speculative` may be one flag per prompt: those set False
+        decode plainly beside the others."""
         flags = speculative if isinstance(speculative, list) else [True] * len(prompts)
-        requests = [Request(p, max_new_tokens, seed, tuple(stop), flag) for p, flag in zip(prompts, flags)]
-        events = self.serve(requests, concurrency=concurrency or len(prompts), speculative=speculative is not False)
+        seeds = seeds if seeds is not None else [None] * len(prompts)
+        requests = [Request(p, max_new_tokens, own, tuple(stop), flag) for p, own, flag in zip(prompts, seeds, flags)]
+        events = self.serve(requests, concurrency=concurrency or len(prompts), speculative=speculative is not False,
+                            seed=seed)
         by_request: dict[int, list] = {i: [] for i in range(len(prompts))}
         for event in events:
             by_request[event.index].append(event)

@@ -82,26 +82,163 @@ def race(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     return (probs / draws).argmax(-1)
 
 
-# What a row's draws in one step are for: draft position i uses DRAFT + i; the verifier's
-# uniforms and its recovered or bonus token have their own. Each is a stream of its own.
+# What a step's draws are for: draft position i uses DRAFT + i; the verifier's uniforms and its
+# recovered or bonus token have their own. Each is a stream of its own.
 DRAFT, ACCEPT, RESAMPLE = 0, 1 << 20, (1 << 20) + 1
+_SLOT = (1 << 20) + 2  # an unseeded row's own stream, for the per-row form (`StepRandom[b]`)
+
+
+@dataclass
+class RunRandom:
+    """A run's stream, shared by every row whose request has no seed of its own (vLLM's rule),
+    counter style: step s's draws for a purpose come from ONE generator seeded by (the run's
+    seed, s, the purpose), one launch over all those rows. The run's seed (`seed=` of the
+    config, `generate_batch`, `serve`) makes a run reproducible; what such a row samples depends
+    on the rows beside it, as in any shared draw."""
+
+    seed: int = 0
+    step: int = 0  # the step the next `StepRandom.of(..., advance=True)` numbers
 
 
 @dataclass
 class RowRandom:
-    """One request's randomness, counter style (as Philox's key and counter): every draw of a
-    step comes from a generator seeded by (the request's seed, the step, the purpose), so what a
-    row samples depends on its own request and step only, never on the rows beside it, how many
-    draft tokens another row made or which device ran before: a row in a batch samples what its
-    request samples alone. Reseeding a generator is a host-side assignment, no device sync."""
+    """One row's randomness. A request with a seed has a stream of its own, counter style (as
+    Philox's key and counter): its draws in a step come from a generator seeded by (its seed,
+    its step, the purpose), so what it samples depends on its own request and step only, never
+    on the rows beside it, how many draft tokens another row made or which device ran before: a
+    seeded row in a batch samples what its request samples alone. A request without one
+    (seed None) draws from its run's stream (`run`; None: seed 0's) in the step's one launch.
+    Reseeding a generator is a host-side assignment, no device sync."""
 
-    seed: int
+    seed: int | None = None
     step: int = 0
+    run: RunRandom | None = None
 
     def __call__(self, purpose: int, device: torch.device | str) -> torch.Generator:
-        generator = _generator(torch.device(device))
-        generator.manual_seed(_mix(self.seed, self.step, purpose))
-        return generator
+        if self.seed is None:
+            raise ValueError("a row without a seed of its own draws through its step's StepRandom")
+        return _seeded(_mix(self.seed, self.step, purpose), device)
+
+
+class StepRandom:
+    """One step's randomness for a batch of B rows (`Rows.rngs`, a verifier's `rngs`): a draw
+    of one purpose is ONE launch over every row without a seed of its own (and free rows, whose
+    draws go unused), then each seeded row's draws overwritten from its own stream, so a batch
+    where no request has a seed makes one draw launch per purpose. `exponential_` / `uniform_`
+    fill a buffer (a CUDA graph's inputs, drawn before its replay: a graph cannot draw from a
+    host-seeded generator); `exponential` makes one. The per-row form `rngs[b](purpose, device)`
+    still gives row b a generator of its own (an unseeded row's is derived from the run's seed,
+    the step and its slot): a launch per row, kept for draw sites not yet batched."""
+
+    def __init__(self, rows: list[RowRandom | None], run: RunRandom, step: int):
+        self.rows, self.run, self.step = rows, run, step  # rows[b] None: a free row
+
+    @classmethod
+    def of(cls, rngs: "StepRandom | list[RowRandom | None]", advance: bool = False) -> "StepRandom":
+        """The step's randomness from each row's (None: a free row); a StepRandom as it is.
+        advance: the run's stream moves on to its next step (the step's own call, once a step)."""
+        if isinstance(rngs, StepRandom):
+            return rngs
+        rows = list(rngs)
+        shared = [row for row in rows if row is not None and row.seed is None]
+        run = next((row.run for row in shared if row.run is not None), None)
+        if run is None:  # rows made without a run (a test's, a row alone): seed 0's stream at their step
+            run = RunRandom(0, max((row.step for row in shared), default=0))
+        step = run.step
+        if advance:
+            run.step += 1
+        return cls(rows, run, step)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, b: int):
+        """Row b's own generator maker, (purpose, device) -> torch.Generator: the per-row form."""
+        row = self.rows[b]
+        if row is not None and row.seed is not None:
+            return row
+        return RowRandom(_mix(self.run.seed, b + 1, _SLOT), self.step)
+
+    def seeded(self, b: int) -> bool:
+        """Whether row b draws from a stream of its own (its request has a seed)."""
+        row = self.rows[b]
+        return row is not None and row.seed is not None
+
+    def exponential(self, purpose: int, shape: tuple[int, ...], device: torch.device | str,
+                    rows: list[int] | None = None) -> torch.Tensor:
+        """[A, *shape] Exp(1) draws (the race's) for batch rows `rows` (None: all B), row a for rows[a]."""
+        count = len(self) if rows is None else len(rows)
+        return self.exponential_(torch.empty(count, *shape, device=device), purpose, rows)
+
+    def exponential_(self, out: torch.Tensor, purpose: int, rows: list[int] | None = None,
+                     skip: list[bool] | None = None) -> torch.Tensor:
+        """out [A, ...] filled with the race's Exp(1) draws, row a for batch row rows[a] (None: a).
+        skip[a]: row a draws nothing of its own this time (past its draft): ones if it is seeded
+        (the race is then the argmax), the batch's draws if not; either way unused."""
+        return self._fill(out, purpose, rows, skip, lambda x, g: x.exponential_(1, generator=g), None)
+
+    def uniform_(self, out: torch.Tensor, purpose: int, counts: list[int], rows: list[int] | None = None) -> torch.Tensor:
+        """out [A, C] filled with U(0, 1) draws, row a for batch row rows[a] (None: a). The shared
+        launch draws [A, max(counts)], so its numbers do not depend on C (an eager block and a
+        graph's wider buffer get the same); a seeded row draws its own counts[a] (its γ, so its
+        draws never depend on its neighbours). Either keeps the first C where it drew more."""
+        return self._fill(out, purpose, rows, None, lambda x, g: x.uniform_(generator=g), counts)
+
+    def _fill(self, out: torch.Tensor, purpose: int, rows: list[int] | None, skip: list[bool] | None,
+              draw, counts: list[int] | None) -> torch.Tensor:
+        rows = list(range(out.shape[0])) if rows is None else rows
+        seeded = [self.seeded(b) for b in rows]
+        skip = skip or [False] * len(rows)
+        shared = any(not own and not past for own, past in zip(seeded, skip))
+        if shared:  # the step's one launch for this purpose
+            generator = _seeded(_mix(self.run.seed, self.step, purpose), out.device)
+            if counts is None:
+                _drawn(out, draw, generator)
+            else:  # [A, the most γ]: a row's numbers do not depend on how wide the block or buffer is
+                _drawn_columns(out, max(counts, default=0), draw, generator)
+        for a, b in enumerate(rows):
+            if skip[a] and (seeded[a] or not shared):
+                out[a].fill_(1.0)
+            elif not seeded[a]:
+                continue
+            elif counts is None:
+                _drawn(out[a], draw, self.rows[b](purpose, out.device))
+            else:
+                _uniforms_into(out[a], counts[a], self.rows[b](purpose, out.device))
+        return out
+
+
+def _drawn(out: torch.Tensor, draw, generator: torch.Generator) -> None:
+    """Draw into `out` as into a fresh tensor of its shape: in place where it is contiguous, else
+    drawn apart and copied (a graph's buffer is wider than the block: the same numbers either way)."""
+    if out.is_contiguous():
+        draw(out, generator)
+    else:
+        out.copy_(draw(torch.empty_like(out, memory_format=torch.contiguous_format), generator))
+
+
+def _drawn_columns(out: torch.Tensor, columns: int, draw, generator: torch.Generator) -> None:
+    """Draw [A, columns] and keep what fits in out [A, C] (columns past them: left as they are)."""
+    if columns == out.shape[1]:
+        _drawn(out, draw, generator)
+    else:
+        kept = min(columns, out.shape[1])
+        out[:, :kept].copy_(draw(out.new_empty(out.shape[0], columns), generator)[:, :kept])
+
+
+def _uniforms_into(row: torch.Tensor, gamma: int, generator: torch.Generator) -> None:
+    """A row's γ uniforms into its buffer row [C], in place where they fit (a block narrower than
+    γ + 1 keeps the first C: the draft is no wider), the same values either way."""
+    if gamma <= row.shape[0]:
+        _drawn(row[:gamma], lambda x, g: x.uniform_(generator=g), generator)
+    else:
+        row.copy_(torch.rand(gamma, generator=generator, device=row.device)[: row.shape[0]])
+
+
+def _seeded(seed: int, device: torch.device | str) -> torch.Generator:
+    generator = _generator(torch.device(device))
+    generator.manual_seed(seed)
+    return generator
 
 
 _GENERATORS: dict[torch.device, torch.Generator] = {}

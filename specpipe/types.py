@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.sampling import RowRandom
+from specpipe.sampling import StepRandom
 
 PAD = -1  # a Verdict's ids past a row's emitted tokens
 
@@ -29,16 +29,21 @@ PAD = -1  # a Verdict's ids past a row's emitted tokens
 class Rows:
     """What a step tells a proposer about its rows (every list indexed by batch row).
 
-    tokens: each row's committed tokens (host; a free row's is empty). rngs: each row's
-    randomness. stop_below: the controller's early stop, (draft position) -> stop after it where
-    the drafter's confidence is below this (0.0: never). trees: a tree draft may be returned
-    (for any rows: the verifier and the runner take trees); else chains only. device: the runner's."""
+    tokens: each row's committed tokens (host; a free row's is empty). rngs: the step's
+    randomness (`StepRandom`: one draw launch per purpose for the rows without a seed of their
+    own; a list of each row's `RowRandom` is taken as that). stop_below: the controller's early
+    stop, (draft position) -> stop after it where the drafter's confidence is below this (0.0:
+    never). trees: a tree draft may be returned (for any rows: the verifier and the runner take
+    trees); else chains only. device: the runner's."""
 
     tokens: list[list[int]]
-    rngs: list[RowRandom]
+    rngs: StepRandom
     stop_below: Callable[[int], float]
     device: torch.device
     trees: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rngs", StepRandom.of(self.rngs))
 
 
 @dataclass(frozen=True)

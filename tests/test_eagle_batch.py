@@ -293,12 +293,12 @@ def test_early_stops_and_a_graphed_batch_draft_what_the_eager_batch_drafts(head,
 @pytest.mark.parametrize("graphs", ["off", "on"])
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])
 def test_a_sampled_batched_row_draws_what_its_request_draws_alone(head, graphs):
-    """Each row's draft draws come from its own generator for the step: a row of a sampled batch
-    emits what its request emits alone with the same seed."""
+    """A seeded request's draft draws come from its own generator for the step: a row of a
+    sampled batch emits what its request emits alone with the same seed."""
     sampling = SamplingParams(temperature=0.8, top_p=0.95)
     pipe = pipeline(head, graphs=graphs, sampling=sampling)
     alone = [pipe.run(p, max_new_tokens=16, seed=3).token_ids for p in PROMPTS]
-    outs = pipe.generate_batch(PROMPTS, max_new_tokens=16, seed=3)
+    outs = pipe.generate_batch(PROMPTS, max_new_tokens=16, seeds=[3] * len(PROMPTS))
     assert [o.token_ids for o in outs] == alone
     assert sum(o.stats.drafted for o in outs) > 0
 

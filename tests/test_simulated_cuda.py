@@ -100,7 +100,8 @@ def test_every_proposer_runs_on_a_simulated_gpu_without_mixing_host_and_device(n
         assert on_device(pipe.runner.cache.keys[0]) and pipe.runner.step == ("eager" if graphs == "off" else
                                                                             f"static {options.get('kernels', 'exact')}")
         runs = [pipe.run(p, max_new_tokens=16, seed=1) for p in PROMPTS]
-        batch = [o.token_ids for o in pipe.generate_batch(PROMPTS, max_new_tokens=16, seed=1)] \
+        seeds = [1] * len(PROMPTS)  # each request's own: a row samples what it samples alone
+        batch = [o.token_ids for o in pipe.generate_batch(PROMPTS, max_new_tokens=16, seeds=seeds)] \
             if pipe.batch_refusal() is None else None
         plain = [pipe.run(p, max_new_tokens=16, seed=1, speculative=False).token_ids for p in PROMPTS]
     assert refused == []

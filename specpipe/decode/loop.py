@@ -19,8 +19,10 @@ next draft) sits between a speculative step and the next; off (the CPU's default
 device is the host and nothing overlaps), each step's events come before the next step.
 
 Rows advance by different amounts (ragged acceptance), so a rollback is a length per row. Every
-row has its own stop rule and its own randomness (`RowRandom`, seeded by its request), so a row
-decodes exactly as its request would alone (bit for bit in the engine's exact precisions).
+row has its own stop rule. A request with a seed has randomness of its own (`RowRandom`, seeded
+by it), so its row decodes exactly as it would alone (bit for bit in the engine's exact
+precisions); the others share the run's stream (`RunRandom`, the decoder's `seed`), one draw
+launch per purpose for all of them (vLLM's rule).
 
 A finished row's slot admits the next request at once (continuous batching, in process): its
 prompt is prefilled alone into that row while the other rows wait, then it joins the next step.
@@ -42,7 +44,7 @@ from specpipe.decode.request import BatchStep, Request, RequestEvent, RequestTim
 from specpipe.decode.step import Kept, Launched
 from specpipe.decode.text import TextStream, is_ids
 from specpipe.engine.base import OVERLAP, overlaps
-from specpipe.sampling import RowRandom
+from specpipe.sampling import RowRandom, RunRandom
 from specpipe.stopping import StopRule
 
 __all__ = ["BatchStep", "Decoder", "OVERLAP", "Request", "RequestEvent", "RequestTiming", "overlaps"]
@@ -53,9 +55,11 @@ class HasParts(Protocol):
 
 
 class Decoder:
-    def __init__(self, source: Parts | HasParts, slots: int, speculative: bool = True):
+    def __init__(self, source: Parts | HasParts, slots: int, speculative: bool = True, seed: int = 0):
         """source: the step's `Parts`, or what makes them (a `Pipeline`); slots: the most
-        sequences decoding at once (1 where the parts cannot batch: `Parts.batch_refusal`)."""
+        sequences decoding at once (1 where the parts cannot batch: `Parts.batch_refusal`);
+        seed: the run's stream, which the requests without a seed of their own draw from."""
+        self.random = RunRandom(seed)
         if slots < 1:
             raise ValueError("a batch needs at least one slot")
         self.source = source
@@ -191,7 +195,7 @@ class Decoder:
         max_new_tokens = parts.budget.fit(ids, request.max_new_tokens, _name(index))
         rule = StopRule(parts.tokenizer, parts.eos_ids, list(request.stop), max_new_tokens)
         speculative = self.proposer is not None and request.speculative
-        row = Row(index, list(ids), rule, timing, TextStream(parts.tokenizer), RowRandom(request.seed),
+        row = Row(index, list(ids), rule, timing, TextStream(parts.tokenizer), RowRandom(request.seed, run=self.random),
                   speculative)
         started = time.perf_counter()
         self.runner.reset(slot)

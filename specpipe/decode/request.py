@@ -17,7 +17,7 @@ from specpipe.stopping import StopRule
 class Request:
     prompt: str | list[dict] | list[int]  # text, chat messages, or token ids
     max_new_tokens: int = 128
-    seed: int = 0  # of this request's own randomness
+    seed: int | None = None  # a stream of its own (sampled alike in any batch); None: the run's shared stream
     stop: tuple[str, ...] = ()
     speculative: bool = True  # False: this request decodes plainly while its batch speculates
 

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 from specpipe.controllers.base import record
 from specpipe.decode.inputs import block, empty_draft
-from specpipe.decode.parts import IDLE, Parts
+from specpipe.decode.parts import Parts
 from specpipe.decode.request import Row
 from specpipe.decode.timing import Clock
 from specpipe.drafts import DraftBatch
+from specpipe.sampling import StepRandom
 from specpipe.types import HostCopy, RowVerdict, StepTiming, Verdict
 
 
@@ -74,7 +75,7 @@ def launch(parts: Parts, busy: list[tuple[int, Row]], pending: Launched | None, 
     clock.mark()
     draft = parts.propose(view, rows, gammas) if view is not None else empty_draft(len(rows), parts.runner.device)  # 2.
     clock.mark()
-    rngs = [row.rng if row else IDLE for row in rows]
+    rngs = StepRandom.of([row.rng if row else None for row in rows], advance=True)  # the view's step; the run's moves on
     tail = parts.verifier.tail(draft, rngs)  # the verdict inside the forward's graph, where the runner has one
     out = parts.runner.forward(block(parts.runner, rows, pending, draft), tree=draft.tree, hidden=parts.hidden,
                                tail=tail)  # 3.

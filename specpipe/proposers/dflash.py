@@ -37,7 +37,7 @@ from specpipe.proposers.draft_lm import DraftLM
 from specpipe.proposers.lookup import lookup_warning, make_lookup
 from specpipe.proposers.ngram import NgramProposer
 from specpipe.proposers.suffix import SuffixProposer
-from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.sampling import DRAFT, SamplingParams, race
 from specpipe.types import Rows
 from specpipe.types import RowVerdict, Verdict
 
@@ -183,9 +183,10 @@ class DFlashProposer(Proposer):
             logp, best = self.lm.top(hidden, 1)
             return best[..., 0], None, logp[..., 0].exp()
         p = self.sampling.probs(self.lm(hidden))  # [B', W - 1, V] float32, the target's transform
-        tokens = torch.stack([torch.stack([sample(p[i, j], rows.rngs[b](DRAFT + j, device)) if j < n
-                                           else p[i, j].argmax() for j in range(width - 1)])
-                              for i, (b, n) in enumerate(zip(drafting, counts))])
+        draws = torch.stack([rows.rngs.exponential(DRAFT + j, p.shape[-1:], device, rows=drafting)
+                             for j in range(width - 1)], 1)  # [B', W - 1, V]: one launch a position
+        drafted = torch.arange(width - 1, device=device)[None] < count[:, None]  # [B', W - 1]
+        tokens = torch.where(drafted, race(p, draws), p.argmax(-1))  # past a row's count: the argmax
         return tokens, p, p.max(-1).values
 
     def _empty_context(self, rows: int, device: torch.device) -> torch.Tensor:

@@ -24,7 +24,7 @@ from specpipe.heads.io import load_medusa
 from specpipe.heads.medusa import MedusaHeads
 from specpipe.models.quantize import module_bytes
 from specpipe.proposers.base import Proposer
-from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.sampling import DRAFT, SamplingParams, race
 from specpipe.types import Rows
 from specpipe.types import RowVerdict, Verdict
 
@@ -120,8 +120,9 @@ class MedusaProposer(Proposer):
             top, picked = torch.softmax(logits, -1).max(-1)  # [m, K]
         else:
             p = self.sampling.probs(logits)  # [m, K, V] float32
-            picked = torch.stack([torch.stack([sample(p[j, i], rows.rngs[b](DRAFT + i, p.device)) for i in range(heads)])
-                                  for j, b in enumerate(ready)])
+            draws = torch.stack([rows.rngs.exponential(DRAFT + i, (vocab,), p.device, rows=ready)
+                                 for i in range(heads)], 1)  # [m, K, V]: one launch a head
+            picked = race(p, draws)  # [m, K]
             top = p.max(-1).values
             probs = torch.zeros(count, heads, vocab, device=rows.device)
             probs[index] = p.float()

@@ -21,7 +21,7 @@ from specpipe.declaration import batch_refusal
 from specpipe.drafts import DraftBatch
 from specpipe.engine import Tail, TailInputs, make_runner, pick_engine
 from specpipe.proposers.base import Proposer, still_drafting
-from specpipe.sampling import DRAFT, SamplingParams, race, race_draws
+from specpipe.sampling import DRAFT, SamplingParams, race
 from specpipe.types import Rows
 from specpipe.types import RowVerdict, Verdict
 
@@ -109,19 +109,16 @@ class ModelDrafter(Proposer):
 
     def _tail(self, rows: Rows, gammas: list[int], position: int, last: list[int]) -> Tail:
         """One draft token per row as a `Tail` of the draft step (run inside its graph, or eagerly
-        by `_pick`): greedy, the argmax; sampled, a race whose draws each row's stream makes for
-        this position (ones past a row's γ: the race is then the argmax), drawn into the tail's
-        buffer before the replay. last: each row's last fed column in the block."""
+        by `_pick`): greedy, the argmax; sampled, a race whose draws the step's randomness makes
+        for this position (one launch for the rows without a seed; a row past its γ draws none
+        of its own: its token is not kept), drawn into the tail's buffer before the replay.
+        last: each row's last fed column in the block."""
         if self.sampling.greedy:
             return Tail("greedy pick", greedy_pick, last)
 
         def fill(buffers: list[torch.Tensor]) -> None:  # [R, V]
-            for b, gamma in enumerate(gammas):
-                draws = buffers[0][b]
-                if position < gamma:
-                    race_draws(draws, rows.rngs[b](DRAFT + position, draws.device))
-                else:
-                    draws.fill_(1.0)
+            rows.rngs.exponential_(buffers[0][: len(gammas)], DRAFT + position,
+                                   skip=[position >= gamma for gamma in gammas])
 
         return Tail(f"sampled pick {self.sampling}", partial(sampled_pick, self.sampling), last,
                     TailInputs(fill, lambda block, vocab: ((vocab,),)))

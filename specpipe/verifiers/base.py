@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from specpipe.drafts import DraftBatch, lineage
 from specpipe.engine.base import Tail
-from specpipe.sampling import RowRandom
+from specpipe.sampling import RowRandom, StepRandom
 from specpipe.types import PAD, RowVerdict, Verdict, packed_verdict
 
 
@@ -25,12 +25,14 @@ class Verifier(ABC):
     verifies_trees: bool = True  # False: tree drafts are refused (a step tells proposers: rows.trees)
 
     @abstractmethod
-    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
+    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: StepRandom) -> Verdict:
         """target_logits: [B, W + 1, V]; row i of b is the target's prediction for draft token
         i of row b, row num_draft[b] its bonus position (a tree: one row per block row).
-        rngs: each row's randomness (sampling verifiers draw from it; greedy ignores it)."""
+        rngs: the step's randomness (sampling verifiers draw from it, one launch per purpose for
+        the rows without a seed; greedy ignores it); a list of each row's `RowRandom` is taken
+        as that (`StepRandom.of`)."""
 
-    def tail(self, draft: DraftBatch, rngs: list[RowRandom]) -> Tail | None:
+    def tail(self, draft: DraftBatch, rngs: StepRandom) -> Tail | None:
         """The verdict as a `Tail` of the verify forward (computed inside its graph where the
         runner has one; `TargetOutput.tail` is then `verdict_of`'s input), or None: `verify`
         takes the logits (default). rngs: as `verify`'s (a sampling tail draws from them)."""

@@ -27,7 +27,7 @@ Glossary (one row; draft tokens x_1..x_γ; block row i of the logits predicts to
                     where τ = γ (bonus)
 
 The uniforms and the next token's race draws are rejection sampling's, from the same streams of
-each row's `RowRandom`, so the two verifiers see the same randomness for the same seed and only
+the step's `StepRandom`, so the two verifiers see the same randomness for the same seed and only
 the rule differs (`RejectionVerifier.rule`); the graph tail and the verdict are shared too.
 Shapes: B rows, W draft columns (row b drafted its first counts[b]), V vocabulary; probabilities
 and weights float32, the weights formed in log space; no value is read back to the host.

@@ -6,7 +6,8 @@ is drawn from norm(max(0, target_probs_i - draft_probs_i)); if all γ are accept
 token is drawn from target_probs_γ. The emitted tokens are distributed exactly as plain
 sampling from the target. A draft without probabilities (model-free or greedy drafter) is
 treated as one-hot on its tokens: accepted with probability target_probs_i[x_i], which stays
-lossless. Probabilities and ratios are float32; every row draws from its own `RowRandom`.
+lossless. Probabilities and ratios are float32; the draws are the step's `StepRandom`'s: one
+launch per purpose for the rows without a seed, each seeded row from its own stream.
 
 Shapes: B rows, W draft columns, V vocabulary. target_probs [B, W + 1, V]; uniforms [B, W].
 """
@@ -21,7 +22,7 @@ import torch
 from specpipe.drafts import DraftBatch
 from specpipe.engine.base import Tail, TailInputs
 from specpipe.errors import Refusal, refuse
-from specpipe.sampling import ACCEPT, RESAMPLE, RowRandom, SamplingParams, race, race_draws
+from specpipe.sampling import ACCEPT, RESAMPLE, SamplingParams, StepRandom, race
 from specpipe.types import PAD, Verdict
 from specpipe.verifiers.base import Verifier, block_ids, leading
 
@@ -43,7 +44,7 @@ class RejectionVerifier(Verifier):
         """(num_accepted [B], the recovered or bonus token [B]): `decide`'s signature."""
         return decide(target_probs, tokens, counts, probs, uniform, draws)
 
-    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
+    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: StepRandom) -> Verdict:
         """`chain_tail`, the function a static step runs inside its graph, here over the exact
         block, with the draws `tail` fills its buffers with (`_draw`) and the draft's own
         probabilities (no copy): one body for both, the same draws from the same streams."""
@@ -56,7 +57,7 @@ class RejectionVerifier(Verifier):
                             draft.probs, rule=self.rule)
         return self.verdict_of(packed, draft)
 
-    def tail(self, draft: DraftBatch, rngs: list[RowRandom]) -> Tail | None:
+    def tail(self, draft: DraftBatch, rngs: StepRandom) -> Tail | None:
         """The verdict inside the verify forward's graph: the rows' draws (`verify`'s, from the same
         streams, drawn straight into the tail's buffers) and the draft's probabilities are its
         inputs, so only the packed verdict leaves the graph (vLLM's rejection sampler runs on the
@@ -78,13 +79,15 @@ class RejectionVerifier(Verifier):
         return Tail(name, partial(chain_tail, self.sampling, rule=self.rule), counts, TailInputs(fill, sizes))
 
 
-def _draw(draft: DraftBatch, rngs: list[RowRandom], uniform: torch.Tensor, draws: torch.Tensor) -> None:
-    """Each row's draws into rows 0..B-1 of uniform [R, C] (its γ uniforms, the first C where γ is
-    more) and draws [R, V] (the race's, for its recovered or bonus token), from its own streams:
-    row b draws its own γ, not the block's width, so its draws never depend on its neighbours."""
-    for b, (gamma, rng) in enumerate(zip(draft.gammas, rngs)):
-        _uniforms_into(uniform[b], gamma, rng(ACCEPT, uniform.device))
-        race_draws(draws[b], rng(RESAMPLE, draws.device))
+def _draw(draft: DraftBatch, rngs: StepRandom | list, uniform: torch.Tensor, draws: torch.Tensor) -> None:
+    """The rows' draws into rows 0..B-1 of uniform [R, C] (the block's W columns: a graph's
+    buffer is wider) and draws [R, V] (the race's, for the recovered or bonus token): one launch
+    each for the rows without a seed, laid out by the rows' γ, not by the block's or the
+    buffer's width, so the eager step and the graph draw alike; a seeded row draws its own γ
+    uniforms, so its draws never depend on its neighbours."""
+    rngs, rows = StepRandom.of(rngs), draft.rows
+    rngs.uniform_(uniform[:rows, : draft.width], ACCEPT, list(draft.gammas))
+    rngs.exponential_(draws[:rows], RESAMPLE)
 
 
 def chain_tail(sampling: SamplingParams, logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
@@ -122,15 +125,6 @@ def decide(target_probs: torch.Tensor, tokens: torch.Tensor, counts: torch.Tenso
     mass = residual.sum(-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), final)  # rounding left nothing: the target
     return num_accepted, race(residual, draws)
-
-
-def _uniforms_into(row: torch.Tensor, gamma: int, generator: torch.Generator) -> None:
-    """A row's γ uniforms into its buffer row [C], in place where they fit (a block narrower than
-    γ + 1 keeps the first C: the draft is no wider), the same values either way."""
-    if gamma <= row.shape[0]:
-        row[:gamma].uniform_(generator=generator)
-    else:
-        row.copy_(torch.rand(gamma, generator=generator, device=row.device)[: row.shape[0]])
 
 
 # the verifiers that take one chain, and why a tree cannot be verified by them

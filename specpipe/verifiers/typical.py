@@ -15,7 +15,7 @@ import torch
 
 from specpipe.drafts import DraftBatch
 from specpipe.errors import SpecpipeError
-from specpipe.sampling import RESAMPLE, RowRandom, SamplingParams, sample
+from specpipe.sampling import RESAMPLE, SamplingParams, StepRandom, race
 from specpipe.types import Verdict
 from specpipe.verifiers.base import TreeRows, Verifier, chain_verdict, drafted, leading, tree_verdict
 
@@ -34,7 +34,7 @@ class TypicalVerifier(Verifier):
         entropy = -(target_probs * target_probs.clamp_min(1e-30).log()).sum(-1)
         return torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
 
-    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
+    def verify(self, draft: DraftBatch, target_logits: torch.Tensor, rngs: StepRandom) -> Verdict:
         target_probs = self.sampling.probs(target_logits)  # [B, W + 1, V] float32 (a tree: one row per block row)
         if draft.tree is not None:
             return self._tree(draft, target_probs, rngs)
@@ -43,10 +43,10 @@ class TypicalVerifier(Verifier):
         num_accepted = leading((token_p > self.thresholds(target_probs[:, :width])) & drafted(draft))
         at = num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
         final = target_probs.gather(1, at)[:, 0]  # [B, V]
-        picks = torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])
+        picks = race(final, StepRandom.of(rngs).exponential(RESAMPLE, final.shape[1:], final.device))  # [B]
         return chain_verdict(draft, num_accepted, picks)
 
-    def _tree(self, draft: DraftBatch, target_probs: torch.Tensor, rngs: list[RowRandom]) -> Verdict:
+    def _tree(self, draft: DraftBatch, target_probs: torch.Tensor, rngs: StepRandom) -> Verdict:
         """Descend from the last token, at each depth to the plausible child the target finds
         most likely (Medusa), stopping where no child is plausible: a node is chosen when it is
         plausible and the likeliest of its plausible siblings (the first on ties), and each row
@@ -63,7 +63,7 @@ class TypicalVerifier(Verifier):
 
         def pick(end: torch.Tensor) -> torch.Tensor:
             final = target_probs[torch.arange(batch, device=end.device), end]  # [B, V]
-            return torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])
+            return race(final, StepRandom.of(rngs).exponential(RESAMPLE, final.shape[1:], final.device))
 
         return tree_verdict(draft, tree, chosen, pick=pick)
 
