@@ -116,12 +116,13 @@ def test_a_batch_drafts_in_one_head_forward_per_depth(head, graphs):
     assert fills[0][0] == [2]  # the two prompts longer than the head's FILL_MIN rows
 
 
+@pytest.mark.parametrize("graphs", ["off", "on"])
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])
-def test_a_batch_searches_its_trees_in_one_head_forward_per_depth(head):
+def test_a_batch_searches_its_trees_in_one_head_forward_per_depth(head, graphs):
     """Four rows drafting EAGLE-2 trees of depth γ = 4: each step runs the head exactly γ times
     (one feed of the kept rows, then one forward a further depth), each over every drafting row
     (a block of k nodes a row), where a search row by row runs it γ - 1 times a row."""
-    pipe = pipeline(head, tree=TreeShape(top_k=3, nodes=8))
+    pipe = pipeline(head, graphs=graphs, tree=TreeShape(top_k=3, nodes=8))
     log = counting_forwards(pipe)
     outs = pipe.generate_batch(PROMPTS, max_new_tokens=16)
     assert [o.token_ids for o in outs] == [pipe.run(p, max_new_tokens=16, speculative=False).token_ids
@@ -184,8 +185,8 @@ def test_each_rows_tree_is_the_one_its_search_alone_makes(head, graphs):
 
 @pytest.mark.parametrize("head", ["eagle", "eagle3"])
 def test_eager_and_graphed_searches_draft_the_same_trees(head):
-    """The eager search (all rows in one forward a depth) and the graphed one (graphs computed
-    eagerly on the CPU, one a row) draft the same trees, step for step."""
+    """The eager search and the graphed one (graphs computed eagerly on the CPU, over one
+    width) draft the same trees, step for step."""
     drafts = []
     for graphs in ("off", "on"):
         pipe = pipeline(head, graphs=graphs, tree=TreeShape(top_k=2, nodes=7))

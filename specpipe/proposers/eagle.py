@@ -17,7 +17,7 @@ Tree mode is EAGLE-2's dynamic tree (eagle_tree.py): expand the `top_k` best nod
 depth by cumulative draft log-probability, then rerank every node made and keep the best
 `nodes` (a child never outscores its parent: the kept set is a tree). Every drafting row is
 searched at once, to the deepest γ, each depth one head forward over the top_k nodes of every
-row (graphed: one graph a row), and each row's tree is cut at its own γ; the kept trees stay
+row (graphed: one graph), and each row's tree is cut at its own γ; the kept trees stay
 on the device, parents included: one tree batch, its rows padded to the most nodes (drafts.py).
 Every depth is expanded: stopping once `nodes` nodes outscore the frontier would need a read.
 
@@ -286,12 +286,8 @@ class EagleProposer(Proposer):
 
     def _graphed_tree(self, heads: list[int], root: torch.Tensor, starts: list[int], k: int,
                       depth: int) -> tuple[torch.Tensor, ...]:
-        """The search as graphs (`HeadGraphs.tree`: one a row), every row to the deepest γ ->
-        the nodes as the eager search's (scores, tokens, parents [A, M], depths [M])."""
-        found = [[t.clone() for t in self.graphs.tree(row, root[a : a + 1], start, k, depth, self._feed,
-                                                      self.lm.top)]  # copied before the next replay
-                 for a, (row, start) in enumerate(zip(heads, starts))]
-        return (*(torch.stack(part) for part in list(zip(*found))[:3]), found[0][3])
+        """The search as one graph over every row (`HeadGraphs.tree`), every depth of it."""
+        return self.graphs.tree(heads, root, starts, k, depth, self._feed, self.lm.top)
 
 
 def validate_options(options: dict) -> None:

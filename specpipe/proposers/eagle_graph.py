@@ -34,7 +34,7 @@ import torch
 from specpipe.engine.graphs import Graphs
 from specpipe.engine.static import MAX_BLOCK, width_of
 from specpipe.heads.eagle import SlotCache
-from specpipe.proposers.eagle_tree import TreeSearch
+from specpipe.proposers.eagle_tree import search
 from specpipe.sampling import race
 
 FEED_MAX = 16  # committed rows a graphed feed takes a row (more, a prompt's or a long pause's: fed eagerly)
@@ -114,27 +114,6 @@ def chain(feed: Feed, top: Top, cache: SlotCache, rows: CacheRows, root: torch.T
         mask = _mask(slot, width) if masked else None  # every committed row and the chain so far
         hidden = feed(hidden[:, None], token[:, None], slot, cache.at(rows.index, rows.first, slot, width), mask)[:, 0]
     return torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, torch.stack(confidence, 1), count
-
-
-def tree(feed: Feed, top: Top, cache: SlotCache, rows: CacheRows, root: torch.Tensor, start: torch.Tensor, k: int,
-         widths: list[int]) -> tuple[torch.Tensor, ...]:
-    """EAGLE-2's search from one row's root [H] to depth len(widths) + 1 (`eagle_tree.TreeSearch`):
-    each depth d feeds the k best nodes of the last one as one block at slots start + (d - 1)·k
-    + [0, k) (start 0-d), attending over widths[d - 1] slots, and takes their k best children.
-    -> every node made (scores, tokens, parents, depths) [M], for `rerank`."""
-    values, ids = top(root, k)  # [k]
-    search = TreeSearch(k, len(widths) + 1, root, values, ids)
-    for d, width in enumerate(widths, 1):
-        best = search.best()
-        guesses, tokens = search.fed(best)
-        mask = search.slot_mask(best, start, torch.arange(width, device=root.device))  # [1, k, width]
-        slots = start + (d - 1) * k + torch.arange(k, device=root.device)  # [k]
-        positions = (start + d - 1).expand(k)  # one depth: one position
-        hidden = feed(guesses[None], tokens[None], positions[None],
-                      cache.at(rows.index, rows.first, slots[None], width), mask)[0]
-        search.grow(best, hidden, *top(hidden, k))  # [k, k]
-    made = slice(0, search.made)
-    return search.scores[made], search.tokens[made], search.parents[made], search.depths[made]
 
 
 def _mask(slots: torch.Tensor, width: int) -> torch.Tensor:
@@ -245,16 +224,17 @@ class HeadGraphs:
                                 [width] * gamma, inputs.thresholds, limits, sampled, drawn, True, False)
         return self.graphs.run(("chain", len(index), rows.first, gamma, limited, sampled is not None, width), compute)
 
-    def tree(self, row: int, root: torch.Tensor, start: int, k: int, depth: int, feed: Feed,
+    def tree(self, index: list[int], root: torch.Tensor, starts: list[int], k: int, depth: int, feed: Feed,
              top: Top) -> tuple[torch.Tensor, ...]:
-        """`tree` to `depth` from cache row `row`'s root [1, H], its rows from slot `start`: every
-        depth is searched (a GPU would wait on the host to learn that it could stop)."""
-        inputs = self._refill([row], root, [start])
-        width = width_of(start + depth * k, self.cache.capacity)
-        rows = CacheRows(inputs.index, row == 0)
-        compute = lambda: tree(feed, top, self.cache, rows, inputs.root[0], inputs.start[0], k,  # noqa: E731
-                               [width] * (depth - 1))
-        return self.graphs.run(("tree", rows.first, k, depth, width), compute)
+        """`eagle_tree.search` to `depth` from the roots [A, H] of cache rows `index`, first rows at
+        slots `starts`, over one width: every depth is searched (a GPU would wait on the host to
+        learn that it could stop) -> its nodes, the graph's memory: read before the next replay."""
+        inputs = self._refill(index, root, starts)
+        width = width_of(max(starts) + depth * k, self.cache.capacity)
+        rows = CacheRows(inputs.index, index == list(range(len(index))))
+        compute = lambda: search(feed, top, self.cache, rows, inputs.root, inputs.start, k,  # noqa: E731
+                                 [width] * (depth - 1))
+        return self.graphs.run(("tree", len(index), rows.first, k, depth, width), compute)
 
     def _inputs_of(self, index: list[int]) -> _Inputs:
         if self.cache.grown != self._grown:  # the slots are new buffers: capture again
