@@ -20,11 +20,13 @@ from specpipe.decode import step
 from specpipe.decode.loop import Request
 from specpipe.drafts import DraftBatch
 from specpipe.pipeline import Pipeline
+from specpipe.proposers.eagle import EagleProposer
 from specpipe.proposers.medusa import MedusaProposer
 from specpipe.proposers.model_drafter import ModelDrafter
 from specpipe.sampling import DRAFT, RowRandom, RunRandom, SamplingParams, StepRandom
 from specpipe.verifiers.rejection import RejectionVerifier
 from specpipe.verifiers.typical import TypicalVerifier
+from test_eagle import random_head
 from test_medusa import random_heads
 from test_rejection import V, chi_square, critical, logits
 
@@ -77,14 +79,17 @@ def test_a_verify_of_four_unseeded_rows_draws_once_a_purpose(verifier):
 
 @pytest.mark.parametrize("graphs", ["off", "on"])
 def test_a_sampled_draft_of_four_unseeded_rows_draws_once_a_position(graphs):
-    """The draft model (eager, and its static step's code, run eagerly on the CPU) and Medusa
-    heads draw one launch a draft position for four rows, as for one."""
+    """The draft model (eager, and its static step's code, run eagerly on the CPU), Medusa heads
+    and an EAGLE head draw one launch a draft position for four rows, as for one."""
     target = tiny_target(seed=0)
     drafter = ModelDrafter(tiny_model(seed=7, layers=1), SAMPLED, graphs=graphs)
     pipe = Pipeline(target, drafter, RejectionVerifier(SAMPLED), FixedGamma(3), sampling=SAMPLED)
     assert max(per_launch(pipe, [None] * 4)) == max(per_launch(pipe, [None])) == 3 + 2
     heads = MedusaProposer(random_heads(1), SAMPLED)  # four heads, the first γ = 3 run: three positions
     pipe = Pipeline(target, heads, RejectionVerifier(SAMPLED), FixedGamma(3), sampling=SAMPLED)
+    assert max(per_launch(pipe, [None] * 4)) == max(per_launch(pipe, [None])) == 3 + 2
+    eagle = EagleProposer(random_head(1), SAMPLED)  # a chain of one head forward a position for every row
+    pipe = Pipeline(target, eagle, RejectionVerifier(SAMPLED), FixedGamma(3), sampling=SAMPLED)
     assert max(per_launch(pipe, [None] * 4)) == max(per_launch(pipe, [None])) == 3 + 2
 
 

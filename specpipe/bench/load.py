@@ -56,8 +56,8 @@ def request_stream(prompts: list[dict], count: int, seed: int) -> list[dict]:
 def serve(pipeline: Pipeline, stream: list[dict], ids: list[list[int]], *, concurrency: int, speculative: bool,
           max_new_tokens: int, seed: int, stop: list[str]) -> tuple[list[Served], Decoder, float]:
     """Decode the stream; (each request's outcome, the decoder (its step trace), wall seconds)."""
-    decoder = Decoder(pipeline, concurrency, speculative)
-    requests = [Request(i, min(int(p.get("max_new_tokens") or max_new_tokens), max_new_tokens), seed, tuple(stop))
+    decoder = Decoder(pipeline, concurrency, speculative, seed)  # the run's stream: the requests carry no seed
+    requests = [Request(i, min(int(p.get("max_new_tokens") or max_new_tokens), max_new_tokens), None, tuple(stop))
                 for p, i in zip(stream, ids)]
     tokens: list[list[int]] = [[] for _ in requests]
     served: dict[int, Served] = {}

@@ -45,7 +45,7 @@ from specpipe.engine import Runner, TargetOutput, make_runner
 from specpipe.errors import SpecpipeError
 from specpipe.proposers.base import Proposer
 from specpipe.proposers.model_drafter import Drafted
-from specpipe.sampling import DRAFT, SamplingParams, sample
+from specpipe.sampling import DRAFT, SamplingParams, race
 from specpipe.types import Rows
 from specpipe.types import RowVerdict, Verdict
 
@@ -272,7 +272,8 @@ class CrossDrafter(Proposer):
             top = torch.softmax(restricted.float(), -1).gather(0, pick)
             return self.draft_ids[pick], self.target_ids[pick], None, top
         shared = self.sampling.probs(logits[self.draft_ids])  # [S] the draft restricted to shared tokens
-        pick = sample(shared, rows.rngs[row](DRAFT + position, shared.device)).view(1)
+        draws = rows.rngs.exponential(DRAFT + position, shared.shape, shared.device, rows=[row])[0]  # [S]
+        pick = race(shared, draws).view(1)
         placed = torch.zeros(self.target_vocab, dtype=torch.float32, device=shared.device)  # [V] at the target's ids
         placed[self.target_ids] = shared.float()
         return self.draft_ids[pick], self.target_ids[pick], placed, shared.max().view(1)

@@ -51,7 +51,7 @@ from specpipe.proposers.base import Proposer
 from specpipe.proposers.eagle_graph import CacheRows, HeadGraphs, Sampled, chain, feed_rows
 from specpipe.proposers.eagle_tree import TreeShape, kept, search
 from specpipe.proposers.lookup import lookup_warning, make_lookup
-from specpipe.sampling import DRAFT, SamplingParams, race_draws
+from specpipe.sampling import DRAFT, SamplingParams
 from specpipe.types import Rows, RowVerdict, Verdict
 
 FILL_MIN = 8  # head rows a step's draft feeds along (more: `fill`, timed apart)
@@ -243,16 +243,14 @@ class EagleProposer(Proposer):
 
     def _chain(self, heads: list[int], root: torch.Tensor, gammas: list[int], rows: Rows) -> tuple:
         """The chains of rows `heads` from their roots [A, H] -> (tokens [A, W], distributions
-        [A, W, V] or None, confidence [A, W], tokens counted [A]). A sampled row draws position
-        i from its generator for the step, the numbers it drew alone."""
+        [A, W, V] or None, confidence [A, W], tokens counted [A]). A sampled chain draws position
+        i in one launch for the rows on the run's stream; a seeded row, from its own (what it drew alone)."""
         gamma, starts, device = max(gammas), [self.rows[row].committed for row in heads], root.device
         stops = [rows.stop_below(i) for i in range(gamma)]
         sampled = None
         if not self.sampling.greedy:
-            def draw(i: int, out: torch.Tensor) -> torch.Tensor:
-                for a, row in enumerate(heads):
-                    race_draws(out[a], rows.rngs[row](DRAFT + i, device))
-                return out
+            def draw(i: int, out: torch.Tensor) -> torch.Tensor:  # out [A, V]: one launch for the unseeded rows
+                return rows.rngs.exponential_(out, DRAFT + i, rows=heads)
             sampled = Sampled(lambda hidden: self.sampling.probs(self.lm(hidden)), draw, self.lm.vocab_size)
         self.cache.ensure(max(heads) + 1, max(starts) + gamma)
         if self.graphs is not None and self.graphs.takes(gamma):

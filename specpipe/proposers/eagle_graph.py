@@ -19,9 +19,9 @@ holds the draft's last slot (a graph per width, captured when the rows first rea
 GPU a chain of γ tokens is some hundred small kernels, which launched one by one cost more
 than the head computes. A feed of more than `FEED_MAX` rows (a prompt's) and a draft of
 `MAX_BLOCK` or more run eagerly over the same slots. A sampled chain samples from race draws
-made before the replay (`sampling.race_draws`): each row's draws come from its own
-host-seeded generator, which a graph cannot reseed, so they go into a buffer the graph reads,
-the numbers the eager chain draws. A tree's shape is read back after it, once.
+made before the replay (`sampling.StepRandom`: one launch for the rows on the run's stream, one
+per row with a seed of its own): host-seeded generators, which a graph cannot reseed, so the
+draws go into a buffer the graph reads, the numbers the eager chain draws. A tree's shape is read back after it, once.
 """
 
 from __future__ import annotations
