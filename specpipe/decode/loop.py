@@ -40,8 +40,8 @@ from typing import Protocol
 
 from specpipe.decode import step
 from specpipe.decode.parts import Parts
-from specpipe.decode.request import BatchStep, Request, RequestEvent, RequestTiming, Row
-from specpipe.decode.step import Kept, Launched
+from specpipe.decode.request import BatchStep, Kept, Request, RequestEvent, RequestTiming, Row
+from specpipe.decode.step import Launched
 from specpipe.decode.text import TextStream, is_ids
 from specpipe.engine.base import OVERLAP, overlaps
 from specpipe.sampling import RowRandom, RunRandom

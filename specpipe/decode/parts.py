@@ -16,11 +16,9 @@ from specpipe.decode.request import Row
 from specpipe.drafts import DraftBatch
 from specpipe.engine import Runner
 from specpipe.proposers.base import Proposer
-from specpipe.sampling import RowRandom
+from specpipe.sampling import StepRandom
 from specpipe.types import Rows
 from specpipe.verifiers.base import Verifier
-
-IDLE = RowRandom(0)  # a free row's randomness: drawn from, never used
 
 
 @dataclass(frozen=True)
@@ -63,12 +61,12 @@ class Parts:
                 row.held = allowed > 0 and gammas[slot] == 0
         return max(gammas), gammas
 
-    def view(self, rows: list[Row | None]) -> Rows:
-        """What the proposer sees of the rows this step (trees, for any number of rows, where the
-        verifier and the runner take them)."""
+    def view(self, rows: list[Row | None], random: StepRandom) -> Rows:
+        """What the proposer sees of the rows this step, with the step's randomness (the
+        verifier's too); trees, for any number of rows, where the verifier and the runner take them."""
         trees = self.verifier.verifies_trees and self.runner.trees
-        return Rows([row.tokens if row else [] for row in rows], [row.rng if row else IDLE for row in rows],
-                    self.controller.stop_below, self.runner.device, trees=trees)
+        return Rows([row.tokens if row else [] for row in rows], random, self.controller.stop_below,
+                    self.runner.device, trees=trees)
 
     def propose(self, view: Rows, rows: list[Row | None], gammas: list[int]) -> DraftBatch:
         """The proposer's draft; a tree (more nodes than γ) cut to the room its rows have left."""

@@ -1,6 +1,6 @@
 """What decoding a request passes around: the `Request` itself, its timing, the events a step
-emits for it, the batch's step trace, and the `Row` a request decodes in (its committed tokens,
-stop rule, randomness and totals) while it holds a slot.
+emits for it, the batch's step trace, the `Row` a request decodes in (its committed tokens,
+stop rule, randomness and totals) while it holds a slot, and what a step `Kept` of it.
 """
 
 from __future__ import annotations
@@ -83,3 +83,15 @@ class Row:
     @property
     def budget(self) -> int:
         return self.rule.max_new_tokens - len(self.out)
+
+
+@dataclass(slots=True)
+class Kept:
+    """What a settled step kept of one row, its event not made yet (decode/step.py `keep`)."""
+
+    slot: int
+    row: Row
+    tokens: list[int]  # kept: the stop rule applied
+    reason: str | None  # why the row finished (None: it goes on)
+    gamma: int  # drafted for it
+    held: bool  # the controller held it at γ 0 (`Row.held` of this step: the next launch resets it)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from specpipe.controllers.base import record
 from specpipe.decode.inputs import block, empty_draft
 from specpipe.decode.parts import Parts
-from specpipe.decode.request import Row
+from specpipe.decode.request import Kept, Row
 from specpipe.decode.timing import Clock
 from specpipe.drafts import DraftBatch
 from specpipe.sampling import StepRandom
@@ -48,18 +48,6 @@ class Launched:
         return row is not None and slot < len(self.rows) and self.rows[slot] is row
 
 
-@dataclass(slots=True)
-class Kept:
-    """What a settled step kept of one row, its event not made yet."""
-
-    slot: int
-    row: Row
-    tokens: list[int]  # kept: the stop rule applied
-    reason: str | None  # why the row finished (None: it goes on)
-    gamma: int  # drafted for it
-    held: bool  # the controller held it at γ 0 (`Row.held` of this step: the next launch resets it)
-
-
 def launch(parts: Parts, busy: list[tuple[int, Row]], pending: Launched | None, since: Clock | None) -> Launched:
     """Steps 1-4. A step after a `pending` one is plain: it takes the rows' last tokens from
     pending's verdict, on the device (decode/loop.py queues it before pending is read)."""
@@ -67,7 +55,8 @@ def launch(parts: Parts, busy: list[tuple[int, Row]], pending: Launched | None, 
     for slot, row in busy:
         rows[slot] = row
     gamma, gammas = parts.gammas(busy, len(rows)) if pending is None else (0, [0] * len(rows))  # 1.
-    view = parts.view(rows) if any(gammas) else None
+    random = StepRandom.of([row.rng if row else None for row in rows], advance=True)  # the step's draws, every part's
+    view = parts.view(rows, random) if any(gammas) else None
     clock = Clock(parts.runner.device, since)
     clock.mark()
     if view is not None:
@@ -75,12 +64,11 @@ def launch(parts: Parts, busy: list[tuple[int, Row]], pending: Launched | None, 
     clock.mark()
     draft = parts.propose(view, rows, gammas) if view is not None else empty_draft(len(rows), parts.runner.device)  # 2.
     clock.mark()
-    rngs = StepRandom.of([row.rng if row else None for row in rows], advance=True)  # the view's step; the run's moves on
-    tail = parts.verifier.tail(draft, rngs)  # the verdict inside the forward's graph, where the runner has one
+    tail = parts.verifier.tail(draft, random)  # the verdict inside the forward's graph, where the runner has one
     out = parts.runner.forward(block(parts.runner, rows, pending, draft), tree=draft.tree, hidden=parts.hidden,
                                tail=tail)  # 3.
     verdict = (parts.verifier.verdict_of(out.tail, draft) if out.tail is not None  # 4.
-               else parts.verifier.verify(draft.on(out.logits.device), out.logits, rngs))
+               else parts.verifier.verify(draft.on(out.logits.device), out.logits, random))
     clock.mark()
     for _, row in busy:
         row.rng.step += 1  # this step's draws are made
