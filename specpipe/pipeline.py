@@ -19,6 +19,7 @@ from specpipe.decode.loop import Decoder, Request, RequestEvent
 from specpipe.decode.parts import Parts, batch_refusal
 from specpipe.decode.text import TextStream, encode, is_ids
 from specpipe.engine import Runner, make_runner
+from specpipe.errors import SpecpipeError
 from specpipe.metrics import Stats
 from specpipe.models.loader import LoadedModel
 from specpipe.proposers.base import Proposer
@@ -168,6 +169,9 @@ class Pipeline:
         decode plainly beside the others."""
         flags = speculative if isinstance(speculative, list) else [True] * len(prompts)
         seeds = seeds if seeds is not None else [None] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise SpecpipeError(f"generate_batch got {len(prompts)} prompts and {len(seeds)} seeds: give one seed per "
+                                "prompt (None where a prompt shares the batch's stream), or no seeds at all.")
         requests = [Request(p, max_new_tokens, own, tuple(stop), flag) for p, own, flag in zip(prompts, seeds, flags)]
         events = self.serve(requests, concurrency=concurrency or len(prompts), speculative=speculative is not False,
                             seed=seed)

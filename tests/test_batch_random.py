@@ -178,3 +178,11 @@ def test_the_per_row_form_still_gives_each_row_a_stream():
     first, second = (torch.rand(5, generator=rngs[b](DRAFT, "cpu")) for b in (1, 2))
     assert not torch.equal(first, second)
     assert run.step == 1 and rngs.step == 0
+
+
+def test_seeds_that_do_not_match_the_prompts_are_refused():
+    from specpipe.errors import SpecpipeError
+
+    pipe = Pipeline(tiny_target(seed=0), None, RejectionVerifier(SAMPLED), None, sampling=SAMPLED)
+    with pytest.raises(SpecpipeError, match="3 prompts and 2 seeds"):
+        pipe.generate_batch(PROMPTS[:3], max_new_tokens=4, seeds=[1, None])
