@@ -5,13 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def shipped_dir(name: str, holding: str | None = None) -> Path | None:
+    """A folder specpipe ships beside its code (conf/, strategies/, recipes/): the copy installed
+    inside the package, else the source checkout's; holding: a file it must hold. None: neither."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / name, here.parent / name):
+        if candidate.is_dir() and (holding is None or (candidate / holding).exists()):
+            return candidate
+    return None
+
+
 def conf_dir() -> Path:
     """conf/ of a source checkout, or the copy installed inside the package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "generate.yaml").exists():
-            return candidate
-    raise FileNotFoundError("specpipe's conf/ directory is missing from this installation")
+    found = shipped_dir("conf", "generate.yaml")
+    if found is None:
+        raise FileNotFoundError("specpipe's conf/ directory is missing from this installation")
+    return found
 
 
 def project_root() -> Path | None:

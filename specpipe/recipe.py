@@ -43,6 +43,7 @@ import yaml
 
 from specpipe.errors import SpecpipeError
 from specpipe.measured import check_measured
+from specpipe.paths import shipped_dir
 from specpipe.stranger import confine, refuse_interpolation
 
 RECIPE_FILE = "specpipe.yaml"
@@ -160,11 +161,10 @@ def _is_data(value) -> bool:
 
 def strategies_dir() -> Path:
     """strategies/ of a source checkout, or the copy installed inside the package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "strategies", here.parent / "strategies"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("specpipe's strategies/ directory is missing from this installation")
+    found = shipped_dir("strategies")
+    if found is None:
+        raise FileNotFoundError("specpipe's strategies/ directory is missing from this installation")
+    return found
 
 
 def strategy_names() -> list[str]:
@@ -205,17 +205,13 @@ def _under_recipes(path: Path) -> Path:
 
 def shipped_recipes_dir() -> Path | None:
     """recipes/ of this checkout, or the copy installed with the package, if any."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "recipes", here.parent / "recipes"):
-        if candidate.is_dir():
-            return candidate
-    return None
+    return shipped_dir("recipes")
 
 
 def shipped_recipe(model: str) -> Path | None:
-    """recipes/<model>/specpipe.yaml of this checkout (or of the working directory), if any."""
-    for root in (Path(__file__).resolve().parents[1] / "recipes", Path("recipes")):
-        if (root / model / RECIPE_FILE).is_file():
+    """recipes/<model>/specpipe.yaml shipped with specpipe (or in the working directory), if any."""
+    for root in (shipped_recipes_dir(), Path("recipes")):
+        if root is not None and (root / model / RECIPE_FILE).is_file():
             return (root / model / RECIPE_FILE).resolve()
     return None
 
