@@ -15,6 +15,7 @@ import torch
 
 from conftest import PROMPT, tiny_model, tiny_target
 from specpipe.controllers.fixed import FixedGamma
+from specpipe.controllers.guard import guarded
 from specpipe.decode.loop import Decoder
 from specpipe.decode.syncs import reads_per_step
 from specpipe.drafts import DraftBatch
@@ -115,6 +116,19 @@ class Recording(FixedGamma):
     def update(self, slots, verdicts, timing, batch) -> None:
         self.timings.append(timing)
         super().update(slots, verdicts, timing, batch)
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_the_step_records_each_step_in_the_meter_its_controllers_read(guard):
+    """Step 7: the step records each step's cost in the meter, then calls the controller's
+    `update`; a guard and the controller it wraps read one meter, so a step is recorded once."""
+    inner = Recording(3)
+    controller = guarded(inner, guard)
+    pipe = Pipeline(tiny_target(seed=0), NgramProposer(ngram_max=3, ngram_min=1), GreedyVerifier(), controller)
+    pipe.run(REPEATING, max_new_tokens=24)
+    assert controller.meter is inner.meter
+    assert inner.meter.steps == len(inner.timings) > 0
+    assert inner.meter.verify_samples(64, 64)  # the steps' costs, there for the controllers to read
 
 
 class WorkClock:
