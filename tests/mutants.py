@@ -82,7 +82,7 @@ MUTATIONS = (
               "tests/test_batch.py::test_a_batched_step_samples_the_target_distribution")),
     # the old form (token 0 in 180 to 200 of 200 draws, at p 0.97) passed the argmax
     Mutation("typical acceptance takes the argmax", "specpipe/verifiers/typical.py",
-             "picks = torch.stack([sample(final[b], rng(RESAMPLE, final.device)) for b, rng in enumerate(rngs)])",
+             "picks = race(final, StepRandom.of(rngs).exponential(RESAMPLE, final.shape[1:], final.device))",
              "picks = final.argmax(-1)",
              ("tests/test_typical.py::test_accepts_the_plausible_prefix_and_samples_the_next_token",)),
     # exactness that asserts drafts ran: plain decoding equals plain decoding, so the old form
@@ -145,6 +145,15 @@ MUTATIONS = (
              'flags["--speculative-use-block-verification"] = "true"',
              ("tests/test_export.py::test_sglang_flags_exist_in_v0_5_23 -k block",),
              needs="SPECPIPE_SGLANG_WHEELS"),
+    Mutation("a seeded row draws from the batch's shared stream", "specpipe/sampling.py",
+             "return row is not None and row.seed is not None", "return False",
+             ("tests/test_batch_random.py::test_a_seeded_row_samples_what_it_samples_alone_beside_unseeded_rows",)),
+    Mutation("a shallower row keeps the deeper nodes of a batched tree search", "specpipe/proposers/eagle_tree.py",
+             'scores = scores.masked_fill(depths > cut[:, None], float("-inf"))', "scores = scores",
+             ("tests/test_eagle_batch.py::test_each_rows_tree_is_the_one_its_search_alone_makes -k eagle3",)),
+    Mutation("the step does not record its cost in the meter", "specpipe/decode/step.py",
+             "record(parts.controller.meter, verdicts, timing, len(launched.busy))", "pass",
+             ("tests/test_step.py::test_the_step_records_each_step_in_the_meter_its_controllers_read",)),
 )
 
 
