@@ -85,7 +85,6 @@ def race(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
 # What a step's draws are for: draft position i uses DRAFT + i; the verifier's uniforms and its
 # recovered or bonus token have their own. Each is a stream of its own.
 DRAFT, ACCEPT, RESAMPLE = 0, 1 << 20, (1 << 20) + 1
-_SLOT = (1 << 20) + 2  # an unseeded row's own stream, for the per-row form (`StepRandom[b]`)
 
 
 @dataclass
@@ -126,9 +125,8 @@ class StepRandom:
     draws go unused), then each seeded row's draws overwritten from its own stream, so a batch
     where no request has a seed makes one draw launch per purpose. `exponential_` / `uniform_`
     fill a buffer (a CUDA graph's inputs, drawn before its replay: a graph cannot draw from a
-    host-seeded generator); `exponential` makes one. The per-row form `rngs[b](purpose, device)`
-    still gives row b a generator of its own (an unseeded row's is derived from the run's seed,
-    the step and its slot): a launch per row, kept for draw sites not yet batched."""
+    host-seeded generator); `exponential` makes one. `rngs[b]` is row b's own `RowRandom`
+    (a seeded row's generator maker; an unseeded row has none: it draws in the shared launch)."""
 
     def __init__(self, rows: list[RowRandom | None], run: RunRandom, step: int):
         self.rows, self.run, self.step = rows, run, step  # rows[b] None: a free row
@@ -152,12 +150,9 @@ class StepRandom:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, b: int):
-        """Row b's own generator maker, (purpose, device) -> torch.Generator: the per-row form."""
-        row = self.rows[b]
-        if row is not None and row.seed is not None:
-            return row
-        return RowRandom(_mix(self.run.seed, b + 1, _SLOT), self.step)
+    def __getitem__(self, b: int) -> RowRandom | None:
+        """Row b's own randomness (None: a free row)."""
+        return self.rows[b]
 
     def seeded(self, b: int) -> bool:
         """Whether row b draws from a stream of its own (its request has a seed)."""

@@ -168,15 +168,15 @@ def test_the_shared_stream_keeps_the_target_distribution():
     assert second.sum() > 10_000 and chi_square(second, target_probs[1]) < critical(target_probs[1])
 
 
-def test_the_per_row_form_still_gives_each_row_a_stream():
-    """`rngs[b](purpose, device)` (draw sites not yet batched): a seeded row's own generator, and
-    distinct streams for unseeded rows."""
+def test_a_seeded_rows_own_stream_is_its_own_and_an_unseeded_row_has_none():
+    """`rngs[b]` is row b's own randomness: a seeded row's generator is what its request draws
+    alone at that step; an unseeded row draws only in the step's shared launch."""
     run = RunRandom(2)
-    rngs = StepRandom.of([RowRandom(7, step=4), RowRandom(run=run), RowRandom(run=run)], advance=True)
+    rngs = StepRandom.of([RowRandom(7, step=4), RowRandom(run=run)], advance=True)
     own = torch.rand(5, generator=rngs[0](DRAFT, "cpu"))
     assert torch.equal(own, torch.rand(5, generator=RowRandom(7, step=4)(DRAFT, "cpu")))
-    first, second = (torch.rand(5, generator=rngs[b](DRAFT, "cpu")) for b in (1, 2))
-    assert not torch.equal(first, second)
+    with pytest.raises(ValueError, match="draws through its step's StepRandom"):
+        rngs[1](DRAFT, "cpu")
     assert run.step == 1 and rngs.step == 0
 
 
