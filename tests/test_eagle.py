@@ -215,7 +215,8 @@ def test_the_device_search_scores_each_node_as_its_path_fed_alone(shape, depth):
     state = proposer.rows[0]
     root = proposer._feed_pending([0])  # as a step does first
     keys, values = (t[:1, :, : state.committed].clone() for t in (proposer.cache.keys, proposer.cache.values))
-    tree = Tree(*proposer._tree(0, root, depth))
+    drafted = proposer._trees([0], root, [depth])  # row 0's tree, searched alone
+    tree = Tree(drafted.tokens[0], drafted.tree[0], drafted.confidence[0])
     root = root[0]
     assert all(parent < node for node, parent in enumerate(tree.parents))
     assert len(tree.parents) == min(shape.nodes, shape.top_k + (depth - 1) * shape.top_k ** 2)

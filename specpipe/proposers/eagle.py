@@ -277,11 +277,6 @@ class EagleProposer(Proposer):
         tokens, parents, confidence = kept(*nodes, k, depths, self.tree.nodes)  # [A, N]
         return DraftBatch(tokens, tree_depth(parents), tuple(depths), None, confidence, parents)
 
-    def _tree(self, row: int, root: torch.Tensor, depth: int) -> tuple[torch.Tensor, ...]:
-        """Row `row`'s tree searched alone from its root [1, H] -> (tokens, parents, confidence) [N]."""
-        drafted = self._trees([row], root, [depth])
-        return drafted.tokens[0], drafted.tree[0], drafted.confidence[0]
-
     def _graphed_tree(self, heads: list[int], root: torch.Tensor, starts: list[int], k: int,
                       depth: int) -> tuple[torch.Tensor, ...]:
         """The search as one graph over every row (`HeadGraphs.tree`), every depth of it."""
